@@ -1,0 +1,422 @@
+/*
+ * config.c — option table, parsing and validation; see config.h.
+ */
+#include "agent/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define OFF(field) offsetof(struct config, field)
+
+const struct option_def config_options[] = {
+    {"database_url", OPT_STRING, OFF(database_url), "", 0, 0, true, false,
+     "libpq conninfo string or URI of the coordination database; empty uses libpq's "
+     "environment (PGHOST, PGDATABASE, PGPASSFILE, ...). Several hosts with "
+     "target_session_attrs=read-write are supported."},
+    {"replica_id", OPT_STRING, OFF(replica_id), "", 0, 0, false, false,
+     "This agent's identity, unique in the fleet; empty means the host name."},
+    {"socket_path", OPT_STRING, OFF(socket_path), "/run/pgcoord/agent.sock", 0, 0, false, false,
+     "Unix socket the agent listens on."},
+    {"socket_mode", OPT_MODE, OFF(socket_mode), "0660", 0, 0777, false, false,
+     "Permission bits of the socket (octal)."},
+    {"pool_size", OPT_INT, OFF(pool_size), "4", 1, 64, false, false,
+     "Database connections for requests (the heartbeat has its own)."},
+    {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
+     "How often the agent renews itself and all its sessions."},
+    {"session_ttl_ms", OPT_INT, OFF(session_ttl_ms), "10000", 200, 600000, false, false,
+     "How far ahead of database now() each heartbeat renews liveness; a dead agent's "
+     "sessions stop being live this long after its last heartbeat."},
+    {"session_grace_ms", OPT_INT, OFF(session_grace_ms), "10000", 0, 3600000, false, true,
+     "How long a session whose client disconnected stays resumable."},
+    {"query_timeout_ms", OPT_INT, OFF(query_timeout_ms), "5000", 100, 600000, false, true,
+     "Longest wait for a database answer (queueing included) before a request fails "
+     "with a retryable timeout."},
+    {"connect_timeout_ms", OPT_INT, OFF(connect_timeout_ms), "5000", 100, 600000, false, true,
+     "Longest wait for one database connection attempt."},
+    {"reconnect_max_ms", OPT_INT, OFF(reconnect_max_ms), "5000", 100, 600000, false, true,
+     "Ceiling of the exponential reconnect backoff."},
+    {"shutdown_timeout_ms", OPT_INT, OFF(shutdown_timeout_ms), "3000", 0, 600000, false, true,
+     "On SIGTERM, how long to wait for the database to record the clean stop."},
+    {"max_message_bytes", OPT_INT, OFF(max_message_bytes), "1048576", 1024, 67108864, false, false,
+     "Largest request a client may send; checked before buffering."},
+    {"max_depth", OPT_INT, OFF(max_depth), "32", 4, 256, false, false,
+     "Deepest nesting of arrays and maps in a request."},
+    {"max_connections", OPT_INT, OFF(max_connections), "1024", 1, 65536, false, false,
+     "Client connections served at once; more are closed on accept."},
+    {"max_inflight_per_conn", OPT_INT, OFF(max_inflight_per_conn), "64", 1, 4096, false, false,
+     "Requests one connection may have in flight; more get a busy error."},
+    {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
+     "Output queued for a client that does not read before it is dropped."},
+    {"log_level", OPT_LEVEL, OFF(log_level), "info", 0, 0, false, true,
+     "error, warn, info or debug."},
+};
+const size_t config_options_count = sizeof(config_options) / sizeof(config_options[0]);
+
+static const struct option_def *find_option(const char *name, size_t len)
+{
+	for (size_t i = 0; i < config_options_count; i++) {
+		const char *n = config_options[i].name;
+		size_t j;
+		if (strlen(n) != len)
+			continue;
+		/* flags spell options with dashes, files with underscores */
+		for (j = 0; j < len; j++) {
+			char c = name[j] == '-' ? '_' : name[j];
+			if (c != n[j])
+				break;
+		}
+		if (j == len)
+			return &config_options[i];
+	}
+	return NULL;
+}
+
+static bool set_value(struct config *cfg, const struct option_def *def, const char *text, char *why,
+		      size_t whylen)
+{
+	void *field = (char *)cfg + def->offset;
+
+	switch (def->type) {
+	case OPT_STRING: {
+		char *copy = strdup(text);
+		if (!copy) {
+			snprintf(why, whylen, "out of memory");
+			return false;
+		}
+		free(*(char **)field);
+		*(char **)field = copy;
+		return true;
+	}
+	case OPT_INT: {
+		char *end;
+		errno = 0;
+		long v = strtol(text, &end, 10);
+		if (errno || end == text || *end != '\0') {
+			snprintf(why, whylen, "\"%s\" is not a whole number (expected %ld..%ld)",
+				 text, def->min, def->max);
+			return false;
+		}
+		if (v < def->min || v > def->max) {
+			snprintf(why, whylen, "%ld is out of range (expected %ld..%ld)", v,
+				 def->min, def->max);
+			return false;
+		}
+		*(int *)field = (int)v;
+		return true;
+	}
+	case OPT_MODE: {
+		char *end;
+		errno = 0;
+		long v = strtol(text, &end, 8);
+		if (errno || end == text || *end != '\0' || v < 0 || v > def->max) {
+			snprintf(why, whylen, "\"%s\" is not an octal mode like 0660", text);
+			return false;
+		}
+		*(int *)field = (int)v;
+		return true;
+	}
+	case OPT_LEVEL:
+		if (!log_level_parse(text, (enum log_level *)field)) {
+			snprintf(why, whylen,
+				 "\"%s\" is not a log level (expected error, warn, info or debug)",
+				 text);
+			return false;
+		}
+		return true;
+	}
+	return false;
+}
+
+void config_defaults(struct config *cfg)
+{
+	char why[256];
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < config_options_count; i++) {
+		/* the table's defaults are tested to parse; a failure here is a bug */
+		if (!set_value(cfg, &config_options[i], config_options[i].default_value, why,
+			       sizeof(why)))
+			abort();
+	}
+}
+
+void config_free(struct config *cfg)
+{
+	for (size_t i = 0; i < config_options_count; i++) {
+		if (config_options[i].type == OPT_STRING) {
+			char **field = (char **)((char *)cfg + config_options[i].offset);
+			free(*field);
+			*field = NULL;
+		}
+	}
+}
+
+static char *trim(char *s)
+{
+	char *end;
+	while (isspace((unsigned char)*s))
+		s++;
+	end = s + strlen(s);
+	while (end > s && isspace((unsigned char)end[-1]))
+		*--end = '\0';
+	return s;
+}
+
+static bool load_file(struct config *cfg, const char *path, bool required, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	char line[4096];
+	int lineno = 0;
+
+	if (!f) {
+		if (!required && errno == ENOENT)
+			return true;
+		snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+		return false;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char why[256];
+		char *key, *value, *eq;
+		const struct option_def *def;
+
+		lineno++;
+		if (!strchr(line, '\n') && !feof(f)) {
+			snprintf(err, errlen, "%s:%d: line longer than %zu bytes", path, lineno,
+				 sizeof(line) - 1);
+			goto fail;
+		}
+		key = trim(line);
+		if (*key == '\0' || *key == '#')
+			continue;
+		eq = strchr(key, '=');
+		if (!eq) {
+			snprintf(err, errlen, "%s:%d: expected `key = value`, found \"%s\"", path,
+				 lineno, key);
+			goto fail;
+		}
+		*eq = '\0';
+		key = trim(key);
+		value = trim(eq + 1);
+		/* allow "quoted values" so leading/trailing spaces can be kept */
+		size_t vlen = strlen(value);
+		if (vlen >= 2 && value[0] == '"' && value[vlen - 1] == '"') {
+			value[vlen - 1] = '\0';
+			value++;
+		}
+		def = find_option(key, strlen(key));
+		if (!def || strchr(key, '-')) {
+			snprintf(err, errlen,
+				 "%s:%d: unknown option \"%s\" (see `pgcoord-agent --help` for the "
+				 "list)",
+				 path, lineno, key);
+			goto fail;
+		}
+		if (!set_value(cfg, def, value, why, sizeof(why))) {
+			snprintf(err, errlen, "%s:%d: %s: %s", path, lineno, def->name, why);
+			goto fail;
+		}
+	}
+	fclose(f);
+	return true;
+fail:
+	fclose(f);
+	return false;
+}
+
+static bool load_env(struct config *cfg, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < config_options_count; i++) {
+		char var[96] = "PGCOORD_";
+		char why[256];
+		size_t n = strlen(var);
+		for (const char *p = config_options[i].name; *p && n < sizeof(var) - 1; p++)
+			var[n++] = (char)toupper((unsigned char)*p);
+		var[n] = '\0';
+		const char *value = getenv(var);
+		if (value && !set_value(cfg, &config_options[i], value, why, sizeof(why))) {
+			snprintf(err, errlen, "environment %s: %s", var, why);
+			return false;
+		}
+	}
+	return true;
+}
+
+static bool load_flags(struct config *cfg, int argc, char **argv, char *err, size_t errlen)
+{
+	for (int i = 0; i < argc; i++) {
+		const char *arg = argv[i];
+		const char *name, *value, *eq;
+		const struct option_def *def;
+		char why[256];
+		size_t len;
+
+		if (strncmp(arg, "--", 2) != 0) {
+			snprintf(err, errlen,
+				 "unexpected argument \"%s\" (options are --name value)", arg);
+			return false;
+		}
+		name = arg + 2;
+		eq = strchr(name, '=');
+		len = eq ? (size_t)(eq - name) : strlen(name);
+		def = find_option(name, len);
+		if (!def) {
+			snprintf(err, errlen, "unknown option \"%s\" (see `pgcoord-agent --help`)",
+				 arg);
+			return false;
+		}
+		if (eq) {
+			value = eq + 1;
+		} else if (i + 1 < argc) {
+			value = argv[++i];
+		} else {
+			snprintf(err, errlen, "--%s needs a value", def->name);
+			return false;
+		}
+		if (!set_value(cfg, def, value, why, sizeof(why))) {
+			snprintf(err, errlen, "--%.*s: %s", (int)len, name, why);
+			return false;
+		}
+	}
+	return true;
+}
+
+bool config_load(struct config *cfg, const char *path, bool path_required, int argc, char **argv,
+		 char *err, size_t errlen)
+{
+	if (!load_file(cfg, path ? path : CONFIG_DEFAULT_FILE, path_required, err, errlen))
+		return false;
+	if (!load_env(cfg, err, errlen))
+		return false;
+	if (!load_flags(cfg, argc, argv, err, errlen))
+		return false;
+	if (cfg->replica_id[0] == '\0') {
+		char host[256] = "";
+		if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+			snprintf(err, errlen,
+				 "replica_id is empty and the host name is unknown: "
+				 "set replica_id");
+			return false;
+		}
+		free(cfg->replica_id);
+		cfg->replica_id = strdup(host);
+	}
+	return true;
+}
+
+bool config_validate(const struct config *cfg, char *err, size_t errlen)
+{
+	if (strlen(cfg->replica_id) > 200) {
+		snprintf(err, errlen, "replica_id: longer than 200 bytes");
+		return false;
+	}
+	if (cfg->socket_path[0] != '/') {
+		snprintf(err, errlen, "socket_path: \"%s\" must be an absolute path",
+			 cfg->socket_path);
+		return false;
+	}
+	if (strlen(cfg->socket_path) >= 108) {
+		snprintf(err, errlen,
+			 "socket_path: longer than a Unix socket path may be (107 bytes)");
+		return false;
+	}
+	/* three heartbeats must fit in a ttl, so one slow or lost heartbeat
+	 * never lets a live session lapse */
+	if (cfg->heartbeat_interval_ms * 3 > cfg->session_ttl_ms) {
+		snprintf(err, errlen,
+			 "heartbeat_interval_ms (%d) must be at most a third of session_ttl_ms "
+			 "(%d): raise session_ttl_ms or lower heartbeat_interval_ms",
+			 cfg->heartbeat_interval_ms, cfg->session_ttl_ms);
+		return false;
+	}
+	return true;
+}
+
+char *config_redact_conninfo(const char *conninfo)
+{
+	size_t len = strlen(conninfo);
+	/* each redaction writes 4 bytes where at least "password=" stood, plus
+	 * at most one in a URI's user info */
+	char *out = malloc(2 * len + 16);
+	const char *in = conninfo;
+	const char *scheme = strstr(conninfo, "://");
+	char *o = out;
+
+	if (!out)
+		return NULL;
+	if (scheme) {
+		const char *creds = scheme + 3;
+		const char *at = strchr(creds, '@');
+		const char *colon = strchr(creds, ':');
+		const char *slash = strchr(creds, '/');
+		if (at && colon && colon < at && (!slash || at < slash)) {
+			memcpy(o, in, (size_t)(colon + 1 - in));
+			o += colon + 1 - in;
+			memcpy(o, "****", 4);
+			o += 4;
+			in = at;
+		}
+	}
+	while (*in) {
+		if (strncmp(in, "password", 8) == 0) {
+			const char *v = in + 8;
+			while (*v == ' ')
+				v++;
+			if (*v == '=') {
+				v++;
+				while (*v == ' ')
+					v++;
+				memcpy(o, "password=****", 13);
+				o += 13;
+				if (*v == '\'') {
+					for (v++; *v && *v != '\'';
+					     v += (*v == '\\' && v[1]) ? 2 : 1)
+						;
+					if (*v)
+						v++;
+				} else {
+					while (*v && *v != ' ' && *v != '&')
+						v++;
+				}
+				in = v;
+				continue;
+			}
+		}
+		*o++ = *in++;
+	}
+	*o = '\0';
+	return out;
+}
+
+void config_print(const struct config *cfg, FILE *out)
+{
+	for (size_t i = 0; i < config_options_count; i++) {
+		const struct option_def *def = &config_options[i];
+		const void *field = (const char *)cfg + def->offset;
+		switch (def->type) {
+		case OPT_STRING: {
+			const char *v = *(char *const *)field;
+			if (def->secret) {
+				char *r = config_redact_conninfo(v);
+				fprintf(out, "%s = \"%s\"\n", def->name, r ? r : "****");
+				free(r);
+			} else {
+				fprintf(out, "%s = \"%s\"\n", def->name, v);
+			}
+			break;
+		}
+		case OPT_INT:
+			fprintf(out, "%s = %d\n", def->name, *(const int *)field);
+			break;
+		case OPT_MODE:
+			fprintf(out, "%s = 0%o\n", def->name, (unsigned)*(const int *)field);
+			break;
+		case OPT_LEVEL:
+			fprintf(out, "%s = %s\n", def->name,
+				log_level_name(*(const enum log_level *)field));
+			break;
+		}
+	}
+}

@@ -1,0 +1,81 @@
+/*
+ * config.h — the agent's options: defaults, /etc/pgcoord/agent.conf
+ * (`key = value`), PGCOORD_* environment variables and --flags, applied in
+ * that order so the later source wins. Every option lives in one table
+ * (config.c) with its type, default, bounds and meaning.
+ */
+#ifndef PGCOORD_AGENT_CONFIG_H
+#define PGCOORD_AGENT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "agent/log.h"
+
+#define CONFIG_DEFAULT_FILE "/etc/pgcoord/agent.conf"
+
+struct config {
+	char *database_url;
+	char *replica_id;
+	char *socket_path;
+	int socket_mode;
+	int pool_size;
+	int heartbeat_interval_ms;
+	int session_ttl_ms;
+	int session_grace_ms;
+	int query_timeout_ms;
+	int connect_timeout_ms;
+	int reconnect_max_ms;
+	int shutdown_timeout_ms;
+	int max_message_bytes;
+	int max_depth;
+	int max_connections;
+	int max_inflight_per_conn;
+	int max_output_bytes;
+	enum log_level log_level;
+};
+
+enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL };
+
+struct option_def {
+	const char *name;
+	enum option_type type;
+	size_t offset;
+	const char *default_value; /* as text, parsed like any other source */
+	long min, max;		   /* OPT_INT only */
+	bool secret;		   /* redacted when printed */
+	bool reloadable;	   /* takes effect on SIGHUP */
+	const char *doc;
+};
+
+extern const struct option_def config_options[];
+extern const size_t config_options_count;
+
+/* Sets every option to its default. */
+void config_defaults(struct config *cfg);
+void config_free(struct config *cfg);
+
+/*
+ * Loads options from the file (path NULL = CONFIG_DEFAULT_FILE if it
+ * exists), then the environment, then argv flags (--name value or
+ * --name=value, dashes or underscores alike). Stops at the first bad value
+ * with "file:line: …" or "--flag: …" and a hint in err. Non-option argv
+ * entries are rejected too. *config_path receives the file that was read
+ * (NULL when none).
+ */
+__attribute__((warn_unused_result)) bool config_load(struct config *cfg, const char *path,
+						     bool path_required, int argc, char **argv,
+						     char *err, size_t errlen);
+
+/* Cross-option checks (e.g. the heartbeat must fit inside the ttl). */
+__attribute__((warn_unused_result)) bool config_validate(const struct config *cfg, char *err,
+							 size_t errlen);
+
+/* Prints the effective configuration as `key = value`, secrets redacted. */
+void config_print(const struct config *cfg, FILE *out);
+
+/* A copy of a libpq conninfo/URI with any password replaced by "****". */
+char *config_redact_conninfo(const char *conninfo);
+
+#endif

@@ -1,0 +1,606 @@
+/*
+ * db.c — asynchronous libpq connection lanes; see db.h.
+ */
+#include "agent/db.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DB_QUEUE_MAX 4096
+#define DB_BACKOFF_START_MS 100
+
+enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_IDLE, CONN_BUSY };
+
+struct db_query {
+	struct db_query *next;
+	struct db_lane *lane;
+	struct db_conn *running_on; /* NULL while queued */
+	char *sql;
+	int nparams;
+	char **params;
+	db_done_fn done;
+	void *arg;
+	struct event *deadline;
+};
+
+struct db_conn {
+	struct db_lane *lane;
+	PGconn *pg;
+	enum conn_state state;
+	struct event *io;
+	struct event *timer; /* reconnect backoff, or connect timeout */
+	int backoff_ms;
+	bool failing; /* logged this outage already: later attempts log at debug */
+	struct db_query *query;
+	PGresult *result;
+};
+
+struct db_lane {
+	struct db *db;
+	enum db_lane_id id;
+	struct db_conn *conns;
+	int nconns;
+	struct db_query *head, *tail;
+	int queued;
+	bool up;
+};
+
+struct db {
+	struct event_base *base;
+	struct logger *log;
+	char *conninfo;
+	int query_timeout_ms, connect_timeout_ms, reconnect_max_ms;
+	struct db_lane lanes[DB_LANE__COUNT];
+	db_state_fn on_state;
+	void *state_arg;
+	struct db_stats stats;
+	unsigned rng;
+};
+
+static const char *const lane_names[] = {"requests", "heartbeat"};
+
+static void conn_io_cb(evutil_socket_t fd, short what, void *arg);
+static void conn_start_connect(struct db_conn *c);
+static void lane_pump(struct db_lane *lane);
+static void conn_connect_failed(struct db_conn *c);
+
+static struct timeval ms_to_tv(int ms)
+{
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	return tv;
+}
+
+/* Single-line message from libpq, which likes trailing newlines. */
+static void one_line(char *buf, size_t len, const char *msg)
+{
+	snprintf(buf, len, "%s", msg && msg[0] ? msg : "unknown error");
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = (p[1] == '\0') ? '\0' : ' ';
+}
+
+enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
+{
+	if (!sqlstate)
+		return PGC_E_UNAVAILABLE;
+	/* connection exceptions, shutdowns, resource limits, serialization
+	 * conflicts and read-only standbys: a retry may well succeed */
+	if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
+	    strncmp(sqlstate, "57P", 3) == 0 || strcmp(sqlstate, "40001") == 0 ||
+	    strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "25006") == 0 ||
+	    strcmp(sqlstate, "55P03") == 0)
+		return PGC_E_UNAVAILABLE;
+	if (strcmp(sqlstate, "57014") == 0) /* query_canceled: statement_timeout */
+		return PGC_E_TIMEOUT;
+	return PGC_E_INTERNAL;
+}
+
+static void query_free(struct db_query *q)
+{
+	if (!q)
+		return;
+	if (q->deadline)
+		event_free(q->deadline);
+	for (int i = 0; i < q->nparams; i++)
+		free(q->params[i]);
+	free(q->params);
+	free(q->sql);
+	free(q);
+}
+
+static void query_fail(struct db_query *q, enum pgc_error_code code, bool unknown,
+		       const char *message)
+{
+	struct db_result r = {0};
+	r.ok = false;
+	r.error = code;
+	r.message = message;
+	r.outcome_unknown = unknown;
+	q->lane->db->stats.failures++;
+	if (code == PGC_E_TIMEOUT)
+		q->lane->db->stats.timeouts++;
+	q->done(&r, q->arg);
+	query_free(q);
+}
+
+static void queue_remove(struct db_lane *lane, struct db_query *q)
+{
+	struct db_query **pp = &lane->head, *prev = NULL;
+	for (; *pp; prev = *pp, pp = &(*pp)->next) {
+		if (*pp == q) {
+			*pp = q->next;
+			if (lane->tail == q)
+				lane->tail = prev;
+			lane->queued--;
+			q->next = NULL;
+			return;
+		}
+	}
+}
+
+static struct db_query *queue_pop(struct db_lane *lane)
+{
+	struct db_query *q = lane->head;
+	if (q) {
+		lane->head = q->next;
+		if (!lane->head)
+			lane->tail = NULL;
+		lane->queued--;
+		q->next = NULL;
+	}
+	return q;
+}
+
+static void lane_update_up(struct db_lane *lane)
+{
+	bool up = false;
+	for (int i = 0; i < lane->nconns; i++)
+		up |= lane->conns[i].state == CONN_IDLE || lane->conns[i].state == CONN_BUSY;
+	if (up == lane->up)
+		return;
+	lane->up = up;
+	log_write(lane->db->log, up ? LOG_LEVEL_INFO : LOG_LEVEL_WARN, "db", NULL,
+		  "%s connections %s", lane_names[lane->id], up ? "up" : "down");
+	if (!up) {
+		/* fail closed: nothing waits for a database that is gone */
+		struct db_query *q;
+		while ((q = queue_pop(lane)) != NULL)
+			query_fail(q, PGC_E_UNAVAILABLE, false,
+				   "the database connection was lost before the request ran");
+	}
+	if (lane->id == DB_LANE_REQUESTS && lane->db->on_state)
+		lane->db->on_state(up, lane->db->state_arg);
+}
+
+static void conn_wait(struct db_conn *c, short what)
+{
+	event_del(c->io);
+	event_assign(c->io, c->lane->db->base, PQsocket(c->pg), what, conn_io_cb, c);
+	event_add(c->io, NULL);
+}
+
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct db_conn *c = arg;
+	(void)fd;
+	(void)what;
+	if (c->state == CONN_DOWN) {
+		conn_start_connect(c);
+	} else if (c->state == CONN_CONNECTING) {
+		log_warn(c->lane->db->log, "db", "connection attempt timed out after %d ms",
+			 c->lane->db->connect_timeout_ms);
+		conn_connect_failed(c);
+	}
+}
+
+/* Schedules the next connection attempt with exponential backoff and ±20%
+ * jitter, so a fleet does not reconnect in lockstep after an outage. */
+static void conn_schedule_reconnect(struct db_conn *c)
+{
+	struct db *db = c->lane->db;
+	int delay = c->backoff_ms;
+	db->rng = db->rng * 1103515245u + 12345u;
+	delay += (int)((long)delay * (long)((db->rng >> 16) % 41) / 100) - delay / 5;
+	c->backoff_ms =
+	    c->backoff_ms * 2 > db->reconnect_max_ms ? db->reconnect_max_ms : c->backoff_ms * 2;
+	c->state = CONN_DOWN;
+	struct timeval tv = ms_to_tv(delay < 0 ? 0 : delay);
+	evtimer_add(c->timer, &tv);
+}
+
+/* The connection broke: whatever ran on it may or may not have committed. */
+static void conn_lost(struct db_conn *c, const char *why)
+{
+	struct db *db = c->lane->db;
+	struct db_query *q = c->query;
+	char msg[512];
+
+	one_line(msg, sizeof(msg), why);
+	log_warn(db->log, "db", "%s connection lost: %s", lane_names[c->lane->id], msg);
+	event_del(c->io);
+	if (c->result) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
+	PQfinish(c->pg);
+	c->pg = NULL;
+	c->query = NULL;
+	c->state = CONN_DOWN;
+	c->backoff_ms = DB_BACKOFF_START_MS;
+	db->stats.reconnects++;
+	conn_schedule_reconnect(c);
+	lane_update_up(c->lane);
+	if (q) {
+		q->running_on = NULL;
+		query_fail(q, PGC_E_UNAVAILABLE, true,
+			   "the database connection was lost while the request ran; its "
+			   "outcome is unknown, retry with the same ids");
+	}
+}
+
+static void conn_connect_failed(struct db_conn *c)
+{
+	struct db *db = c->lane->db;
+	char msg[512];
+
+	one_line(msg, sizeof(msg), c->pg ? PQerrorMessage(c->pg) : "out of memory");
+	log_write(db->log, c->failing ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN, "db", NULL,
+		  "cannot connect %s connection: %s (retrying with backoff)",
+		  lane_names[c->lane->id], msg);
+	c->failing = true;
+	event_del(c->io);
+	evtimer_del(c->timer);
+	PQfinish(c->pg);
+	c->pg = NULL;
+	conn_schedule_reconnect(c);
+}
+
+static void conn_connect_step(struct db_conn *c)
+{
+	switch (PQconnectPoll(c->pg)) {
+	case PGRES_POLLING_READING:
+		conn_wait(c, EV_READ);
+		return;
+	case PGRES_POLLING_WRITING:
+		conn_wait(c, EV_WRITE);
+		return;
+	case PGRES_POLLING_OK:
+		evtimer_del(c->timer);
+		if (PQsetnonblocking(c->pg, 1) != 0) {
+			conn_connect_failed(c);
+			return;
+		}
+		if (c->failing)
+			log_info(c->lane->db->log, "db", "%s connection re-established",
+				 lane_names[c->lane->id]);
+		c->failing = false;
+		c->backoff_ms = DB_BACKOFF_START_MS;
+		c->state = CONN_IDLE;
+		conn_wait(c, EV_READ);
+		lane_update_up(c->lane);
+		lane_pump(c->lane);
+		return;
+	default:
+		conn_connect_failed(c);
+		return;
+	}
+}
+
+static void conn_start_connect(struct db_conn *c)
+{
+	struct db *db = c->lane->db;
+
+	c->pg = PQconnectStart(db->conninfo);
+	if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
+		conn_connect_failed(c);
+		return;
+	}
+	c->state = CONN_CONNECTING;
+	struct timeval tv = ms_to_tv(db->connect_timeout_ms);
+	evtimer_add(c->timer, &tv);
+	/* libpq: start as if PQconnectPoll had asked to write */
+	conn_wait(c, EV_WRITE);
+}
+
+static void conn_finish_query(struct db_conn *c)
+{
+	struct db_query *q = c->query;
+	PGresult *res = c->result;
+	struct db_result r = {0};
+	char msg[512];
+
+	c->query = NULL;
+	c->result = NULL;
+	q->running_on = NULL;
+	c->state = CONN_IDLE;
+	conn_wait(c, EV_READ);
+
+	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+	r.res = res;
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+		r.ok = true;
+	} else {
+		r.sqlstate = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+		one_line(msg, sizeof(msg),
+			 res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : "no result");
+		r.message = msg;
+		r.error = db_error_for_sqlstate(r.sqlstate);
+		/* an error reply means the statement's transaction rolled back */
+		r.outcome_unknown = false;
+		c->lane->db->stats.failures++;
+		if (r.error == PGC_E_INTERNAL)
+			log_error(c->lane->db->log, "db", "statement failed: %s (SQLSTATE %s)", msg,
+				  r.sqlstate ? r.sqlstate : "none");
+	}
+	q->done(&r, q->arg);
+	PQclear(res);
+	query_free(q);
+	lane_pump(c->lane);
+}
+
+static void conn_read(struct db_conn *c)
+{
+	if (!PQconsumeInput(c->pg)) {
+		conn_lost(c, PQerrorMessage(c->pg));
+		return;
+	}
+	while (!PQisBusy(c->pg)) {
+		PGresult *res = PQgetResult(c->pg);
+		if (!res) {
+			conn_finish_query(c);
+			return;
+		}
+		if (!c->result)
+			c->result = res;
+		else
+			PQclear(res);
+	}
+	conn_wait(c, EV_READ);
+}
+
+static void conn_flush(struct db_conn *c)
+{
+	int r = PQflush(c->pg);
+	if (r < 0)
+		conn_lost(c, PQerrorMessage(c->pg));
+	else if (r > 0)
+		conn_wait(c, EV_READ | EV_WRITE);
+	else
+		conn_wait(c, EV_READ);
+}
+
+static void conn_io_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct db_conn *c = arg;
+	(void)fd;
+
+	switch (c->state) {
+	case CONN_CONNECTING:
+		conn_connect_step(c);
+		break;
+	case CONN_BUSY:
+		if (what & EV_READ) {
+			if (!PQconsumeInput(c->pg)) {
+				conn_lost(c, PQerrorMessage(c->pg));
+				return;
+			}
+		}
+		if (PQflush(c->pg) != 0 && PQstatus(c->pg) != CONNECTION_BAD) {
+			conn_flush(c);
+			return;
+		}
+		conn_read(c);
+		break;
+	case CONN_IDLE:
+		/* an idle connection only becomes readable when the server
+		 * speaks: a termination notice or EOF */
+		if (!PQconsumeInput(c->pg) || PQstatus(c->pg) == CONNECTION_BAD) {
+			conn_lost(c, PQerrorMessage(c->pg));
+			return;
+		}
+		for (PGnotify *n; (n = PQnotifies(c->pg)) != NULL;)
+			PQfreemem(n);
+		conn_wait(c, EV_READ);
+		break;
+	case CONN_DOWN:
+		break;
+	}
+}
+
+static void conn_run(struct db_conn *c, struct db_query *q)
+{
+	c->query = q;
+	q->running_on = c;
+	c->state = CONN_BUSY;
+	c->lane->db->stats.queries++;
+	if (!PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
+			       NULL, NULL, 0)) {
+		conn_lost(c, PQerrorMessage(c->pg));
+		return;
+	}
+	conn_flush(c);
+}
+
+static void lane_pump(struct db_lane *lane)
+{
+	for (int i = 0; i < lane->nconns && lane->head; i++) {
+		if (lane->conns[i].state == CONN_IDLE)
+			conn_run(&lane->conns[i], queue_pop(lane));
+	}
+}
+
+static void query_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct db_query *q = arg;
+	struct db_conn *c = q->running_on;
+	(void)fd;
+	(void)what;
+
+	if (!c) {
+		queue_remove(q->lane, q);
+		query_fail(q, PGC_E_TIMEOUT, false,
+			   "no database connection became free within query_timeout_ms");
+		return;
+	}
+	/* Cancelling needs a blocking PQcancel; dropping the connection ends
+	 * the statement just as surely (the server rolls it back unless the
+	 * commit was already under way, hence "unknown"). */
+	log_warn(q->lane->db->log, "db", "statement exceeded query_timeout_ms (%d ms)",
+		 q->lane->db->query_timeout_ms);
+	c->query = NULL;
+	q->running_on = NULL;
+	event_del(c->io);
+	if (c->result) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
+	PQfinish(c->pg);
+	c->pg = NULL;
+	c->backoff_ms = 0;
+	conn_schedule_reconnect(c);
+	c->backoff_ms = DB_BACKOFF_START_MS;
+	lane_update_up(c->lane);
+	query_fail(q, PGC_E_TIMEOUT, true,
+		   "the database did not answer within query_timeout_ms; the outcome is unknown, "
+		   "retry with the same ids");
+}
+
+bool db_query(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
+	      const char *const *params, db_done_fn done, void *arg)
+{
+	struct db_lane *lane = &db->lanes[lane_id];
+	struct db_query *q;
+
+	if (!lane->up || lane->queued >= DB_QUEUE_MAX)
+		return false;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return false;
+	q->lane = lane;
+	q->done = done;
+	q->arg = arg;
+	q->nparams = nparams;
+	q->sql = strdup(sql);
+	q->params = nparams ? calloc((size_t)nparams, sizeof(char *)) : NULL;
+	q->deadline = evtimer_new(db->base, query_deadline_cb, q);
+	if (!q->sql || (nparams && !q->params) || !q->deadline)
+		goto oom;
+	for (int i = 0; i < nparams; i++) {
+		if (params[i] && !(q->params[i] = strdup(params[i])))
+			goto oom;
+	}
+	struct timeval tv = ms_to_tv(db->query_timeout_ms);
+	evtimer_add(q->deadline, &tv);
+	if (lane->tail)
+		lane->tail->next = q;
+	else
+		lane->head = q;
+	lane->tail = q;
+	lane->queued++;
+	lane_pump(lane);
+	return true;
+oom:
+	query_free(q);
+	return false;
+}
+
+bool db_lane_up(const struct db *db, enum db_lane_id lane)
+{
+	return db->lanes[lane].up;
+}
+
+void db_get_stats(const struct db *db, struct db_stats *out)
+{
+	*out = db->stats;
+	for (int l = 0; l < DB_LANE__COUNT; l++) {
+		out->connected[l] = 0;
+		for (int i = 0; i < db->lanes[l].nconns; i++) {
+			enum conn_state st = db->lanes[l].conns[i].state;
+			out->connected[l] += st == CONN_IDLE || st == CONN_BUSY;
+		}
+		out->queued[l] = db->lanes[l].queued;
+	}
+}
+
+void db_update_timeouts(struct db *db, const struct db_settings *s)
+{
+	db->query_timeout_ms = s->query_timeout_ms;
+	db->connect_timeout_ms = s->connect_timeout_ms;
+	db->reconnect_max_ms = s->reconnect_max_ms;
+}
+
+struct db *db_create(struct event_base *base, const struct db_settings *s, struct logger *log,
+		     db_state_fn on_state, void *state_arg)
+{
+	struct db *db = calloc(1, sizeof(*db));
+	if (!db)
+		return NULL;
+	db->base = base;
+	db->log = log;
+	db->on_state = on_state;
+	db->state_arg = state_arg;
+	db->rng = (unsigned)time(NULL) ^ (unsigned)getpid();
+	db->conninfo = strdup(s->conninfo ? s->conninfo : "");
+	db_update_timeouts(db, s);
+	if (!db->conninfo)
+		goto fail;
+	for (int l = 0; l < DB_LANE__COUNT; l++) {
+		struct db_lane *lane = &db->lanes[l];
+		lane->db = db;
+		lane->id = (enum db_lane_id)l;
+		lane->nconns = l == DB_LANE_REQUESTS ? s->pool_size : 1;
+		lane->conns = calloc((size_t)lane->nconns, sizeof(struct db_conn));
+		if (!lane->conns)
+			goto fail;
+		for (int i = 0; i < lane->nconns; i++) {
+			struct db_conn *c = &lane->conns[i];
+			c->lane = lane;
+			c->backoff_ms = DB_BACKOFF_START_MS;
+			c->io = event_new(base, -1, 0, conn_io_cb, c);
+			c->timer = evtimer_new(base, conn_timer_cb, c);
+			if (!c->io || !c->timer)
+				goto fail;
+			/* first attempts right away, from the loop */
+			struct timeval now = {0, 0};
+			evtimer_add(c->timer, &now);
+		}
+	}
+	return db;
+fail:
+	db_destroy(db);
+	return NULL;
+}
+
+void db_destroy(struct db *db)
+{
+	if (!db)
+		return;
+	for (int l = 0; l < DB_LANE__COUNT; l++) {
+		struct db_lane *lane = &db->lanes[l];
+		struct db_query *q;
+		while ((q = queue_pop(lane)) != NULL)
+			query_fail(q, PGC_E_UNAVAILABLE, false, "the agent is shutting down");
+		for (int i = 0; lane->conns && i < lane->nconns; i++) {
+			struct db_conn *c = &lane->conns[i];
+			if (c->query) {
+				struct db_query *running = c->query;
+				c->query = NULL;
+				running->running_on = NULL;
+				query_fail(running, PGC_E_UNAVAILABLE, true,
+					   "the agent is shutting down");
+			}
+			if (c->result)
+				PQclear(c->result);
+			if (c->io)
+				event_free(c->io);
+			if (c->timer)
+				event_free(c->timer);
+			PQfinish(c->pg);
+		}
+		free(lane->conns);
+	}
+	free(db->conninfo);
+	free(db);
+}

@@ -1,0 +1,82 @@
+/*
+ * db.h — asynchronous libpq on the agent's event loop.
+ *
+ * Two lanes of connections: REQUESTS (pool_size connections serving client
+ * calls) and HEARTBEAT (one connection for heartbeats and lease renewals, so
+ * liveness never queues behind traffic). Every query is one statement sent
+ * with PQsendQueryParams (unnamed statements: works through PgBouncer in
+ * transaction mode). The loop never blocks on the database: connects are
+ * driven by PQconnectPoll, results by PQconsumeInput/PQisBusy.
+ */
+#ifndef PGCOORD_AGENT_DB_H
+#define PGCOORD_AGENT_DB_H
+
+#include <event2/event.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+#include "agent/log.h"
+#include "proto/codec.h"
+
+enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
+
+struct db_result {
+	bool ok;		   /* the statement ran and returned tuples or OK */
+	const PGresult *res;	   /* the result when ok (rows), or the error result */
+	enum pgc_error_code error; /* when !ok: UNAVAILABLE, TIMEOUT or INTERNAL */
+	const char *sqlstate;	   /* when !ok and the server answered; else NULL */
+	const char *message;	   /* when !ok: one line for logs and clients */
+	bool outcome_unknown;	   /* the statement may have committed (lost mid-flight) */
+};
+
+/* Called exactly once per accepted query, from the event loop. */
+typedef void (*db_done_fn)(const struct db_result *result, void *arg);
+
+/* Told when the REQUESTS lane goes up (a connection is ready) or down. */
+typedef void (*db_state_fn)(bool up, void *arg);
+
+struct db_settings {
+	const char *conninfo;
+	int pool_size;
+	int query_timeout_ms;
+	int connect_timeout_ms;
+	int reconnect_max_ms;
+};
+
+struct db;
+
+struct db *db_create(struct event_base *base, const struct db_settings *settings,
+		     struct logger *log, db_state_fn on_state, void *state_arg);
+/* Fails queued and running queries with UNAVAILABLE, closes connections. Accepts NULL. */
+void db_destroy(struct db *db);
+
+/* Applies reloadable timeouts (query, connect, reconnect ceiling). */
+void db_update_timeouts(struct db *db, const struct db_settings *settings);
+
+/*
+ * Queues one statement on a lane. Parameters are text (NULL = SQL NULL) and
+ * are copied. Returns false, without calling done, when the lane has no
+ * connection up (the caller answers `unavailable` at once: fail closed) or
+ * its queue is full. The deadline (query_timeout_ms) covers queueing and
+ * execution; on expiry done gets TIMEOUT and a running statement's
+ * connection is dropped, since libpq cannot cancel without blocking.
+ */
+__attribute__((warn_unused_result)) bool db_query(struct db *db, enum db_lane_id lane,
+						  const char *sql, int nparams,
+						  const char *const *params, db_done_fn done,
+						  void *arg);
+
+bool db_lane_up(const struct db *db, enum db_lane_id lane);
+
+/* Counters for status and metrics. */
+struct db_stats {
+	unsigned long queries, failures, timeouts, reconnects;
+	int connected[DB_LANE__COUNT];
+	int queued[DB_LANE__COUNT];
+};
+void db_get_stats(const struct db *db, struct db_stats *out);
+
+/* Maps a failed result's SQLSTATE to the wire error a client should see. */
+enum pgc_error_code db_error_for_sqlstate(const char *sqlstate);
+
+#endif

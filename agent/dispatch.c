@@ -1,0 +1,300 @@
+/*
+ * dispatch.c — see dispatch.h.
+ */
+#include "agent/dispatch.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/methods.h"
+#include "agent/sessions.h"
+
+static const struct method methods[] = {
+    {"agent.hello", rpc_agent_hello, 0},
+    {"agent.ping", rpc_agent_ping, 0},
+    {"agent.status", rpc_agent_status, 0},
+    {"session.open", rpc_session_open, M_DB},
+    {"session.keepalive", rpc_session_keepalive, M_SESSION},
+    {"session.close", rpc_session_close, M_DB | M_SESSION},
+    {"fleet.agents", rpc_fleet_agents, M_DB},
+    {"fleet.sessions", rpc_fleet_sessions, M_DB},
+};
+
+static const struct method *find_method(const char *name, size_t len)
+{
+	for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+		if (strlen(methods[i].name) == len && memcmp(methods[i].name, name, len) == 0)
+			return &methods[i];
+	}
+	return NULL;
+}
+
+static void req_free(struct request *req)
+{
+	struct conn *c = req->conn;
+	msgpack_unpacked_destroy(&req->unpacked);
+	msgpack_sbuffer_destroy(&req->out);
+	free(req->frame);
+	free(req);
+	c->inflight--;
+	conn_unref(c);
+}
+
+static void send_error(struct conn *c, uint32_t msgid, enum pgc_error_code code, const char *msg)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	pgc_pack_response_error(&pk, msgid, pgc_error_name(code), msg, pgc_error_retryable(code));
+	conn_send(c, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+msgpack_packer *req_result(struct request *req)
+{
+	req->result_started = true;
+	pgc_pack_response_ok_begin(&req->pk, req->msgid);
+	return &req->pk;
+}
+
+void req_done(struct request *req)
+{
+	conn_send(req->conn, req->out.data, req->out.size);
+	req_free(req);
+}
+
+void req_fail(struct request *req, enum pgc_error_code code, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (code == PGC_E_INTERNAL)
+		log_error(&req->ag->log, "dispatch", "%s failed: %s", req->method->name, msg);
+	send_error(req->conn, req->msgid, code, msg);
+	req_free(req);
+}
+
+void req_fail_db(struct request *req, const struct db_result *res)
+{
+	if (res->error == PGC_E_INTERNAL)
+		req_fail(req, PGC_E_INTERNAL, "database error: %s", res->message);
+	else
+		req_fail(req, res->error, "%s", res->message);
+}
+
+bool req_query(struct request *req, const char *sql, int nparams, const char *const *params,
+	       db_done_fn done)
+{
+	if (!db_query(req->ag->db, DB_LANE_REQUESTS, sql, nparams, params, done, req)) {
+		req_fail(req, PGC_E_UNAVAILABLE,
+			 "the database is unreachable (or its queue is full); retry");
+		return false;
+	}
+	return true;
+}
+
+bool req_is_admin(const struct request *req)
+{
+	return req->conn->uid == 0 || req->conn->uid == geteuid();
+}
+
+static const msgpack_object *param(struct request *req, const char *key)
+{
+	return req->params ? pgc_map_get(req->params, key) : NULL;
+}
+
+/* nil counts as absent, so clients may send explicit nils for defaults */
+static bool absent(const msgpack_object *o)
+{
+	return !o || o->type == MSGPACK_OBJECT_NIL;
+}
+
+bool req_param_str(struct request *req, const char *key, bool required, size_t max_len, char **out)
+{
+	const msgpack_object *o = param(req, key);
+	if (absent(o)) {
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (a string)",
+				 key);
+			return false;
+		}
+		*out = NULL;
+		return true;
+	}
+	if (o->type != MSGPACK_OBJECT_STR) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must be a string, not %s", key,
+			 pgc_obj_type_name(o));
+		return false;
+	}
+	if (o->via.str.size > max_len) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' is longer than %zu bytes", key,
+			 max_len);
+		return false;
+	}
+	*out = pgc_obj_strdup(o);
+	if (!*out) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not contain NUL bytes",
+			 key);
+		return false;
+	}
+	return true;
+}
+
+bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
+		   int64_t *out, bool *present)
+{
+	const msgpack_object *o = param(req, key);
+	int64_t v;
+	if (present)
+		*present = false;
+	if (absent(o)) {
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (an integer)",
+				 key);
+			return false;
+		}
+		return true;
+	}
+	if (!pgc_obj_int64(o, &v)) {
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "parameter '%s' must be a 64-bit signed integer, not %s", key,
+			 pgc_obj_type_name(o));
+		return false;
+	}
+	if (v < min || v > max) {
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "parameter '%s' = %lld is out of range (%lld..%lld)", key, (long long)v,
+			 (long long)min, (long long)max);
+		return false;
+	}
+	*out = v;
+	if (present)
+		*present = true;
+	return true;
+}
+
+bool req_param_bool(struct request *req, const char *key, bool required, bool *out, bool *present)
+{
+	const msgpack_object *o = param(req, key);
+	if (present)
+		*present = false;
+	if (absent(o)) {
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (a boolean)",
+				 key);
+			return false;
+		}
+		return true;
+	}
+	if (!pgc_obj_bool(o, out)) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must be a boolean, not %s", key,
+			 pgc_obj_type_name(o));
+		return false;
+	}
+	if (present)
+		*present = true;
+	return true;
+}
+
+void dispatch_frame(struct conn *c, const char *data, size_t len)
+{
+	struct agent *ag = c->ag;
+	struct pgc_message msg;
+	struct request *req;
+	char err[256];
+	size_t off = 0;
+
+	req = calloc(1, sizeof(*req));
+	if (!req || !(req->frame = malloc(len))) {
+		free(req);
+		send_error(c, 0, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	memcpy(req->frame, data, len);
+	msgpack_unpacked_init(&req->unpacked);
+	msgpack_sbuffer_init(&req->out);
+	msgpack_packer_init(&req->pk, &req->out, msgpack_sbuffer_write);
+	req->ag = ag;
+	req->conn = c;
+	req->started_ms = mono_ms();
+	conn_ref(c);
+	c->inflight++;
+
+	/* the scanner already proved this is one complete object */
+	if (msgpack_unpack_next(&req->unpacked, req->frame, len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		send_error(c, 0, PGC_E_INVALID_REQUEST, "could not decode the message");
+		req_free(req);
+		return;
+	}
+	memset(&msg, 0, sizeof(msg));
+	if (!pgc_parse_message(&req->unpacked.data, &msg, err, sizeof(err))) {
+		send_error(c, msg.type == PGC_RPC_REQUEST ? msg.msgid : 0, PGC_E_INVALID_REQUEST,
+			   err);
+		req_free(req);
+		return;
+	}
+	if (msg.type != PGC_RPC_REQUEST) {
+		send_error(c, 0, PGC_E_INVALID_REQUEST,
+			   "the agent accepts only requests ([0, msgid, method, [params]])");
+		req_free(req);
+		return;
+	}
+	req->msgid = msg.msgid;
+	req->params = msg.params;
+	req->method = find_method(msg.method, msg.method_len);
+	if (!req->method) {
+		char what[128];
+		snprintf(what, sizeof(what), "no such method \"%.*s\"",
+			 (int)(msg.method_len > 64 ? 64 : msg.method_len), msg.method);
+		send_error(c, msg.msgid, PGC_E_METHOD_NOT_FOUND, what);
+		req_free(req);
+		return;
+	}
+	if (req->params && req->params->type != MSGPACK_OBJECT_MAP) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "params must be [map] or []");
+		return;
+	}
+	if (c->inflight > ag->cfg.max_inflight_per_conn) {
+		req_fail(req, PGC_E_BUSY, "more than max_inflight_per_conn (%d) requests in flight",
+			 ag->cfg.max_inflight_per_conn);
+		return;
+	}
+	if (ag->state == AGENT_STOPPING && req->method->flags & (M_DB | M_SESSION)) {
+		req_fail(req, PGC_E_SHUTTING_DOWN, "the agent is shutting down");
+		return;
+	}
+	if (ag->state == AGENT_SUPERSEDED && req->method->flags & (M_DB | M_SESSION)) {
+		req_fail(req, PGC_E_SUPERSEDED,
+			 "this agent's replica_id was taken over by another incarnation");
+		return;
+	}
+	if ((req->method->flags & M_ADMIN) && !req_is_admin(req)) {
+		req_fail(req, PGC_E_FORBIDDEN,
+			 "%s is an admin call; uid %u is not root, the agent's user or an admin",
+			 req->method->name, (unsigned)c->uid);
+		return;
+	}
+	if ((req->method->flags & M_SESSION) && !c->session) {
+		if (c->lost_session)
+			req_fail(req, PGC_E_SESSION_EXPIRED,
+				 "session %lld is no longer live; open a new one",
+				 (long long)c->lost_session);
+		else
+			req_fail(req, PGC_E_NO_SESSION,
+				 "%s needs a session: call session.open first", req->method->name);
+		return;
+	}
+	if ((req->method->flags & M_DB) &&
+	    (!ag->id.registered || !db_lane_up(ag->db, DB_LANE_REQUESTS))) {
+		req_fail(req, PGC_E_UNAVAILABLE, "the database is unreachable; retry");
+		return;
+	}
+	req->method->fn(req);
+}

@@ -1,0 +1,87 @@
+/*
+ * dispatch.h — from a complete frame to a method handler, and back.
+ *
+ * A request owns a copy of its frame (params borrow from it) and its reply
+ * buffer. Handlers may answer at once or later, from a database callback;
+ * either way they end the request with exactly one req_done() or
+ * req_fail(). A request whose connection closed meanwhile still runs to
+ * its end (the database work must finish or fail) and its reply is dropped.
+ */
+#ifndef PGCOORD_AGENT_DISPATCH_H
+#define PGCOORD_AGENT_DISPATCH_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/db.h"
+#include "proto/codec.h"
+
+struct agent;
+struct conn;
+
+struct request {
+	struct agent *ag;
+	struct conn *conn;
+	uint32_t msgid;
+	const struct method *method;
+	const msgpack_object *params; /* a map, or NULL for {} */
+	char *frame;		      /* owns the bytes params point into */
+	msgpack_unpacked unpacked;
+	msgpack_sbuffer out;
+	msgpack_packer pk;
+	bool result_started;
+	int64_t target_id; /* the object a handler works on, for its db callback */
+	void *ctx;	   /* handler state for its db callbacks; the handler frees it */
+	uint64_t started_ms;
+};
+
+typedef void (*method_fn)(struct request *req);
+
+enum method_flags {
+	M_DB = 1 << 0,	    /* needs the database: `unavailable` while it is down */
+	M_SESSION = 1 << 1, /* needs an open session on the connection */
+	M_ADMIN = 1 << 2,   /* only for admin peers (root, the agent's user, admin_uids) */
+};
+
+struct method {
+	const char *name;
+	method_fn fn;
+	unsigned flags;
+};
+
+/* Handles one complete frame of `len` bytes read from c. */
+void dispatch_frame(struct conn *c, const char *data, size_t len);
+
+/* Starts the success reply and returns the packer for the result object. */
+msgpack_packer *req_result(struct request *req);
+/* Sends the reply started by req_result() and frees the request. */
+void req_done(struct request *req);
+/* Sends an error reply and frees the request. */
+__attribute__((format(printf, 3, 4))) void req_fail(struct request *req, enum pgc_error_code code,
+						    const char *fmt, ...);
+/* Answers a failed database result with the matching retryable error. */
+void req_fail_db(struct request *req, const struct db_result *res);
+
+/*
+ * Parameter readers. Each returns false after answering `invalid_params`
+ * (naming the key and the expected type), so a handler just returns.
+ * *present (may be NULL) says whether an optional key was given.
+ */
+bool req_param_str(struct request *req, const char *key, bool required, size_t max_len, char **out);
+bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
+		   int64_t *out, bool *present);
+bool req_param_bool(struct request *req, const char *key, bool required, bool *out, bool *present);
+
+/*
+ * Runs one statement for req on the REQUESTS lane. When the database is
+ * down, answers `unavailable` and returns false (done is not called).
+ */
+bool req_query(struct request *req, const char *sql, int nparams, const char *const *params,
+	       db_done_fn done);
+
+/* True when the peer may make admin calls. */
+bool req_is_admin(const struct request *req);
+
+#endif

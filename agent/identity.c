@@ -1,0 +1,365 @@
+/*
+ * identity.c — see identity.h.
+ */
+#include "agent/identity.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/db.h"
+#include "agent/migrate.h"
+#include "agent/notify.h"
+#include "agent/sessions.h"
+
+#define REGISTER_RETRY_MS 250
+
+static void try_register(struct agent *ag, int64_t takeover);
+
+static int64_t new_incarnation(void)
+{
+	uint64_t v = 0;
+	/* random, not a counter: no coordination needed to make it unique,
+	 * and a restarted agent can never reuse its predecessor's */
+	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+		v = ((uint64_t)getpid() << 32) ^ mono_ms() ^ (uint64_t)time(NULL);
+	v &= INT64_MAX;
+	return v ? (int64_t)v : 1;
+}
+
+static void schedule_register(struct agent *ag)
+{
+	struct timeval tv = {0, REGISTER_RETRY_MS * 1000};
+	evtimer_add(ag->id.register_timer, &tv);
+}
+
+/* A holder on this host whose pid is gone (or a zombie) is a crashed
+ * predecessor; taking over at once lets a restarted agent keep its
+ * sessions resumable instead of waiting out the ttl. */
+static bool local_pid_is_dead(pid_t pid)
+{
+	char path[64], buf[256];
+	FILE *f;
+	if (pid <= 0)
+		return false;
+	if (pid == getpid())
+		return true; /* a pid is one process: that holder was not us */
+	if (kill(pid, 0) != 0)
+		return errno == ESRCH;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	bool zombie = false;
+	if (fgets(buf, sizeof(buf), f)) {
+		char *paren = strrchr(buf, ')');
+		zombie = paren && paren[1] == ' ' && paren[2] == 'Z';
+	}
+	fclose(f);
+	return zombie;
+}
+
+/* --- heartbeat ------------------------------------------------------- */
+
+static void superseded(struct agent *ag)
+{
+	if (ag->state == AGENT_SUPERSEDED)
+		return;
+	log_error(&ag->log, "identity",
+		  "replica_id \"%s\" was taken over by another incarnation; this agent stops "
+		  "serving",
+		  ag->cfg.replica_id);
+	ag->state = AGENT_SUPERSEDED;
+	ag->id.registered = false;
+	sessions_lose_all(ag, "superseded: the agent lost its replica_id to another incarnation");
+	agent_exit(ag, 1);
+}
+
+struct heartbeat {
+	struct agent *ag;
+	uint64_t sent_ms;
+};
+
+static void heartbeat_done(const struct db_result *r, void *arg)
+{
+	struct heartbeat *hb = arg;
+	struct agent *ag = hb->ag;
+	uint64_t sent = hb->sent_ms;
+
+	free(hb);
+	ag->id.hb_in_flight = false;
+	if (ag->state == AGENT_STOPPING || ag->state == AGENT_SUPERSEDED)
+		return;
+	if (!r->ok) {
+		log_warn(&ag->log, "identity", "heartbeat failed: %s", r->message);
+		return;
+	}
+	if (PQntuples(r->res) != 1) {
+		log_error(&ag->log, "identity", "heartbeat returned %d rows", PQntuples(r->res));
+		return;
+	}
+	if (strcmp(PQgetvalue(r->res, 0, 0), "t") != 0) {
+		superseded(ag);
+		return;
+	}
+	ag->id.hb_last_ok_ms = sent;
+	ag->id.db_now_ms = strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+
+	/* lost sessions come back as a Postgres array literal {1,2,3} */
+	const char *lost = PQgetvalue(r->res, 0, 1);
+	for (const char *p = lost; *p;) {
+		if (*p < '0' || *p > '9') {
+			p++;
+			continue;
+		}
+		char *end;
+		int64_t id = strtoll(p, &end, 10);
+		sessions_lost(ag, id, "the database no longer holds the session live");
+		p = end;
+	}
+}
+
+static void heartbeat_send(struct agent *ag)
+{
+	char inc[24], ttl[24];
+	struct heartbeat *hb;
+	char *ids;
+
+	if (!ag->id.registered || ag->state != AGENT_SERVING)
+		return;
+	if (ag->id.hb_in_flight) {
+		/* never pile heartbeats up behind a slow database */
+		log_debug(&ag->log, "identity", "previous heartbeat still in flight");
+		return;
+	}
+	ids = sessions_renew_list(ag);
+	hb = malloc(sizeof(*hb));
+	if (!ids || !hb) {
+		free(ids);
+		free(hb);
+		return;
+	}
+	hb->ag = ag;
+	hb->sent_ms = mono_ms();
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
+	const char *params[4] = {ag->cfg.replica_id, inc, ttl, ids};
+	if (db_query(ag->db, DB_LANE_HEARTBEAT,
+		     "SELECT agent_ok, lost, now_ms FROM pgcoord.agent_heartbeat($1, $2, $3, "
+		     "$4::bigint[])",
+		     4, params, heartbeat_done, hb)) {
+		ag->id.hb_in_flight = true;
+		ag->id.hb_last_sent_ms = hb->sent_ms;
+	} else {
+		log_warn(&ag->log, "identity", "heartbeat not sent: the database is unreachable");
+		free(hb);
+	}
+	free(ids);
+}
+
+static void heartbeat_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent *ag = arg;
+	(void)fd;
+	(void)what;
+	heartbeat_send(ag);
+	sessions_expire_grace(ag);
+}
+
+/* --- registration ---------------------------------------------------- */
+
+static void registered(struct agent *ag, const char *taken_over)
+{
+	struct timeval tv = {ag->cfg.heartbeat_interval_ms / 1000,
+			     (ag->cfg.heartbeat_interval_ms % 1000) * 1000};
+	int n = 0;
+
+	for (const char *p = taken_over; p && *p;) {
+		if (*p < '0' || *p > '9') {
+			p++;
+			continue;
+		}
+		char *end;
+		sessions_adopt_detached(ag, strtoll(p, &end, 10));
+		n++;
+		p = end;
+	}
+	ag->id.registered = true;
+	ag->id.hb_last_ok_ms = mono_ms();
+	ag->state = AGENT_SERVING;
+	event_assign(ag->id.hb_timer, ag->base, -1, EV_PERSIST, heartbeat_cb, ag);
+	event_add(ag->id.hb_timer, &tv);
+	log_info(&ag->log, "identity",
+		 "registered replica_id=\"%s\" incarnation=%" PRId64 " host=%s pid=%d%s",
+		 ag->cfg.replica_id, ag->id.incarnation, ag->id.host, (int)getpid(),
+		 n ? " (took over a crashed predecessor's live sessions)" : "");
+	notify_ready(ag);
+}
+
+static void register_done(const struct db_result *r, void *arg)
+{
+	struct agent *ag = arg;
+
+	if (ag->state != AGENT_STARTING)
+		return;
+	if (!r->ok) {
+		log_warn(&ag->log, "identity", "registration failed: %s; retrying", r->message);
+		schedule_register(ag);
+		return;
+	}
+	if (strcmp(PQgetvalue(r->res, 0, 0), "t") == 0) {
+		registered(ag, PQgetvalue(r->res, 0, 5));
+		return;
+	}
+	const char *host = PQgetvalue(r->res, 0, 1);
+	pid_t pid = (pid_t)atoi(PQgetvalue(r->res, 0, 2));
+	int64_t holder = strtoll(PQgetvalue(r->res, 0, 3), NULL, 10);
+	long long expires_in = strtoll(PQgetvalue(r->res, 0, 4), NULL, 10);
+	if (strcmp(host, ag->id.host) == 0 && local_pid_is_dead(pid)) {
+		log_info(&ag->log, "identity",
+			 "replica_id \"%s\" is held by incarnation %" PRId64
+			 " of pid %d on this host, which is no longer running; taking over",
+			 ag->cfg.replica_id, holder, (int)pid);
+		try_register(ag, holder);
+		return;
+	}
+	log_error(&ag->log, "identity",
+		  "replica_id \"%s\" is held by a live agent on host %s pid %d (its heartbeat "
+		  "expires in %lld ms); refusing to start. Give this agent a unique replica_id.",
+		  ag->cfg.replica_id, host, (int)pid, expires_in);
+	agent_exit(ag, 1);
+}
+
+static void try_register(struct agent *ag, int64_t takeover)
+{
+	char inc[24], pid[16], ttl[24], take[24];
+
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
+	snprintf(take, sizeof(take), "%" PRId64, takeover);
+	const char *params[7] = {ag->cfg.replica_id,	 inc, ag->id.host,	     pid,
+				 PGCOORD_VERSION_STRING, ttl, takeover ? take : NULL};
+	if (!db_query(ag->db, DB_LANE_HEARTBEAT,
+		      "SELECT ok, holder_host, holder_pid, holder_incarnation, "
+		      "holder_expires_in_ms, taken_over "
+		      "FROM pgcoord.agent_register($1, $2, $3, $4, $5, $6, $7)",
+		      7, params, register_done, ag))
+		schedule_register(ag);
+}
+
+static void schema_done(const struct db_result *r, void *arg)
+{
+	struct agent *ag = arg;
+	int version = 0;
+
+	if (ag->state != AGENT_STARTING)
+		return;
+	if (r->ok) {
+		version = atoi(PQgetvalue(r->res, 0, 0));
+	} else if (!migrate_error_means_empty(r->sqlstate)) {
+		log_warn(&ag->log, "identity", "cannot read the schema version: %s; retrying",
+			 r->message);
+		schedule_register(ag);
+		return;
+	}
+	ag->id.schema_version = version;
+	if (version < migrate_latest_version()) {
+		log_error(&ag->log, "identity",
+			  "the database schema is at version %d but this agent needs %d: run "
+			  "`pgcoord-agent migrate` (or `pgcoordctl migrate`) against it first",
+			  version, migrate_latest_version());
+		agent_exit(ag, 1);
+		return;
+	}
+	try_register(ag, 0);
+}
+
+static void register_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent *ag = arg;
+	(void)fd;
+	(void)what;
+	if (ag->state != AGENT_STARTING)
+		return;
+	if (!db_query(ag->db, DB_LANE_HEARTBEAT, migrate_version_sql, 0, NULL, schema_done, ag))
+		schedule_register(ag);
+}
+
+bool identity_start(struct agent *ag)
+{
+	ag->id.incarnation = new_incarnation();
+	if (gethostname(ag->id.host, sizeof(ag->id.host) - 1) != 0)
+		snprintf(ag->id.host, sizeof(ag->id.host), "unknown");
+	ag->id.register_timer = evtimer_new(ag->base, register_cb, ag);
+	ag->id.hb_timer = event_new(ag->base, -1, 0, heartbeat_cb, ag);
+	if (!ag->id.register_timer || !ag->id.hb_timer)
+		return false;
+	struct timeval now = {0, 0};
+	evtimer_add(ag->id.register_timer, &now);
+	return true;
+}
+
+struct stop_ctx {
+	struct agent *ag;
+	void (*done)(struct agent *ag);
+};
+
+static void stop_done(const struct db_result *r, void *arg)
+{
+	struct stop_ctx *ctx = arg;
+	struct agent *ag = ctx->ag;
+	void (*done)(struct agent *) = ctx->done;
+	free(ctx);
+	if (r->ok)
+		log_info(&ag->log, "identity", "recorded the clean stop; %s session(s) closed",
+			 PQgetvalue(r->res, 0, 0));
+	else
+		log_warn(&ag->log, "identity",
+			 "could not record the clean stop (%s); sessions lapse by ttl instead",
+			 r->message);
+	done(ag);
+}
+
+void identity_stop(struct agent *ag, void (*done)(struct agent *ag))
+{
+	char inc[24];
+	struct stop_ctx *ctx;
+
+	event_del(ag->id.hb_timer);
+	event_del(ag->id.register_timer);
+	ctx = malloc(sizeof(*ctx));
+	if (!ag->id.registered || !ctx) {
+		free(ctx);
+		done(ag);
+		return;
+	}
+	ctx->ag = ag;
+	ctx->done = done;
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	const char *params[2] = {ag->cfg.replica_id, inc};
+	if (!db_query(ag->db, DB_LANE_HEARTBEAT,
+		      "SELECT closed_sessions FROM pgcoord.agent_stop($1, $2)", 2, params,
+		      stop_done, ctx)) {
+		free(ctx);
+		log_warn(&ag->log, "identity",
+			 "database unreachable at shutdown; sessions lapse by ttl instead");
+		done(ag);
+	}
+}
+
+void identity_finish(struct agent *ag)
+{
+	if (ag->id.hb_timer)
+		event_free(ag->id.hb_timer);
+	if (ag->id.register_timer)
+		event_free(ag->id.register_timer);
+	ag->id.hb_timer = ag->id.register_timer = NULL;
+}

@@ -1,0 +1,286 @@
+/*
+ * main.c — pgcoord-agent: command line, the event loop, signals, and the
+ * order of start-up and shutdown.
+ *
+ *   pgcoord-agent [--config FILE] [--OPTION VALUE ...]   serve
+ *   pgcoord-agent migrate [--config FILE] [--database-url URL]
+ *   pgcoord-agent --check-config [--config FILE] [...]
+ *
+ * Exit status: 0 clean stop; 1 refused to start or lost its identity;
+ * 2 bad configuration or usage.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/db.h"
+#include "agent/identity.h"
+#include "agent/listener.h"
+#include "agent/migrate.h"
+#include "agent/notify.h"
+#include "agent/sessions.h"
+
+uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: pgcoord-agent [--config FILE] [--OPTION VALUE ...]\n"
+		"       pgcoord-agent migrate [--config FILE] [--database-url URL]\n"
+		"       pgcoord-agent --check-config [--config FILE] [--OPTION VALUE ...]\n"
+		"       pgcoord-agent --help | --version\n\n"
+		"Options come from the config file (default %s, `key = value`),\n"
+		"then PGCOORD_<NAME> environment variables, then flags; later wins.\n\n",
+		CONFIG_DEFAULT_FILE);
+	for (size_t i = 0; i < config_options_count; i++) {
+		const struct option_def *o = &config_options[i];
+		char flag[64];
+		snprintf(flag, sizeof(flag), "--%s", o->name);
+		for (char *p = flag + 2; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		fprintf(out, "  %-26s %s (default: %s)\n", flag, o->doc,
+			o->default_value[0] ? o->default_value : "\"\"");
+	}
+	fprintf(out, "\nExit status: 0 clean stop, 1 refused to start or lost its identity,\n"
+		     "2 bad configuration or usage.\n");
+}
+
+void agent_exit(struct agent *ag, int code)
+{
+	struct timeval tv = {0, 100 * 1000};
+	ag->exit_code = code;
+	/* a short delay lets replies and notifications reach clients */
+	event_base_loopexit(ag->base, &tv);
+}
+
+static void db_state_changed(bool up, void *arg)
+{
+	struct agent *ag = arg;
+	const char *method = up ? "agent.db_up" : "agent.db_down";
+	for (struct conn *c = ag->conns; c; c = c->next)
+		conn_notify(c, method, NULL, NULL);
+}
+
+static void stopped(struct agent *ag)
+{
+	agent_exit(ag, ag->exit_code);
+}
+
+static void stop_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent *ag = arg;
+	(void)fd;
+	(void)what;
+	log_warn(&ag->log, "main", "shutdown_timeout_ms passed; exiting without confirmation");
+	agent_exit(ag, ag->exit_code);
+}
+
+static void begin_shutdown(struct agent *ag, const char *why)
+{
+	struct timeval tv = {ag->cfg.shutdown_timeout_ms / 1000,
+			     (ag->cfg.shutdown_timeout_ms % 1000) * 1000};
+	if (ag->state == AGENT_STOPPING)
+		return;
+	log_info(&ag->log, "main", "%s: shutting down", why);
+	ag->state = AGENT_STOPPING;
+	notify_stopping(ag);
+	/* no new clients; the socket file goes now so a successor can bind */
+	listener_destroy(ag->listener);
+	ag->listener = NULL;
+	ag->stop_timer = evtimer_new(ag->base, stop_timeout_cb, ag);
+	if (ag->stop_timer)
+		evtimer_add(ag->stop_timer, &tv);
+	identity_stop(ag, stopped);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+	struct agent *ag = arg;
+	(void)what;
+	if (sig == SIGHUP) {
+		log_info(&ag->log, "main",
+			 "SIGHUP: configuration reload is not supported yet; "
+			 "restart the agent to apply changes");
+		return;
+	}
+	begin_shutdown(ag, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* Pulls --config FILE out of argv (it decides where the other options come
+ * from, so it is read first). */
+static bool take_config_flag(int *argc, char **argv, const char **path)
+{
+	for (int i = 0; i < *argc; i++) {
+		const char *a = argv[i];
+		int drop = 0;
+		if (strcmp(a, "--config") == 0) {
+			if (i + 1 >= *argc) {
+				fprintf(stderr, "pgcoord-agent: --config needs a file name\n");
+				return false;
+			}
+			*path = argv[i + 1];
+			drop = 2;
+		} else if (strncmp(a, "--config=", 9) == 0) {
+			*path = a + 9;
+			drop = 1;
+		}
+		if (drop) {
+			memmove(&argv[i], &argv[i + drop],
+				(size_t)(*argc - i - drop) * sizeof(char *));
+			*argc -= drop;
+			i--;
+		}
+	}
+	return true;
+}
+
+static int run_migrate(const struct config *cfg)
+{
+	char err[1024];
+	int applied = 0, version = 0;
+	if (!migrate_apply(cfg->database_url, &applied, &version, err, sizeof(err))) {
+		fprintf(stderr, "pgcoord-agent migrate: %s\n", err);
+		return 1;
+	}
+	printf("applied %d migration(s); schema at version %d\n", applied, version);
+	return 0;
+}
+
+static int serve(struct agent *ag)
+{
+	char err[512];
+	struct db_settings dbs = {
+	    .conninfo = ag->cfg.database_url,
+	    .pool_size = ag->cfg.pool_size,
+	    .query_timeout_ms = ag->cfg.query_timeout_ms,
+	    .connect_timeout_ms = ag->cfg.connect_timeout_ms,
+	    .reconnect_max_ms = ag->cfg.reconnect_max_ms,
+	};
+
+	ag->base = event_base_new();
+	if (!ag->base) {
+		fprintf(stderr, "pgcoord-agent: cannot create the event loop\n");
+		return 1;
+	}
+	ag->started_ms = mono_ms();
+	ag->state = AGENT_STARTING;
+	ag->listener = listener_create(ag, err, sizeof(err));
+	if (!ag->listener) {
+		log_error(&ag->log, "main", "%s", err);
+		event_base_free(ag->base);
+		return 1;
+	}
+	ag->db = db_create(ag->base, &dbs, &ag->log, db_state_changed, ag);
+	ag->sig_term = evsignal_new(ag->base, SIGTERM, signal_cb, ag);
+	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
+	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
+	if (!ag->db || !ag->sig_term || !ag->sig_int || !ag->sig_hup || !identity_start(ag)) {
+		log_error(&ag->log, "main", "out of memory at start-up");
+		ag->exit_code = 1;
+		goto out;
+	}
+	evsignal_add(ag->sig_term, NULL);
+	evsignal_add(ag->sig_int, NULL);
+	evsignal_add(ag->sig_hup, NULL);
+	char *shown = config_redact_conninfo(ag->cfg.database_url);
+	log_info(&ag->log, "main",
+		 "pgcoord-agent %s listening on %s, replica_id=\"%s\", database \"%s\"",
+		 PGCOORD_VERSION_STRING, ag->cfg.socket_path, ag->cfg.replica_id,
+		 shown ? shown : "");
+	free(shown);
+
+	event_base_dispatch(ag->base);
+
+out:
+	while (ag->conns)
+		conn_close(ag->conns, "agent exiting");
+	sessions_lose_all(ag, "the agent exited");
+	listener_destroy(ag->listener);
+	ag->listener = NULL;
+	db_destroy(ag->db);
+	identity_finish(ag);
+	notify_finish(ag);
+	if (ag->stop_timer)
+		event_free(ag->stop_timer);
+	if (ag->sig_term)
+		event_free(ag->sig_term);
+	if (ag->sig_int)
+		event_free(ag->sig_int);
+	if (ag->sig_hup)
+		event_free(ag->sig_hup);
+	event_base_free(ag->base);
+	log_info(&ag->log, "main", "exited with status %d", ag->exit_code);
+	return ag->exit_code;
+}
+
+int main(int argc, char **argv)
+{
+	struct agent ag;
+	const char *config_path = NULL;
+	bool migrate = false, check = false;
+	char err[1024];
+	int rc;
+
+	memset(&ag, 0, sizeof(ag));
+	argc--;
+	argv++;
+	if (argc > 0 && strcmp(argv[0], "migrate") == 0) {
+		migrate = true;
+		argc--;
+		argv++;
+	}
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return 0;
+		}
+		if (strcmp(argv[i], "--version") == 0) {
+			printf("pgcoord-agent %s (schema %d, protocol %d)\n",
+			       PGCOORD_VERSION_STRING, migrate_latest_version(),
+			       PGC_PROTOCOL_VERSION);
+			return 0;
+		}
+		if (strcmp(argv[i], "--check-config") == 0) {
+			check = true;
+			memmove(&argv[i], &argv[i + 1], (size_t)(argc - i - 1) * sizeof(char *));
+			argc--;
+			i--;
+		}
+	}
+	if (!take_config_flag(&argc, argv, &config_path))
+		return 2;
+	config_defaults(&ag.cfg);
+	if (!config_load(&ag.cfg, config_path, config_path != NULL, argc, argv, err, sizeof(err)) ||
+	    !config_validate(&ag.cfg, err, sizeof(err))) {
+		fprintf(stderr, "pgcoord-agent: %s\n", err);
+		config_free(&ag.cfg);
+		return 2;
+	}
+	ag.config_path = config_path;
+	logger_init(&ag.log, ag.cfg.log_level);
+
+	if (check) {
+		config_print(&ag.cfg, stdout);
+		rc = 0;
+	} else if (migrate) {
+		rc = run_migrate(&ag.cfg);
+	} else {
+		/* a client that vanished mid-write must not kill the agent */
+		signal(SIGPIPE, SIG_IGN);
+		rc = serve(&ag);
+	}
+	config_free(&ag.cfg);
+	return rc;
+}

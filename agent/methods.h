@@ -1,0 +1,24 @@
+/*
+ * methods.h — every RPC handler, by module. dispatch.c maps wire names to
+ * these; PROTOCOL.md documents each.
+ */
+#ifndef PGCOORD_AGENT_METHODS_H
+#define PGCOORD_AGENT_METHODS_H
+
+struct request;
+
+/* agent_rpc.c */
+void rpc_agent_hello(struct request *req);
+void rpc_agent_ping(struct request *req);
+void rpc_agent_status(struct request *req);
+
+/* sessions.c */
+void rpc_session_open(struct request *req);
+void rpc_session_keepalive(struct request *req);
+void rpc_session_close(struct request *req);
+
+/* fleet.c */
+void rpc_fleet_agents(struct request *req);
+void rpc_fleet_sessions(struct request *req);
+
+#endif

@@ -1,0 +1,403 @@
+/*
+ * sessions.c — session registry and the session.* methods.
+ */
+#include "agent/sessions.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/db.h"
+#include "agent/dispatch.h"
+#include "agent/methods.h"
+
+#define SESSION_NAME_MAX 200
+
+static struct session *session_new(struct agent *ag, int64_t id, const char *name)
+{
+	struct session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->id = id;
+	s->name = strdup(name ? name : "");
+	if (!s->name) {
+		free(s);
+		return NULL;
+	}
+	s->next = ag->sessions;
+	if (ag->sessions)
+		ag->sessions->prev = s;
+	ag->sessions = s;
+	ag->nsessions++;
+	return s;
+}
+
+static void session_remove(struct agent *ag, struct session *s)
+{
+	if (s->conn) {
+		s->conn->session = NULL;
+		s->conn = NULL;
+	}
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		ag->sessions = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	ag->nsessions--;
+	free(s->name);
+	free(s);
+}
+
+static void attach(struct session *s, struct conn *c)
+{
+	s->conn = c;
+	c->session = s;
+	c->lost_session = 0;
+}
+
+struct session *sessions_find(struct agent *ag, int64_t id)
+{
+	for (struct session *s = ag->sessions; s; s = s->next)
+		if (s->id == id)
+			return s;
+	return NULL;
+}
+
+void sessions_detach(struct agent *ag, struct conn *c)
+{
+	struct session *s = c->session;
+	(void)ag;
+	if (!s)
+		return;
+	s->conn = NULL;
+	s->detached_ms = mono_ms();
+	c->session = NULL;
+}
+
+void sessions_adopt_detached(struct agent *ag, int64_t id)
+{
+	struct session *s;
+	if (sessions_find(ag, id))
+		return;
+	s = session_new(ag, id, "");
+	if (s)
+		s->detached_ms = mono_ms();
+}
+
+char *sessions_renew_list(struct agent *ag)
+{
+	size_t cap = 3 + (size_t)ag->nsessions * 21;
+	char *out = malloc(cap);
+	size_t n = 0;
+	if (!out)
+		return NULL;
+	out[n++] = '{';
+	for (struct session *s = ag->sessions; s; s = s->next) {
+		if (s->closing)
+			continue;
+		n += (size_t)snprintf(out + n, cap - n, "%s%" PRId64, n > 1 ? "," : "", s->id);
+	}
+	out[n++] = '}';
+	out[n] = '\0';
+	return out;
+}
+
+struct lost_note {
+	int64_t id;
+	const char *reason;
+};
+
+static void fill_lost(msgpack_packer *pk, void *arg)
+{
+	const struct lost_note *note = arg;
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_int(pk, "session", note->id);
+	pgc_pack_kv_str(pk, "reason", note->reason);
+}
+
+static void lose(struct agent *ag, struct session *s, const char *reason)
+{
+	struct lost_note note = {s->id, reason};
+	char kv[48];
+	snprintf(kv, sizeof(kv), "session=%" PRId64, s->id);
+	log_write(&ag->log, LOG_LEVEL_WARN, "sessions", kv, "session lost: %s", reason);
+	if (s->conn) {
+		s->conn->lost_session = s->id;
+		conn_notify(s->conn, "session.lost", fill_lost, &note);
+	}
+	session_remove(ag, s);
+}
+
+void sessions_lost(struct agent *ag, int64_t id, const char *reason)
+{
+	struct session *s = sessions_find(ag, id);
+	if (s)
+		lose(ag, s, reason);
+}
+
+void sessions_lose_all(struct agent *ag, const char *reason)
+{
+	while (ag->sessions)
+		lose(ag, ag->sessions, reason);
+}
+
+/* --- grace expiry ---------------------------------------------------- */
+
+static void grace_closed(const struct db_result *r, void *arg)
+{
+	struct agent *ag = arg;
+	if (!r->ok)
+		log_warn(&ag->log, "sessions",
+			 "could not record the close of expired sessions (%s); they lapse by "
+			 "session_ttl_ms instead",
+			 r->message);
+	/* either way they are no longer renewed, so they are gone */
+	for (struct session *s = ag->sessions, *next; s; s = next) {
+		next = s->next;
+		if (s->closing && !s->busy)
+			session_remove(ag, s);
+	}
+}
+
+void sessions_expire_grace(struct agent *ag)
+{
+	uint64_t now = mono_ms();
+	size_t cap = 3 + (size_t)ag->nsessions * 21, n = 0;
+	char *ids;
+	char inc[24];
+	int count = 0;
+
+	ids = malloc(cap);
+	if (!ids)
+		return;
+	ids[n++] = '{';
+	for (struct session *s = ag->sessions; s; s = s->next) {
+		if (s->conn || s->busy || s->closing ||
+		    now - s->detached_ms < (uint64_t)ag->cfg.session_grace_ms)
+			continue;
+		s->closing = true;
+		n += (size_t)snprintf(ids + n, cap - n, "%s%" PRId64, count ? "," : "", s->id);
+		count++;
+	}
+	ids[n++] = '}';
+	ids[n] = '\0';
+	if (count > 0) {
+		const char *params[3] = {ids, inc, "resume grace expired"};
+		snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+		log_info(&ag->log, "sessions", "closing %d session(s) whose resume grace expired",
+			 count);
+		if (!db_query(ag->db, DB_LANE_REQUESTS,
+			      "SELECT session_id FROM pgcoord.session_close($1::bigint[], $2, $3)",
+			      3, params, grace_closed, ag)) {
+			struct db_result r = {.ok = false, .message = "database unreachable"};
+			grace_closed(&r, ag);
+		}
+	}
+	free(ids);
+}
+
+/* --- session.open ---------------------------------------------------- */
+
+static void opened(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct agent *ag = req->ag;
+	struct conn *c = req->conn;
+	struct session *s;
+	int64_t id;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+		return;
+	}
+	if (PQntuples(r->res) != 1) {
+		req_fail(req, PGC_E_SUPERSEDED,
+			 "this agent's registration is no longer current; it is stopping");
+		return;
+	}
+	id = strtoll(PQgetvalue(r->res, 0, 0), NULL, 10);
+	s = session_new(ag, id, "");
+	if (!s) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (c->closed || c->session) {
+		/* the client left (or raced a second open): keep it resumable */
+		s->detached_ms = mono_ms();
+	} else {
+		attach(s, c);
+	}
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 4);
+	pgc_pack_kv_int(pk, "session", id);
+	pgc_pack_kv_bool(pk, "resumed", false);
+	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
+	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
+	char kv[48];
+	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened for pid %d uid %u", (int)c->pid,
+		  (unsigned)c->uid);
+	req_done(req);
+}
+
+static void resumed(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct agent *ag = req->ag;
+	int64_t id = 0;
+	struct session *s;
+
+	/* find the target again by id: the registry may have changed while
+	 * the statement ran */
+	id = req->target_id;
+	s = sessions_find(ag, id);
+	if (s)
+		s->busy = false;
+	if (!r->ok) {
+		req_fail_db(req, r);
+		return;
+	}
+	if (PQntuples(r->res) != 1 || !s) {
+		if (s)
+			lose(ag, s, "no longer live in the database");
+		req_fail(req, PGC_E_SESSION_EXPIRED,
+			 "session %lld is no longer live; open a new one", (long long)id);
+		return;
+	}
+	if (req->conn->closed || req->conn->session) {
+		s->detached_ms = mono_ms();
+		req_fail(req, PGC_E_CONFLICT, "the connection closed or opened another session");
+		return;
+	}
+	attach(s, req->conn);
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 4);
+	pgc_pack_kv_int(pk, "session", id);
+	pgc_pack_kv_bool(pk, "resumed", true);
+	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
+	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
+	char kv[48];
+	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d",
+		  (int)req->conn->pid);
+	req_done(req);
+}
+
+void rpc_session_open(struct request *req)
+{
+	struct agent *ag = req->ag;
+	char *name = NULL;
+	int64_t resume = 0;
+	bool has_resume = false;
+	char inc[24], ttl[24], idbuf[24];
+
+	if (!req_param_str(req, "name", false, SESSION_NAME_MAX, &name) ||
+	    !req_param_int(req, "resume", false, 1, INT64_MAX, &resume, &has_resume)) {
+		return;
+	}
+	if (req->conn->session) {
+		free(name);
+		req_fail(req, PGC_E_CONFLICT, "this connection already has session %lld",
+			 (long long)req->conn->session->id);
+		return;
+	}
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
+	if (has_resume) {
+		struct session *s = sessions_find(ag, resume);
+		free(name);
+		if (!s || s->closing) {
+			req_fail(
+			    req, PGC_E_SESSION_EXPIRED,
+			    "session %lld is not resumable on this agent (closed, expired, past "
+			    "its grace, or held by another agent)",
+			    (long long)resume);
+			return;
+		}
+		if (s->conn || s->busy) {
+			req_fail(req, PGC_E_CONFLICT,
+				 "session %lld is attached to another connection",
+				 (long long)resume);
+			return;
+		}
+		snprintf(idbuf, sizeof(idbuf), "%" PRId64, resume);
+		const char *params[4] = {idbuf, ag->cfg.replica_id, inc, ttl};
+		req->target_id = resume;
+		if (req_query(req,
+			      "SELECT session_id, name FROM pgcoord.session_resume($1, $2, $3, $4)",
+			      4, params, resumed))
+			s->busy = true;
+		return;
+	}
+	const char *params[4] = {ag->cfg.replica_id, inc, name ? name : "", ttl};
+	req_query(req, "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4)", 4, params,
+		  opened);
+	free(name);
+}
+
+/* --- session.keepalive ----------------------------------------------- */
+
+void rpc_session_keepalive(struct request *req)
+{
+	struct agent *ag = req->ag;
+	uint64_t now = mono_ms();
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 3);
+	pgc_pack_kv_int(pk, "session", req->conn->session->id);
+	pgc_pack_kv_bool(pk, "live", true);
+	pgc_pack_kv_int(pk, "last_heartbeat_ms_ago",
+			ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
+	req_done(req);
+}
+
+/* --- session.close --------------------------------------------------- */
+
+static void closed(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct agent *ag = req->ag;
+	int64_t id = 0;
+	struct session *s;
+
+	id = req->target_id;
+	s = sessions_find(ag, id);
+	if (s)
+		session_remove(ag, s);
+	if (!r->ok) {
+		/* it is no longer renewed, so it lapses within session_ttl_ms */
+		req_fail_db(req, r);
+		return;
+	}
+	char kv[48];
+	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "closed by its client");
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 1);
+	pgc_pack_kv_bool(pk, "closed", true);
+	req_done(req);
+}
+
+void rpc_session_close(struct request *req)
+{
+	struct agent *ag = req->ag;
+	struct session *s = req->conn->session;
+	char ids[32], inc[24];
+
+	if (s->busy) {
+		req_fail(req, PGC_E_CONFLICT, "a close of this session is already under way");
+		return;
+	}
+	snprintf(ids, sizeof(ids), "{%" PRId64 "}", s->id);
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	const char *params[3] = {ids, inc, "closed by client"};
+	req->target_id = s->id;
+	if (req_query(req, "SELECT session_id FROM pgcoord.session_close($1::bigint[], $2, $3)", 3,
+		      params, closed)) {
+		s->busy = true;
+		s->closing = true;
+	}
+}

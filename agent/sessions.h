@@ -1,0 +1,47 @@
+/*
+ * sessions.h — the sessions this agent incarnation holds: attached to a
+ * client connection, or detached and resumable for session_grace_ms.
+ * The database row is the truth for liveness; this registry decides which
+ * rows the heartbeat renews.
+ */
+#ifndef PGCOORD_AGENT_SESSIONS_H
+#define PGCOORD_AGENT_SESSIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct agent;
+struct conn;
+
+struct session {
+	struct session *next, *prev;
+	int64_t id;
+	char *name;
+	struct conn *conn;    /* NULL while detached */
+	uint64_t detached_ms; /* CLOCK_MONOTONIC start of the grace period */
+	bool busy;	      /* a resume or close is in flight */
+	bool closing;	      /* no longer renewed; removal pending */
+};
+
+/* The connection closed: its session, if any, enters its grace period. */
+void sessions_detach(struct agent *ag, struct conn *c);
+
+struct session *sessions_find(struct agent *ag, int64_t id);
+
+/* Adds a predecessor's live session, taken over at registration, as
+ * detached so its client can resume it within the grace. */
+void sessions_adopt_detached(struct agent *ag, int64_t id);
+
+/* A Postgres array literal of the ids the heartbeat must renew. malloc'd. */
+char *sessions_renew_list(struct agent *ag);
+
+/* The database no longer holds id live: tell its client and forget it. */
+void sessions_lost(struct agent *ag, int64_t id, const char *reason);
+
+/* Every session is gone (the agent was superseded): tell all clients. */
+void sessions_lose_all(struct agent *ag, const char *reason);
+
+/* Closes detached sessions whose grace ran out. Called periodically. */
+void sessions_expire_grace(struct agent *ag);
+
+#endif
