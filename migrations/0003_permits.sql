@@ -1,0 +1,747 @@
+-- Permits: the fleet-wide quota ledger (guarantees 1–6).
+--
+-- A quota is one counter row; a permit is one client-named grant of weight
+-- on one or more quotas. Every RPC is one call of one function below, so each
+-- is its own transaction and nothing stays open across a client round trip.
+--
+-- Lock order, everywhere, so no two of these functions can deadlock: quota
+-- rows in key order (keys collate "C", bytewise, as the agent sorts them),
+-- then existing permit rows in id order. A claim locks the permit row it
+-- inserts before its quota rows; nobody else can wait on that new row except
+-- a duplicate claim of the same id, which holds nothing yet.
+
+CREATE TABLE pgcoord.quotas (
+	key           text COLLATE "C" PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 200),
+	"limit"       integer NOT NULL CHECK ("limit" >= 0),
+	-- sum of the weights of this quota's permits that are not released
+	-- (guarantee 2); moved only by admission and release, in the same
+	-- transaction as the permit rows that explain it
+	in_flight     bigint NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
+	-- opt-in: the janitor releases permits uncertain for longer than this
+	lapse_after_s integer CHECK (lapse_after_s > 0),
+	created_at    timestamptz NOT NULL DEFAULT now(),
+	updated_at    timestamptz NOT NULL DEFAULT now() -- last change of limit or lapse_after_s
+);
+
+CREATE TABLE pgcoord.permits (
+	id               text COLLATE "C" PRIMARY KEY CHECK (octet_length(id) BETWEEN 1 AND 200),
+	token            bigint NOT NULL, -- from token_seq: fleet-wide fencing number
+	-- NULL only after an operator asserted "running" without a session of
+	-- its own: the permit then counts until an operator releases it
+	owner_session    bigint,
+	owner_replica    text,
+	-- released rows stay as tombstones so a very late duplicate claim of
+	-- the same id can never be admitted twice (guarantee 3)
+	state            text NOT NULL CHECK (state IN ('held', 'uncertain', 'released')),
+	phase            text NOT NULL CHECK (phase IN ('reserved', 'dispatched', 'running')),
+	on_owner_loss    text NOT NULL CHECK (on_owner_loss IN ('uncertain', 'release')),
+	intent           bytea CHECK (octet_length(intent) <= 65536),
+	uncertain_reason text,
+	created_at       timestamptz NOT NULL DEFAULT now(),
+	phase_at         timestamptz NOT NULL DEFAULT now(),
+	state_at         timestamptz NOT NULL DEFAULT now(),
+	released_at      timestamptz,
+	CHECK ((state = 'released') = (released_at IS NOT NULL))
+);
+CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
+	WHERE state <> 'released';
+CREATE INDEX permits_uncertain ON pgcoord.permits (state_at) WHERE state = 'uncertain';
+
+-- The weights that count: a permit's share of each quota it holds.
+CREATE TABLE pgcoord.permit_quotas (
+	permit_id text COLLATE "C" NOT NULL REFERENCES pgcoord.permits (id),
+	key       text COLLATE "C" NOT NULL REFERENCES pgcoord.quotas (key),
+	weight    integer NOT NULL CHECK (weight >= 1),
+	PRIMARY KEY (permit_id, key)
+);
+CREATE INDEX permit_quotas_by_key ON pgcoord.permit_quotas (key);
+
+-- The audit trail (guarantee 6): one row per state change, written in the
+-- same transaction as the change. Rows that move a counter carry the quota
+-- and the signed delta, so sum(delta) per key must equal in_flight.
+CREATE TABLE pgcoord.permit_events (
+	id        bigserial PRIMARY KEY,
+	permit_id text COLLATE "C",          -- NULL for quota events (limit_set)
+	key       text COLLATE "C",          -- NULL for events not tied to one quota
+	delta     bigint NOT NULL DEFAULT 0,
+	event     text NOT NULL CHECK (event IN ('admitted', 'limit_set', 'phase', 'uncertain',
+		'adopted', 'released', 'resolved_gone', 'override_released',
+		'owner_lost_released', 'lapsed')),
+	actor     text NOT NULL,
+	reason    text,                      -- reason or evidence
+	state     text,                      -- the permit's state after the event
+	phase     text,
+	at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX permit_events_by_permit ON pgcoord.permit_events (permit_id, id)
+	WHERE permit_id IS NOT NULL;
+CREATE INDEX permit_events_by_key ON pgcoord.permit_events (key, id) WHERE key IS NOT NULL;
+
+-- What a permit is right now. A held permit whose owner session is no
+-- longer live is uncertain (guarantee 5) even before the janitor or the
+-- session-end hook has written that down: nobody confirms it still runs.
+CREATE VIEW pgcoord.permit_status AS
+	SELECT p.*,
+	       CASE WHEN p.state = 'held' AND p.owner_session IS NOT NULL
+			 AND NOT pgcoord.session_is_live(p.owner_session)
+		    THEN 'uncertain' ELSE p.state END AS effective_state,
+	       CASE WHEN p.state = 'held' AND p.owner_session IS NOT NULL
+			 AND NOT pgcoord.session_is_live(p.owner_session)
+		    THEN 'owner session ' || p.owner_session || ' is no longer live'
+		    ELSE p.uncertain_reason END AS effective_reason
+	FROM pgcoord.permits p;
+
+-- --- quotas ------------------------------------------------------------
+
+-- Sets a quota's limit (and lapse_after_s: NULL keeps it, 0 turns it off),
+-- creating the quota when missing. Audited as 'limit_set' when something
+-- changed. Lowering a limit below in_flight is allowed: admission's
+-- predicate then refuses everything until in_flight falls below it.
+CREATE FUNCTION pgcoord.quota_apply(p_key text, p_limit integer, p_lapse_after_s integer,
+	p_actor text, p_why text)
+RETURNS TABLE (previous_limit integer, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_q pgcoord.quotas;
+	v_lapse integer;
+	v_created boolean := false;
+BEGIN
+	LOOP
+		SELECT * INTO v_q FROM pgcoord.quotas q WHERE q.key = p_key FOR NO KEY UPDATE;
+		EXIT WHEN FOUND;
+		INSERT INTO pgcoord.quotas (key, "limit") VALUES (p_key, p_limit)
+		ON CONFLICT (key) DO NOTHING;
+		IF FOUND THEN
+			v_created := true;
+			SELECT * INTO v_q FROM pgcoord.quotas q WHERE q.key = p_key;
+			-- the new row carries p_limit already; record it like a change
+			v_q."limit" := NULL;
+			EXIT;
+		END IF;
+		-- a concurrent insert won: lock its row on the next turn
+	END LOOP;
+	v_lapse := CASE WHEN p_lapse_after_s IS NULL THEN v_q.lapse_after_s
+			WHEN p_lapse_after_s = 0 THEN NULL ELSE p_lapse_after_s END;
+	IF v_created OR v_q."limit" IS DISTINCT FROM p_limit
+	   OR v_q.lapse_after_s IS DISTINCT FROM v_lapse THEN
+		UPDATE pgcoord.quotas q SET "limit" = p_limit, lapse_after_s = v_lapse,
+			updated_at = now()
+		WHERE q.key = p_key;
+		INSERT INTO pgcoord.permit_events (key, event, actor, reason)
+		VALUES (p_key, 'limit_set', p_actor,
+			format('limit %s -> %s, lapse_after_s %s -> %s%s',
+			       coalesce(v_q."limit"::text, 'none'), p_limit,
+			       coalesce(v_q.lapse_after_s::text, 'off'), coalesce(v_lapse::text, 'off'),
+			       coalesce(' (' || p_why || ')', '')));
+	END IF;
+	RETURN QUERY SELECT v_q."limit", v_created;
+END $$;
+
+CREATE FUNCTION pgcoord.quota_set(p_key text, p_limit integer, p_lapse_after_s integer,
+	p_actor text)
+RETURNS TABLE (key text, "limit" integer, in_flight bigint, lapse_after_s integer,
+	previous_limit integer, created boolean, now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_prev integer;
+	v_created boolean;
+BEGIN
+	SELECT a.previous_limit, a.created INTO v_prev, v_created
+	FROM pgcoord.quota_apply(p_key, p_limit, p_lapse_after_s, p_actor, NULL) a;
+	RETURN QUERY SELECT q.key::text, q."limit", q.in_flight, q.lapse_after_s, v_prev, v_created,
+		pgcoord.ms(now())
+	FROM pgcoord.quotas q WHERE q.key = p_key;
+END $$;
+
+-- One snapshot of quotas with how much of in_flight is held by live owners
+-- and how much is uncertain (one statement, so the numbers agree).
+CREATE VIEW pgcoord.quota_status AS
+	SELECT q.key, q."limit", q.in_flight, q.lapse_after_s, q.created_at, q.updated_at,
+	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'held'), 0) AS held,
+	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'uncertain'), 0)
+		AS uncertain,
+	       count(p.id) FILTER (WHERE p.effective_state <> 'released') AS permits
+	FROM pgcoord.quotas q
+	LEFT JOIN pgcoord.permit_quotas pq ON pq.key = q.key
+	LEFT JOIN pgcoord.permit_status p ON p.id = pq.permit_id AND p.state <> 'released'
+	GROUP BY q.key;
+
+-- --- shared release path -------------------------------------------------
+
+-- Locks, in key order, the quota rows a set of permits holds weight on.
+-- Every release takes these before the permit rows (see the lock order at
+-- the top), so two releases of one permit serialize here and the second
+-- finds it released.
+CREATE FUNCTION pgcoord.permits_lock_quotas(p_ids text[])
+RETURNS void
+LANGUAGE sql AS $$
+	SELECT 1 FROM pgcoord.quotas q
+	WHERE q.key IN (SELECT pq.key FROM pgcoord.permit_quotas pq
+			WHERE pq.permit_id = ANY (p_ids))
+	ORDER BY q.key
+	FOR NO KEY UPDATE OF q
+$$;
+
+-- Releases permits the caller has locked (quotas, then permit rows) and
+-- re-checked: each leaves exactly once, because only rows still not
+-- released change, and the counters drop by exactly the weights of the rows
+-- that changed, in the same transaction (guarantees 2 and 5). One audit row
+-- per permit and quota, with the negative delta. p_actor NULL means the
+-- agent that served the owner ('agent@<replica>'). Returns how many left.
+CREATE FUNCTION pgcoord.permits_release_locked(p_ids text[], p_event text, p_actor text,
+	p_reason text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_done text[];
+BEGIN
+	WITH r AS (
+		UPDATE pgcoord.permits p SET state = 'released', released_at = now(),
+			state_at = now()
+		WHERE p.id = ANY (p_ids) AND p.state <> 'released'
+		RETURNING p.id)
+	SELECT coalesce(array_agg(id), '{}') INTO v_done FROM r;
+	IF cardinality(v_done) = 0 THEN
+		RETURN 0;
+	END IF;
+	UPDATE pgcoord.quotas q SET in_flight = q.in_flight - s.w
+	FROM (SELECT pq.key, sum(pq.weight) AS w FROM pgcoord.permit_quotas pq
+	      WHERE pq.permit_id = ANY (v_done) GROUP BY pq.key) s
+	WHERE q.key = s.key;
+	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason, state, phase)
+	SELECT p.id, pq.key, -pq.weight, p_event,
+	       coalesce(p_actor, 'agent@' || coalesce(p.owner_replica, '?')), p_reason,
+	       'released', p.phase
+	FROM pgcoord.permits p JOIN pgcoord.permit_quotas pq ON pq.permit_id = p.id
+	WHERE p.id = ANY (v_done)
+	ORDER BY p.id, pq.key;
+	RETURN cardinality(v_done);
+END $$;
+
+-- --- claim ---------------------------------------------------------------
+
+-- Admission (guarantees 1, 3, 4, 6). p_keys must be sorted (bytewise) and
+-- distinct; p_weights pairs with them. Statuses:
+--   admitted        a new permit; its counters moved by its weights
+--   held            the id exists: the original grant, nothing changed
+--   denied          a quota had no room (denied_*); nothing changed
+--   unknown_quota   denied_key has no quota row and no limit was given
+--   released        the id names a released permit (a tombstone)
+--   mismatch        the id exists with other quotas or weights
+--   session_expired the claiming session is not live
+--   invalid         keys not sorted/distinct, or a limit with several keys
+CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer[],
+	p_session bigint, p_replica text, p_on_owner_loss text, p_intent bytea,
+	p_limit integer, p_actor text)
+RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_p pgcoord.permits;
+	v_key text;
+	v_w integer;
+	v_inserted boolean := false;
+	v_denied_key text;
+	v_denied_limit integer;
+	v_denied_in_flight bigint;
+	v_quotas text;
+BEGIN
+	IF cardinality(p_keys) IS NULL OR cardinality(p_keys) <> cardinality(p_weights)
+	   OR p_keys <> ARRAY(SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1)
+	   OR (p_limit IS NOT NULL AND cardinality(p_keys) <> 1) THEN
+		RETURN QUERY SELECT 'invalid', NULL::bigint, NULL, NULL, NULL::bigint, NULL,
+			NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
+			'keys must be distinct and sorted; a limit needs exactly one quota',
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF NOT pgcoord.session_is_live(p_session) THEN
+		RETURN QUERY SELECT 'session_expired', NULL::bigint, NULL, NULL, NULL::bigint,
+			NULL, NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
+			NULL, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	-- The per-call limit is recorded even when the claim is then denied:
+	-- it is the caller's current word on the quota, not part of the grant.
+	-- A retry of an existing id changes nothing, limit included.
+	IF p_limit IS NOT NULL
+	   AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
+		PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor, 'claim ' || p_id);
+	END IF;
+
+	BEGIN
+		-- The presence guard (guarantee 3): the permit row goes in first.
+		-- A duplicate that races us waits here on our insert and then
+		-- finds the row, so a lost-reply retry or a double delivery can
+		-- never reach the counters a second time.
+		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
+			phase, on_owner_loss, intent)
+		VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
+			'reserved', p_on_owner_loss, p_intent)
+		ON CONFLICT (id) DO NOTHING
+		RETURNING * INTO v_p;
+		v_inserted := FOUND;
+		IF v_inserted THEN
+			-- Guarantee 1: one conditional UPDATE per quota, in key
+			-- order; Postgres re-checks the predicate on the latest
+			-- row version under the row lock, so admissions on one
+			-- quota serialize and never overshoot, on any agent.
+			FOR v_key, v_w IN
+				SELECT t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+				ORDER BY t.k COLLATE "C"
+			LOOP
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+				WHERE q.key = v_key AND q.in_flight + v_w <= q."limit";
+				IF NOT FOUND THEN
+					v_denied_key := v_key;
+					SELECT q."limit", q.in_flight
+					INTO v_denied_limit, v_denied_in_flight
+					FROM pgcoord.quotas q WHERE q.key = v_key;
+					-- all or nothing: undo the permit row and the
+					-- increments already made
+					RAISE EXCEPTION 'claim denied' USING ERRCODE = 'PCDNY';
+				END IF;
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				VALUES (p_id, v_key, v_w);
+				INSERT INTO pgcoord.permit_events (permit_id, key, delta, event,
+					actor, state, phase)
+				VALUES (p_id, v_key, v_w, 'admitted', p_actor, 'held', 'reserved');
+			END LOOP;
+		END IF;
+	EXCEPTION WHEN SQLSTATE 'PCDNY' THEN
+		v_inserted := false;
+	END;
+
+	IF v_denied_key IS NOT NULL THEN
+		RETURN QUERY SELECT CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
+				    ELSE 'denied' END,
+			NULL::bigint, NULL, NULL, NULL::bigint, NULL, NULL::bigint, NULL::bigint,
+			v_denied_key, v_denied_limit, v_denied_in_flight, NULL, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_inserted THEN
+		RETURN QUERY SELECT 'admitted', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
+			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
+			NULL::integer, NULL::bigint, NULL, pgcoord.ms(now());
+		RETURN;
+	END IF;
+
+	-- The id exists (committed: ON CONFLICT waited for its inserter).
+	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id;
+	SELECT string_agg(pq.key || ':' || pq.weight, ',' ORDER BY pq.key) INTO v_quotas
+	FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p_id;
+	IF v_p.state = 'released' THEN
+		RETURN QUERY SELECT 'released', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
+			v_p.owner_replica, pgcoord.ms(v_p.created_at), pgcoord.ms(v_p.released_at),
+			NULL, NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_quotas IS DISTINCT FROM (SELECT string_agg(t.k || ':' || t.w, ',' ORDER BY t.k COLLATE "C")
+				      FROM unnest(p_keys, p_weights) AS t(k, w)) THEN
+		RETURN QUERY SELECT 'mismatch', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
+			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
+			NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	RETURN QUERY SELECT 'held', v_p.token, s.effective_state, v_p.phase, v_p.owner_session,
+		v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL, NULL::integer,
+		NULL::bigint, NULL, pgcoord.ms(now())
+	FROM pgcoord.permit_status s WHERE s.id = p_id;
+END $$;
+
+-- --- lifecycle -----------------------------------------------------------
+
+-- Every lifecycle function answers one row (outcome, detail, ...):
+-- outcome ok | not_found | forbidden | conflict | invalid, and changes
+-- nothing unless ok. Business refusals are results, not SQL errors, so
+-- they roll nothing back that was not theirs and never reach the logs as
+-- database failures.
+
+-- The owner moves its permit forward: reserved -> dispatched -> running.
+CREATE FUNCTION pgcoord.permit_update(p_id text, p_session bigint, p_phase text, p_actor text)
+RETURNS TABLE (outcome text, detail text, changed boolean, state text, phase text,
+	phase_at bigint, now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_p pgcoord.permits;
+	v_old integer;
+	v_new integer;
+BEGIN
+	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL, NULL::bigint,
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.state = 'released' THEN
+		RETURN QUERY SELECT 'conflict', 'it was released at ' || pgcoord.ms(v_p.released_at),
+			false, v_p.state, v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.owner_session IS DISTINCT FROM p_session THEN
+		RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'), false, v_p.state,
+			v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.state = 'uncertain' THEN
+		RETURN QUERY SELECT 'conflict', 'it is uncertain: resolve it first', false, v_p.state,
+			v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	v_old := array_position(ARRAY['reserved', 'dispatched', 'running'], v_p.phase);
+	v_new := array_position(ARRAY['reserved', 'dispatched', 'running'], p_phase);
+	IF v_new IS NULL THEN
+		RETURN QUERY SELECT 'invalid', 'unknown phase', false, v_p.state, v_p.phase,
+			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_new < v_old THEN
+		RETURN QUERY SELECT 'conflict', 'phase moves forward only (reserved, '
+			'dispatched, running) and it is ' || v_p.phase, false, v_p.state, v_p.phase,
+			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_new = v_old THEN
+		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, v_p.phase,
+			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	UPDATE pgcoord.permits p SET phase = p_phase, phase_at = now() WHERE p.id = p_id;
+	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
+	VALUES (p_id, 'phase', p_actor, v_p.phase || ' -> ' || p_phase, v_p.state, p_phase);
+	RETURN QUERY SELECT 'ok', NULL, true, v_p.state, p_phase, pgcoord.ms(now()),
+		pgcoord.ms(now());
+END $$;
+
+-- The owner says it lost sight of the work (a connector dropped before it
+-- confirmed): the permit keeps counting, visibly uncertain (guarantee 5).
+CREATE FUNCTION pgcoord.permit_mark_uncertain(p_id text, p_session bigint, p_reason text,
+	p_actor text)
+RETURNS TABLE (outcome text, detail text, changed boolean, state text, state_at bigint,
+	now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_p pgcoord.permits;
+BEGIN
+	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.state = 'released' THEN
+		RETURN QUERY SELECT 'conflict', 'it was released at ' || pgcoord.ms(v_p.released_at),
+			false, v_p.state, pgcoord.ms(v_p.state_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.owner_session IS DISTINCT FROM p_session THEN
+		RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'), false, v_p.state,
+			pgcoord.ms(v_p.state_at), pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.state = 'uncertain' THEN
+		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.state_at),
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+	UPDATE pgcoord.permits p SET state = 'uncertain', uncertain_reason = p_reason,
+		state_at = now()
+	WHERE p.id = p_id;
+	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
+	VALUES (p_id, 'uncertain', p_actor, p_reason, 'uncertain', v_p.phase);
+	RETURN QUERY SELECT 'ok', NULL, true, 'uncertain'::text, pgcoord.ms(now()),
+		pgcoord.ms(now());
+END $$;
+
+-- Ends a permit: by its owner (held only: an uncertain permit leaves by a
+-- resolve with evidence), or by an operator override (any state). Releasing
+-- a released permit is a no-op that says so (idempotent, guarantee 3).
+CREATE FUNCTION pgcoord.permit_release(p_id text, p_session bigint, p_override boolean,
+	p_actor text, p_reason text)
+RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
+	now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_p pgcoord.permits;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
+		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	PERFORM pgcoord.permits_lock_quotas(ARRAY[p_id]);
+	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
+	IF v_p.state = 'released' THEN
+		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.released_at),
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF NOT p_override THEN
+		IF v_p.owner_session IS DISTINCT FROM p_session THEN
+			RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
+				coalesce(v_p.owner_session::text, 'none (operator)'), false,
+				v_p.state, NULL::bigint, pgcoord.ms(now());
+			RETURN;
+		END IF;
+		IF v_p.state = 'uncertain' THEN
+			RETURN QUERY SELECT 'conflict', 'it is uncertain (' ||
+				coalesce(v_p.uncertain_reason, '?') || '): resolve it with evidence',
+				false, v_p.state, NULL::bigint, pgcoord.ms(now());
+			RETURN;
+		END IF;
+	END IF;
+	PERFORM pgcoord.permits_release_locked(ARRAY[p_id],
+		CASE WHEN p_override THEN 'override_released' ELSE 'released' END, p_actor,
+		p_reason);
+	RETURN QUERY SELECT 'ok', NULL, true, 'released'::text, pgcoord.ms(now()),
+		pgcoord.ms(now());
+END $$;
+
+-- Settles an uncertain permit from observed evidence (guarantee 5):
+-- 'running' hands it to the resolving session (NULL: an operator without a
+-- session, who then answers for it), held again; 'gone' releases it. A
+-- session may resolve permits that are uncertain (recorded, or because
+-- their owner is no longer live) or its own; an override may resolve any.
+CREATE FUNCTION pgcoord.permit_resolve(p_id text, p_session bigint, p_replica text,
+	p_outcome text, p_evidence text, p_override boolean, p_actor text)
+RETURNS TABLE (outcome text, detail text, changed boolean, state text, owner_session bigint,
+	now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_p pgcoord.permit_status;
+	v_uncertain boolean;
+BEGIN
+	IF p_outcome NOT IN ('running', 'gone') OR coalesce(btrim(p_evidence), '') = '' THEN
+		RETURN QUERY SELECT 'invalid', 'outcome running|gone and evidence are required',
+			false, NULL, NULL::bigint, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
+		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF p_outcome = 'gone' THEN
+		PERFORM pgcoord.permits_lock_quotas(ARRAY[p_id]);
+	END IF;
+	PERFORM 1 FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
+	SELECT * INTO v_p FROM pgcoord.permit_status s WHERE s.id = p_id;
+	IF v_p.state = 'released' THEN
+		IF p_outcome = 'gone' THEN
+			RETURN QUERY SELECT 'ok', 'already released', false, v_p.state,
+				v_p.owner_session, pgcoord.ms(now());
+		ELSE
+			RETURN QUERY SELECT 'conflict', 'it was released at ' ||
+				pgcoord.ms(v_p.released_at), false, v_p.state, v_p.owner_session,
+				pgcoord.ms(now());
+		END IF;
+		RETURN;
+	END IF;
+	v_uncertain := v_p.effective_state = 'uncertain';
+	IF NOT p_override AND NOT v_uncertain
+	   AND v_p.owner_session IS DISTINCT FROM p_session THEN
+		RETURN QUERY SELECT 'forbidden', 'it is held by live session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'), false,
+			v_p.state, v_p.owner_session, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF p_outcome = 'gone' THEN
+		PERFORM pgcoord.permits_release_locked(ARRAY[p_id],
+			CASE WHEN p_override THEN 'override_released' ELSE 'resolved_gone' END,
+			p_actor, 'gone: ' || p_evidence);
+		RETURN QUERY SELECT 'ok', NULL, true, 'released'::text, v_p.owner_session,
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+	IF v_p.state = 'held' AND v_p.owner_session IS NOT DISTINCT FROM p_session
+	   AND NOT v_uncertain THEN
+		RETURN QUERY SELECT 'ok', 'already held by this session', false, v_p.state,
+			v_p.owner_session, pgcoord.ms(now());
+		RETURN;
+	END IF;
+	UPDATE pgcoord.permits p SET owner_session = p_session, owner_replica = p_replica,
+		state = 'held', uncertain_reason = NULL, state_at = now()
+	WHERE p.id = p_id;
+	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
+	VALUES (p_id, 'adopted', p_actor, format('running: %s (was %s, owner %s)', p_evidence,
+		v_p.effective_state, coalesce(v_p.owner_session::text, 'none')), 'held', v_p.phase);
+	RETURN QUERY SELECT 'ok', NULL, true, 'held'::text, p_session, pgcoord.ms(now());
+END $$;
+
+-- --- owner loss ----------------------------------------------------------
+
+-- The audit actor for the janitor's work: the agent holding the janitor
+-- lease ("pgcoord.janitor", agent/janitor.h) runs the sweeps that call this.
+CREATE FUNCTION pgcoord.janitor_actor() RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT 'janitor@' || coalesce(
+		(SELECT l.holder_replica FROM pgcoord.leases l
+		 WHERE l.name = 'pgcoord.janitor' AND l.expires_at > now()), '?')
+$$;
+
+-- The consequences for permits of their owner sessions ending (guarantee
+-- 5): on_owner_loss = 'release' permits (in-process work that died with its
+-- owner) are released; the others become uncertain and keep counting. Safe
+-- to apply twice: only permits still owned by those sessions and not yet
+-- in their end state change. p_actor NULL: 'agent@<owner's replica>'.
+CREATE FUNCTION pgcoord.permits_owner_lost(p_sessions bigint[], p_reason text, p_actor text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_cand text[];
+	v_release text[] := '{}';
+	v_mark text[] := '{}';
+	r record;
+	v_n integer;
+BEGIN
+	SELECT coalesce(array_agg(p.id), '{}') INTO v_cand FROM pgcoord.permits p
+	WHERE p.owner_session = ANY (p_sessions) AND p.state <> 'released';
+	IF cardinality(v_cand) = 0 THEN
+		RETURN 0;
+	END IF;
+	PERFORM pgcoord.permits_lock_quotas(ARRAY(
+		SELECT p.id FROM pgcoord.permits p
+		WHERE p.id = ANY (v_cand) AND p.on_owner_loss = 'release'));
+	-- one pass over the permit rows, in id order, re-checked under the lock
+	FOR r IN SELECT p.id, p.state, p.on_owner_loss FROM pgcoord.permits p
+		 WHERE p.id = ANY (v_cand) AND p.owner_session = ANY (p_sessions)
+		   AND p.state <> 'released'
+		 ORDER BY p.id FOR UPDATE
+	LOOP
+		IF r.on_owner_loss = 'release' THEN
+			v_release := v_release || r.id;
+		ELSIF r.state = 'held' THEN
+			v_mark := v_mark || r.id;
+		END IF;
+	END LOOP;
+	v_n := pgcoord.permits_release_locked(v_release, 'owner_lost_released', p_actor,
+		'owner lost: ' || p_reason);
+	IF cardinality(v_mark) > 0 THEN
+		WITH m AS (
+			UPDATE pgcoord.permits p SET state = 'uncertain', state_at = now(),
+				uncertain_reason = 'owner session ' || p.owner_session || ' ended: ' ||
+					p_reason
+			WHERE p.id = ANY (v_mark)
+			RETURNING p.id, p.owner_replica, p.phase, p.uncertain_reason)
+		INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
+		SELECT m.id, 'uncertain', coalesce(p_actor, 'agent@' || coalesce(m.owner_replica, '?')),
+		       m.uncertain_reason, 'uncertain', m.phase
+		FROM m ORDER BY m.id;
+	END IF;
+	RETURN v_n;
+END $$;
+
+-- The one hook where a session's end has consequences (see 0002): leases
+-- are handed back as before, and now permits follow their owner.
+CREATE OR REPLACE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+	r record;
+BEGIN
+	FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
+		 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
+	LOOP
+		PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
+	END LOOP;
+	PERFORM pgcoord.permits_owner_lost(p_ids, p_reason,
+		CASE WHEN p_reason = 'owner session expired' THEN pgcoord.janitor_actor() END);
+END $$;
+
+-- The janitor's permit duty, bounded by p_limit per pass:
+-- 1. permits still held by a session that is no longer live get the
+--    owner-loss treatment. The hook normally did that already; this catches
+--    sessions that ended without it (agent_register closes a crashed
+--    predecessor's lapsed sessions directly) and a claim that committed
+--    while its session was being closed.
+-- 2. the opt-in lapse policy: an uncertain permit is released once it has
+--    been uncertain for longer than lapse_after_s of EVERY quota it holds —
+--    one quota's policy never frees another quota's slot.
+-- Returns how many permits were released (through the shared, audited
+-- path, so a permit its owner released meanwhile is never decremented
+-- twice).
+CREATE FUNCTION pgcoord.janitor_lapse_permits(p_limit integer, p_actor text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_actor text := coalesce(p_actor, pgcoord.janitor_actor());
+	v_sessions bigint[];
+	v_cand text[];
+	v_locked text[];
+	v_n integer := 0;
+BEGIN
+	SELECT coalesce(array_agg(DISTINCT p.owner_session), '{}') INTO v_sessions
+	FROM (SELECT p.owner_session FROM pgcoord.permits p
+	      WHERE p.owner_session IS NOT NULL AND p.state <> 'released'
+		AND (p.state = 'held' OR (p.state = 'uncertain' AND p.on_owner_loss = 'release'))
+		AND NOT pgcoord.session_is_live(p.owner_session)
+	      LIMIT p_limit) p;
+	IF cardinality(v_sessions) > 0 THEN
+		v_n := v_n + pgcoord.permits_owner_lost(v_sessions, 'found no longer live by the janitor',
+			v_actor);
+	END IF;
+
+	SELECT coalesce(array_agg(c.id), '{}') INTO v_cand
+	FROM (SELECT p.id FROM pgcoord.permits p
+	      WHERE p.state = 'uncertain'
+		AND NOT EXISTS (
+			SELECT 1 FROM pgcoord.permit_quotas pq
+			JOIN pgcoord.quotas q ON q.key = pq.key
+			WHERE pq.permit_id = p.id
+			  AND (q.lapse_after_s IS NULL
+			       OR p.state_at + q.lapse_after_s * interval '1 second' > now()))
+	      ORDER BY p.state_at LIMIT p_limit) c;
+	IF cardinality(v_cand) = 0 THEN
+		RETURN v_n;
+	END IF;
+	PERFORM pgcoord.permits_lock_quotas(v_cand);
+	-- re-checked under the lock: a resolve may have adopted one meanwhile
+	SELECT coalesce(array_agg(l.id), '{}') INTO v_locked
+	FROM (SELECT p.id FROM pgcoord.permits p
+	      WHERE p.id = ANY (v_cand) AND p.state = 'uncertain'
+		AND NOT EXISTS (
+			SELECT 1 FROM pgcoord.permit_quotas pq
+			JOIN pgcoord.quotas q ON q.key = pq.key
+			WHERE pq.permit_id = p.id
+			  AND (q.lapse_after_s IS NULL
+			       OR p.state_at + q.lapse_after_s * interval '1 second' > now()))
+	      ORDER BY p.id FOR UPDATE OF p) l;
+	v_n := v_n + pgcoord.permits_release_locked(v_locked, 'lapsed', v_actor,
+		'uncertain for longer than lapse_after_s');
+	RETURN v_n;
+END $$;
+
+-- --- conservation check ----------------------------------------------------
+
+-- Guarantee 2, verified in one statement (one snapshot): per quota,
+-- in_flight against the weights of its permits that are not released and
+-- against the sum of its audit deltas; and in_flight over the limit, which
+-- is a violation only if a permit was admitted after the limit was last set
+-- (lowering a limit below in_flight is allowed and admits nothing).
+CREATE FUNCTION pgcoord.permits_check()
+RETURNS TABLE (key text, "limit" integer, in_flight bigint, permit_weights bigint,
+	audit_sum bigint, problem text)
+LANGUAGE sql STABLE AS $$
+	SELECT q.key::text, q."limit", q.in_flight, coalesce(w.s, 0)::bigint,
+	       coalesce(e.s, 0)::bigint,
+	       concat_ws('; ',
+		CASE WHEN q.in_flight <> coalesce(w.s, 0)
+		     THEN 'in_flight differs from the weights of its open permits' END,
+		CASE WHEN q.in_flight <> coalesce(e.s, 0)
+		     THEN 'in_flight differs from the sum of its audit deltas' END,
+		CASE WHEN q.in_flight > q."limit"
+			  AND (e.last_set IS NULL OR coalesce(e.last_admit, 0) > e.last_set)
+		     THEN 'in_flight exceeds the limit and a permit was admitted since it was set'
+		END)
+	FROM pgcoord.quotas q
+	LEFT JOIN (SELECT pq.key, sum(pq.weight) AS s
+		   FROM pgcoord.permit_quotas pq
+		   JOIN pgcoord.permits p ON p.id = pq.permit_id
+		   WHERE p.state <> 'released' GROUP BY pq.key) w ON w.key = q.key
+	LEFT JOIN (SELECT ev.key, sum(ev.delta) AS s,
+			  max(ev.id) FILTER (WHERE ev.delta > 0) AS last_admit,
+			  max(ev.id) FILTER (WHERE ev.event = 'limit_set') AS last_set
+		   FROM pgcoord.permit_events ev
+		   WHERE ev.key IS NOT NULL GROUP BY ev.key) e ON e.key = q.key
+	ORDER BY q.key
+$$;
