@@ -5,7 +5,9 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -53,6 +55,12 @@ const struct option_def config_options[] = {
      "Output queued for a client that does not read before it is dropped."},
     {"log_level", OPT_LEVEL, OFF(log_level), "info", 0, 0, false, true,
      "error, warn, info or debug."},
+    {"admin_uids", OPT_STRING, OFF(admin_uids), "", 0, 0, false, false,
+     "Comma-separated uids, besides root and the agent's own user, whose clients may make "
+     "admin calls (quota.set, permit overrides)."},
+    {"admin_group", OPT_STRING, OFF(admin_group), "", 0, 0, false, false,
+     "A group whose members (by primary gid or membership) may make admin calls; empty "
+     "for none. Resolved at start."},
 };
 const size_t config_options_count = sizeof(config_options) / sizeof(config_options[0]);
 
@@ -145,6 +153,8 @@ void config_defaults(struct config *cfg)
 
 void config_free(struct config *cfg)
 {
+	free(cfg->admins.uids);
+	memset(&cfg->admins, 0, sizeof(cfg->admins));
 	for (size_t i = 0; i < config_options_count; i++) {
 		if (config_options[i].type == OPT_STRING) {
 			char **field = (char **)((char *)cfg + config_options[i].offset);
@@ -283,6 +293,76 @@ static bool load_flags(struct config *cfg, int argc, char **argv, char *err, siz
 	return true;
 }
 
+static bool admins_add(struct admin_set *a, uid_t uid)
+{
+	uid_t *grown = realloc(a->uids, (a->nuids + 1) * sizeof(*grown));
+	if (!grown)
+		return false;
+	a->uids = grown;
+	a->uids[a->nuids++] = uid;
+	return true;
+}
+
+/* Turns admin_uids and admin_group into cfg->admins, with a message that
+ * names the bad value: a typo here would silently lock operators out. */
+static bool resolve_admins(struct config *cfg, char *err, size_t errlen)
+{
+	struct admin_set *a = &cfg->admins;
+	const char *p = cfg->admin_uids;
+
+	free(a->uids);
+	memset(a, 0, sizeof(*a));
+	while (*p) {
+		char *end;
+		unsigned long v;
+		while (*p == ' ' || *p == ',')
+			p++;
+		if (!*p)
+			break;
+		errno = 0;
+		v = strtoul(p, &end, 10);
+		if (errno || end == p || !isdigit((unsigned char)*p) || v >= UINT_MAX ||
+		    (*end && *end != ',' && *end != ' ')) {
+			snprintf(err, errlen,
+				 "admin_uids: \"%s\" is not a comma-separated list of numeric uids",
+				 cfg->admin_uids);
+			return false;
+		}
+		if (!admins_add(a, (uid_t)v)) {
+			snprintf(err, errlen, "admin_uids: out of memory");
+			return false;
+		}
+		p = end;
+	}
+	if (cfg->admin_group[0]) {
+		struct group *g;
+		errno = 0;
+		g = getgrnam(cfg->admin_group);
+		if (!g && errno) {
+			snprintf(err, errlen, "admin_group: cannot look up group \"%s\": %s",
+				 cfg->admin_group, strerror(errno));
+			return false;
+		}
+		if (!g) {
+			snprintf(err, errlen, "admin_group: no group named \"%s\" on this host",
+				 cfg->admin_group);
+			return false;
+		}
+		a->has_group = true;
+		a->gid = g->gr_gid;
+		/* members listed by name; a name with no user is skipped (it
+		 * can authenticate nobody) */
+		for (char **m = g->gr_mem; m && *m; m++) {
+			struct passwd *pw = getpwnam(*m);
+			if (pw && !admins_add(a, pw->pw_uid)) {
+				snprintf(err, errlen, "admin_group: out of memory");
+				return false;
+			}
+		}
+	}
+	return true;
+}
+
 bool config_load(struct config *cfg, const char *path, bool path_required, int argc, char **argv,
 		 char *err, size_t errlen)
 {
@@ -303,7 +383,7 @@ bool config_load(struct config *cfg, const char *path, bool path_required, int a
 		free(cfg->replica_id);
 		cfg->replica_id = strdup(host);
 	}
-	return true;
+	return resolve_admins(cfg, err, errlen);
 }
 
 bool config_validate(const struct config *cfg, char *err, size_t errlen)

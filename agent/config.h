@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "agent/log.h"
 
@@ -34,6 +35,16 @@ struct config {
 	int max_inflight_per_conn;
 	int max_output_bytes;
 	enum log_level log_level;
+	char *admin_uids;  /* option text; resolved into admins below */
+	char *admin_group; /* option text; resolved into admins below */
+	/* Resolved by config_load from admin_uids and admin_group, so the
+	 * per-request admin check never asks NSS (which may block). */
+	struct admin_set {
+		uid_t *uids; /* admin_uids plus the listed members of admin_group */
+		size_t nuids;
+		bool has_group;
+		gid_t gid; /* a peer whose gid is this one is an admin */
+	} admins;
 };
 
 enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL };

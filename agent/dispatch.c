@@ -22,6 +22,20 @@ static const struct method methods[] = {
     {"session.close", rpc_session_close, M_DB | M_SESSION},
     {"fleet.agents", rpc_fleet_agents, M_DB},
     {"fleet.sessions", rpc_fleet_sessions, M_DB},
+    {"quota.set", rpc_quota_set, M_DB | M_ADMIN},
+    {"quota.get", rpc_quota_get, M_DB},
+    {"quota.list", rpc_quota_list, M_DB},
+    {"permit.claim", rpc_permit_claim, M_DB | M_SESSION},
+    {"permit.update", rpc_permit_update, M_DB | M_SESSION},
+    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_DB | M_SESSION},
+    /* resolve and release need the owner's session, or override (admin):
+     * the handlers check which */
+    {"permit.resolve", rpc_permit_resolve, M_DB},
+    {"permit.release", rpc_permit_release, M_DB},
+    {"permit.get", rpc_permit_get, M_DB},
+    {"permit.list", rpc_permit_list, M_DB},
+    {"permit.history", rpc_permit_history, M_DB},
+    {"permit.check", rpc_permit_check, M_DB},
 };
 
 static const struct method *find_method(const char *name, size_t len)
@@ -102,7 +116,65 @@ bool req_query(struct request *req, const char *sql, int nparams, const char *co
 
 bool req_is_admin(const struct request *req)
 {
-	return req->conn->uid == 0 || req->conn->uid == geteuid();
+	const struct conn *c = req->conn;
+	const struct admin_set *a = &req->ag->cfg.admins;
+
+	if (c->uid == 0 || c->uid == geteuid())
+		return true;
+	if (a->has_group && c->gid == a->gid)
+		return true;
+	for (size_t i = 0; i < a->nuids; i++)
+		if (a->uids[i] == c->uid)
+			return true;
+	return false;
+}
+
+bool req_need_session(struct request *req)
+{
+	struct conn *c = req->conn;
+	if (c->session)
+		return true;
+	if (c->lost_session)
+		req_fail(req, PGC_E_SESSION_EXPIRED,
+			 "session %lld is no longer live; open a new one",
+			 (long long)c->lost_session);
+	else
+		req_fail(req, PGC_E_NO_SESSION, "%s needs a session: call session.open first",
+			 req->method->name);
+	return false;
+}
+
+bool utf8_valid(const char *s, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)s, *end = p + len;
+	while (p < end) {
+		unsigned c = *p++;
+		int more;
+		unsigned cp, min;
+		if (c < 0x80)
+			continue;
+		if ((c & 0xe0) == 0xc0) {
+			more = 1, cp = c & 0x1f, min = 0x80;
+		} else if ((c & 0xf0) == 0xe0) {
+			more = 2, cp = c & 0x0f, min = 0x800;
+		} else if ((c & 0xf8) == 0xf0) {
+			more = 3, cp = c & 0x07, min = 0x10000;
+		} else {
+			return false;
+		}
+		if (end - p < more)
+			return false;
+		while (more--) {
+			if ((*p & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (*p++ & 0x3f);
+		}
+		/* overlong forms, surrogates and values past U+10FFFF are not
+		 * UTF-8, and Postgres would refuse them with an error */
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+	}
+	return true;
 }
 
 static const msgpack_object *param(struct request *req, const char *key)
@@ -136,6 +208,11 @@ bool req_param_str(struct request *req, const char *key, bool required, size_t m
 	if (o->via.str.size > max_len) {
 		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' is longer than %zu bytes", key,
 			 max_len);
+		return false;
+	}
+	/* strings reach Postgres as text: refuse what it would refuse */
+	if (!utf8_valid(o->via.str.ptr, o->via.str.size)) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' is not valid UTF-8", key);
 		return false;
 	}
 	*out = pgc_obj_strdup(o);
@@ -200,6 +277,106 @@ bool req_param_bool(struct request *req, const char *key, bool required, bool *o
 	}
 	if (present)
 		*present = true;
+	return true;
+}
+
+bool req_param_enum(struct request *req, const char *key, bool required, const char *const *allowed,
+		    int *out, bool *present)
+{
+	const msgpack_object *o = param(req, key);
+	char names[256];
+	size_t n = 0;
+
+	if (present)
+		*present = false;
+	if (!absent(o) && o->type == MSGPACK_OBJECT_STR) {
+		for (int i = 0; allowed[i]; i++) {
+			if (pgc_obj_str_eq(o, allowed[i])) {
+				*out = i;
+				if (present)
+					*present = true;
+				return true;
+			}
+		}
+	} else if (absent(o) && !required) {
+		return true;
+	}
+	names[0] = '\0';
+	for (int i = 0; allowed[i] && n < sizeof(names); i++)
+		n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%s", i ? ", " : "",
+				      allowed[i]);
+	if (absent(o))
+		req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (one of %s)", key,
+			 names);
+	else if (o->type != MSGPACK_OBJECT_STR)
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must be one of %s, not %s", key,
+			 names, pgc_obj_type_name(o));
+	else
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "parameter '%s' must be one of %s, not \"%.*s\"", key, names,
+			 (int)(o->via.str.size > 64 ? 64 : o->via.str.size), o->via.str.ptr);
+	return false;
+}
+
+bool req_param_bytes(struct request *req, const char *key, bool required, size_t max_len,
+		     const char **data, size_t *len, bool *present)
+{
+	const msgpack_object *o = param(req, key);
+	if (present)
+		*present = false;
+	if (absent(o)) {
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (bin or str)",
+				 key);
+			return false;
+		}
+		return true;
+	}
+	if (o->type == MSGPACK_OBJECT_BIN) {
+		*data = o->via.bin.ptr;
+		*len = o->via.bin.size;
+	} else if (o->type == MSGPACK_OBJECT_STR) {
+		*data = o->via.str.ptr;
+		*len = o->via.str.size;
+	} else {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must be bin or str, not %s",
+			 key, pgc_obj_type_name(o));
+		return false;
+	}
+	if (*len > max_len) {
+		req_fail(req, PGC_E_TOO_LARGE, "parameter '%s' is longer than %zu bytes", key,
+			 max_len);
+		return false;
+	}
+	if (present)
+		*present = true;
+	return true;
+}
+
+bool req_param_array(struct request *req, const char *key, bool required, size_t min_items,
+		     size_t max_items, const msgpack_object **out)
+{
+	const msgpack_object *o = param(req, key);
+	*out = NULL;
+	if (absent(o)) {
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS, "missing parameter '%s' (an array)",
+				 key);
+			return false;
+		}
+		return true;
+	}
+	if (o->type != MSGPACK_OBJECT_ARRAY) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must be an array, not %s", key,
+			 pgc_obj_type_name(o));
+		return false;
+	}
+	if (o->via.array.size < min_items || o->via.array.size > max_items) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must have %zu to %zu elements",
+			 key, min_items, max_items);
+		return false;
+	}
+	*out = o;
 	return true;
 }
 
@@ -277,7 +454,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 	}
 	if ((req->method->flags & M_ADMIN) && !req_is_admin(req)) {
 		req_fail(req, PGC_E_FORBIDDEN,
-			 "%s is an admin call; uid %u is not root, the agent's user or an admin",
+			 "%s is an admin call; uid %u is not root, the agent's user, in "
+			 "admin_uids or in admin_group",
 			 req->method->name, (unsigned)c->uid);
 		return;
 	}

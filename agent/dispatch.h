@@ -73,6 +73,25 @@ bool req_param_str(struct request *req, const char *key, bool required, size_t m
 bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
 		   int64_t *out, bool *present);
 bool req_param_bool(struct request *req, const char *key, bool required, bool *out, bool *present);
+/* One of the NULL-terminated allowed names; *out is its index. The error
+ * lists the allowed names. */
+bool req_param_enum(struct request *req, const char *key, bool required, const char *const *allowed,
+		    int *out, bool *present);
+/* bin or str, at most max_len bytes (`too_large` beyond); *data borrows
+ * from the request. */
+bool req_param_bytes(struct request *req, const char *key, bool required, size_t max_len,
+		     const char **data, size_t *len, bool *present);
+/* An array of min_items..max_items elements (*out NULL when absent), which
+ * the handler then checks element by element. */
+bool req_param_array(struct request *req, const char *key, bool required, size_t min_items,
+		     size_t max_items, const msgpack_object **out);
+
+/* For calls that need a session only sometimes: true when the connection
+ * has one, else answers `no_session`/`session_expired` like dispatch does. */
+bool req_need_session(struct request *req);
+
+/* True when s[0..len) is well-formed UTF-8 (what Postgres accepts as text). */
+bool utf8_valid(const char *s, size_t len);
 
 /*
  * Runs one statement for req on the REQUESTS lane. When the database is
@@ -81,7 +100,8 @@ bool req_param_bool(struct request *req, const char *key, bool required, bool *o
 bool req_query(struct request *req, const char *sql, int nparams, const char *const *params,
 	       db_done_fn done);
 
-/* True when the peer may make admin calls. */
+/* True when the peer may make admin calls: root, the agent's own user, a uid
+ * in admin_uids, or a member of admin_group (by gid or membership). */
 bool req_is_admin(const struct request *req);
 
 #endif

@@ -21,4 +21,20 @@ void rpc_session_close(struct request *req);
 void rpc_fleet_agents(struct request *req);
 void rpc_fleet_sessions(struct request *req);
 
+/* quotas.c */
+void rpc_quota_set(struct request *req);
+void rpc_quota_get(struct request *req);
+void rpc_quota_list(struct request *req);
+
+/* permits.c */
+void rpc_permit_claim(struct request *req);
+void rpc_permit_update(struct request *req);
+void rpc_permit_mark_uncertain(struct request *req);
+void rpc_permit_resolve(struct request *req);
+void rpc_permit_release(struct request *req);
+void rpc_permit_get(struct request *req);
+void rpc_permit_list(struct request *req);
+void rpc_permit_history(struct request *req);
+void rpc_permit_check(struct request *req);
+
 #endif

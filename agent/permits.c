@@ -1,0 +1,1021 @@
+/*
+ * permits.c — the permit.* methods: claims, their lifecycle (phase,
+ * uncertainty, resolve, release), listings, history and the conservation
+ * check.
+ *
+ * Every method is ONE statement calling one function of
+ * migrations/0003_permits.sql, so it is its own transaction: nothing stays
+ * open across a round trip to a client, and it works through a
+ * transaction-mode pooler. All deciding happens there; this file validates
+ * parameters, names the actor for the audit trail, and turns rows into
+ * replies. A database failure is answered as a retryable error, never as
+ * an admission (guarantee 4).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/dispatch.h"
+#include "agent/methods.h"
+#include "agent/pgrow.h"
+#include "agent/sessions.h"
+
+#define PERMIT_ID_MAX 200
+#define PERMIT_KEY_MAX 200
+#define PERMIT_MAX_QUOTAS 32
+#define PERMIT_INTENT_MAX 65536
+#define PERMIT_TEXT_MAX 4000 /* reasons and evidence */
+#define PERMIT_LIST_DEFAULT 1000
+#define PERMIT_LIST_MAX 10000
+
+static const char *const phase_names[] = {"reserved", "dispatched", "running", NULL};
+static const char *const owner_loss_names[] = {"uncertain", "release", NULL};
+static const char *const outcome_names[] = {"running", "gone", NULL};
+static const char *const state_names[] = {"held", "uncertain", "released", NULL};
+
+/* What a handler keeps for its database callback (req->ctx). */
+struct permit_call {
+	char *id;
+	bool override;
+	/* permit.claim: the requested quotas, sorted by key */
+	struct claim_quota *quotas;
+	size_t nquotas;
+};
+
+struct claim_quota {
+	const char *key; /* borrows from the request frame */
+	size_t len;
+	int64_t weight;
+};
+
+static void call_free(struct permit_call *call)
+{
+	if (!call)
+		return;
+	free(call->id);
+	free(call->quotas);
+	free(call);
+}
+
+/* Takes the call back from req for the callback's use; the caller frees it. */
+static struct permit_call *take_call(struct request *req)
+{
+	struct permit_call *call = req->ctx;
+	req->ctx = NULL;
+	return call;
+}
+
+/* Runs sql for req with call as its context; frees call when the query
+ * could not even be queued (req was answered `unavailable`). */
+static void call_query(struct request *req, struct permit_call *call, const char *sql, int nparams,
+		       const char *const *params, db_done_fn done)
+{
+	req->ctx = call;
+	if (!req_query(req, sql, nparams, params, done))
+		call_free(call);
+}
+
+/* The audit trail's actor for a call made through a session. */
+static void session_actor(struct request *req, char *buf, size_t len)
+{
+	snprintf(buf, len, "session:%" PRId64 "@%s", req->conn->session->id,
+		 req->ag->cfg.replica_id);
+}
+
+/* The actor of an admin override: the peer's uid from SO_PEERCRED. */
+static void operator_actor(struct request *req, char *buf, size_t len)
+{
+	snprintf(buf, len, "operator:uid=%u", (unsigned)req->conn->uid);
+}
+
+/* Reads the required, non-empty permit id. */
+static bool param_id(struct request *req, char **id)
+{
+	if (!req_param_str(req, "id", true, PERMIT_ID_MAX, id))
+		return false;
+	if (!(*id)[0]) {
+		free(*id);
+		*id = NULL;
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'id' must not be empty");
+		return false;
+	}
+	return true;
+}
+
+/* Reads a text parameter that must say something (reason, evidence). */
+static bool param_text(struct request *req, const char *key, bool required, char **out)
+{
+	if (!req_param_str(req, key, required, PERMIT_TEXT_MAX, out))
+		return false;
+	if (*out && strspn(*out, " \t\r\n") == strlen(*out)) {
+		free(*out);
+		*out = NULL;
+		if (required) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "parameter '%s' must not be empty: say what was observed", key);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* override: true is for admins only; the reply names why it was refused. */
+static bool param_override(struct request *req, bool *override)
+{
+	*override = false;
+	if (!req_param_bool(req, "override", false, override, NULL))
+		return false;
+	if (*override && !req_is_admin(req)) {
+		req_fail(req, PGC_E_FORBIDDEN,
+			 "override is an admin call; uid %u is not root, the agent's user, in "
+			 "admin_uids or in admin_group",
+			 (unsigned)req->conn->uid);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The lifecycle functions answer (outcome, detail, ...). Answers the
+ * refusal when outcome is not "ok" and returns true; `verb` and `who_may`
+ * make the message ("release", "its owner or an admin with override").
+ */
+static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
+		    const char *verb, const char *who_may)
+{
+	const char *outcome, *detail;
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "permit %s returned %d rows", verb, PQntuples(res));
+		return true;
+	}
+	outcome = PQgetvalue(res, 0, 0);
+	detail = PQgetvalue(res, 0, 1);
+	if (strcmp(outcome, "ok") == 0)
+		return false;
+	if (strcmp(outcome, "not_found") == 0)
+		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
+	else if (strcmp(outcome, "forbidden") == 0)
+		req_fail(req, PGC_E_FORBIDDEN, "cannot %s permit \"%s\": %s; only %s may", verb,
+			 call->id, detail, who_may);
+	else if (strcmp(outcome, "conflict") == 0)
+		req_fail(req, PGC_E_CONFLICT, "cannot %s permit \"%s\": %s", verb, call->id,
+			 detail);
+	else if (strcmp(outcome, "invalid") == 0)
+		req_fail(req, PGC_E_INVALID_PARAMS, "cannot %s permit \"%s\": %s", verb, call->id,
+			 detail);
+	else
+		req_fail(req, PGC_E_INTERNAL, "permit %s: unexpected outcome \"%s\"", verb,
+			 outcome);
+	return true;
+}
+
+/* --- permit.claim ---------------------------------------------------- */
+
+static int cmp_quota(const void *a, const void *b)
+{
+	const struct claim_quota *x = a, *y = b;
+	size_t n = x->len < y->len ? x->len : y->len;
+	int c = memcmp(x->key, y->key, n);
+	if (c)
+		return c;
+	return x->len < y->len ? -1 : x->len > y->len;
+}
+
+/* A Postgres array literal {"k1","k2"} of the keys, quoted and escaped. */
+static char *keys_literal(const struct claim_quota *q, size_t n)
+{
+	size_t cap = 3, len = 0;
+	char *out;
+	for (size_t i = 0; i < n; i++)
+		cap += 2 * q[i].len + 3;
+	out = malloc(cap);
+	if (!out)
+		return NULL;
+	out[len++] = '{';
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			out[len++] = ',';
+		out[len++] = '"';
+		for (size_t j = 0; j < q[i].len; j++) {
+			if (q[i].key[j] == '"' || q[i].key[j] == '\\')
+				out[len++] = '\\';
+			out[len++] = q[i].key[j];
+		}
+		out[len++] = '"';
+	}
+	out[len++] = '}';
+	out[len] = '\0';
+	return out;
+}
+
+static char *weights_literal(const struct claim_quota *q, size_t n)
+{
+	size_t cap = 3 + n * 12, len = 0;
+	char *out = malloc(cap);
+	if (!out)
+		return NULL;
+	out[len++] = '{';
+	for (size_t i = 0; i < n; i++)
+		len +=
+		    (size_t)snprintf(out + len, cap - len, "%s%" PRId64, i ? "," : "", q[i].weight);
+	snprintf(out + len, cap - len, "}");
+	return out;
+}
+
+/* bytea in Postgres' hex text form: \x0102… */
+static char *bytea_hex(const char *data, size_t len)
+{
+	static const char digits[] = "0123456789abcdef";
+	char *out = malloc(2 * len + 3), *o = out;
+	if (!out)
+		return NULL;
+	*o++ = '\\';
+	*o++ = 'x';
+	for (size_t i = 0; i < len; i++) {
+		*o++ = digits[(unsigned char)data[i] >> 4];
+		*o++ = digits[(unsigned char)data[i] & 15];
+	}
+	*o = '\0';
+	return out;
+}
+
+/* Reads quotas: [{key, weight?}] into call->quotas, sorted, no duplicates
+ * (the sort is the lock order the SQL relies on; duplicates would make one
+ * claim count twice against one quota). */
+static bool parse_claim_quotas(struct request *req, struct permit_call *call)
+{
+	const msgpack_object *arr;
+	if (!req_param_array(req, "quotas", true, 1, PERMIT_MAX_QUOTAS, &arr))
+		return false;
+	call->nquotas = arr->via.array.size;
+	call->quotas = calloc(call->nquotas, sizeof(*call->quotas));
+	if (!call->quotas) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return false;
+	}
+	for (size_t i = 0; i < call->nquotas; i++) {
+		const msgpack_object *el = &arr->via.array.ptr[i], *k, *w;
+		struct claim_quota *q = &call->quotas[i];
+		if (el->type != MSGPACK_OBJECT_MAP) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "quotas[%zu] must be a map {key, weight}, not %s", i,
+				 pgc_obj_type_name(el));
+			return false;
+		}
+		k = pgc_map_get(el, "key");
+		w = pgc_map_get(el, "weight");
+		if (!k || !pgc_obj_str(k, &q->key, &q->len) || q->len == 0 ||
+		    q->len > PERMIT_KEY_MAX || memchr(q->key, '\0', q->len) ||
+		    !utf8_valid(q->key, q->len)) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "quotas[%zu].key must be a UTF-8 string of 1..%d bytes", i,
+				 PERMIT_KEY_MAX);
+			return false;
+		}
+		q->weight = 1;
+		if (w && w->type != MSGPACK_OBJECT_NIL &&
+		    (!pgc_obj_int64(w, &q->weight) || q->weight < 1 || q->weight > INT32_MAX)) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "quotas[%zu].weight must be an integer 1..%d (default 1)", i,
+				 INT32_MAX);
+			return false;
+		}
+	}
+	qsort(call->quotas, call->nquotas, sizeof(*call->quotas), cmp_quota);
+	for (size_t i = 1; i < call->nquotas; i++) {
+		if (cmp_quota(&call->quotas[i - 1], &call->quotas[i]) == 0) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "quota \"%.*s\" appears twice in quotas; give it once with the "
+				 "total weight",
+				 (int)call->quotas[i].len, call->quotas[i].key);
+			return false;
+		}
+	}
+	return true;
+}
+
+static int64_t claimed_weight(const struct permit_call *call, const char *key)
+{
+	for (size_t i = 0; i < call->nquotas; i++)
+		if (call->quotas[i].len == strlen(key) &&
+		    memcmp(call->quotas[i].key, key, call->quotas[i].len) == 0)
+			return call->quotas[i].weight;
+	return 0;
+}
+
+/* Columns of pgcoord.permit_claim, in order. */
+enum {
+	CL_STATUS,
+	CL_TOKEN,
+	CL_STATE,
+	CL_PHASE,
+	CL_OWNER,
+	CL_REPLICA,
+	CL_CREATED,
+	CL_RELEASED,
+	CL_DKEY,
+	CL_DLIMIT,
+	CL_DINFLIGHT,
+	CL_DETAIL,
+	CL_NOW
+};
+
+static void claimed(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+	const char *status;
+
+	if (!r->ok) {
+		/* fail closed: a claim that could not be checked is never an
+		 * admission; a retry with the same id finds what committed */
+		req_fail_db(req, r);
+		goto out;
+	}
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "permit_claim returned %d rows", PQntuples(res));
+		goto out;
+	}
+	status = PQgetvalue(res, 0, CL_STATUS);
+	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 10);
+		pgc_pack_kv_str(pk, "status", status);
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgrow_kv_int(pk, "token", res, 0, CL_TOKEN);
+		pgrow_kv_str(pk, "state", res, 0, CL_STATE);
+		pgrow_kv_str(pk, "phase", res, 0, CL_PHASE);
+		pgrow_kv_int(pk, "owner_session", res, 0, CL_OWNER);
+		pgrow_kv_str(pk, "owner_replica", res, 0, CL_REPLICA);
+		/* a retry through another session finds the grant owned by the
+		 * first one; it says so rather than moving ownership silently */
+		pgc_pack_kv_bool(pk, "mine",
+				 !pgrow_null(res, 0, CL_OWNER) && req->conn->session &&
+				     pgrow_int(res, 0, CL_OWNER) == req->conn->session->id);
+		pgrow_kv_int(pk, "created_at", res, 0, CL_CREATED);
+		pgrow_kv_int(pk, "now_at", res, 0, CL_NOW);
+		req_done(req);
+	} else if (strcmp(status, "denied") == 0) {
+		const char *key = PQgetvalue(res, 0, CL_DKEY);
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 7);
+		pgc_pack_kv_str(pk, "status", "denied");
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgc_pack_kv_str(pk, "quota", key);
+		pgrow_kv_int(pk, "limit", res, 0, CL_DLIMIT);
+		pgrow_kv_int(pk, "in_flight", res, 0, CL_DINFLIGHT);
+		pgc_pack_kv_int(pk, "weight", claimed_weight(call, key));
+		pgrow_kv_int(pk, "now_at", res, 0, CL_NOW);
+		req_done(req);
+	} else if (strcmp(status, "unknown_quota") == 0) {
+		req_fail(req, PGC_E_NOT_FOUND,
+			 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` "
+			 "with the claim",
+			 PQgetvalue(res, 0, CL_DKEY));
+	} else if (strcmp(status, "released") == 0) {
+		req_fail(req, PGC_E_CONFLICT,
+			 "permit \"%s\" was already granted and released at %s (ms, database "
+			 "clock); an id is granted at most once: claim with a new id",
+			 call->id, PQgetvalue(res, 0, CL_RELEASED));
+	} else if (strcmp(status, "mismatch") == 0) {
+		req_fail(req, PGC_E_CONFLICT,
+			 "permit \"%s\" already exists with other quotas (%s); one id names one "
+			 "claim",
+			 call->id, PQgetvalue(res, 0, CL_DETAIL));
+	} else if (strcmp(status, "session_expired") == 0) {
+		req_fail(req, PGC_E_SESSION_EXPIRED,
+			 "this connection's session is no longer live in the database; open a "
+			 "new one");
+	} else if (strcmp(status, "invalid") == 0) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "%s", PQgetvalue(res, 0, CL_DETAIL));
+	} else {
+		req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
+	}
+out:
+	call_free(call);
+}
+
+void rpc_permit_claim(struct request *req)
+{
+	struct agent *ag = req->ag;
+	struct permit_call *call = calloc(1, sizeof(*call));
+	const char *intent = NULL;
+	size_t intent_len = 0;
+	bool has_intent = false, has_limit = false;
+	int on_loss = 0;
+	int64_t limit = 0;
+	char *keys = NULL, *weights = NULL, *intent_hex = NULL;
+	char session[24], limit_s[24], actor[256];
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id) || !parse_claim_quotas(req, call) ||
+	    !req_param_bytes(req, "intent", false, PERMIT_INTENT_MAX, &intent, &intent_len,
+			     &has_intent) ||
+	    !req_param_enum(req, "on_owner_loss", false, owner_loss_names, &on_loss, NULL) ||
+	    !req_param_int(req, "limit", false, 0, INT32_MAX, &limit, &has_limit))
+		goto fail;
+	if (has_limit && call->nquotas != 1) {
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "parameter 'limit' sets one quota's limit: give it with exactly one quota "
+			 "(this claim has %zu)",
+			 call->nquotas);
+		goto fail;
+	}
+	keys = keys_literal(call->quotas, call->nquotas);
+	weights = weights_literal(call->quotas, call->nquotas);
+	if (has_intent)
+		intent_hex = bytea_hex(intent, intent_len);
+	if (!keys || !weights || (has_intent && !intent_hex)) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		goto fail;
+	}
+	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit);
+	session_actor(req, actor, sizeof(actor));
+	const char *params[9] = {call->id,
+				 keys,
+				 weights,
+				 session,
+				 ag->cfg.replica_id,
+				 owner_loss_names[on_loss],
+				 intent_hex,
+				 has_limit ? limit_s : NULL,
+				 actor};
+	/* guarantees 1, 3, 4: the whole admission is this one function call */
+	call_query(req, call,
+		   "SELECT * FROM pgcoord.permit_claim($1, $2::text[], $3::integer[], $4, $5, $6, "
+		   "$7::bytea, $8, $9)",
+		   9, params, claimed);
+	call = NULL;
+fail:
+	call_free(call);
+	free(keys);
+	free(weights);
+	free(intent_hex);
+}
+
+/* --- permit.update ----------------------------------------------------- */
+
+static void updated(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+
+	if (!r->ok)
+		req_fail_db(req, r);
+	else if (!refused(req, call, res, "update", "its owner")) {
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 6);
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgrow_kv_str(pk, "phase", res, 0, 4);
+		pgrow_kv_str(pk, "state", res, 0, 3);
+		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
+		pgrow_kv_int(pk, "phase_at", res, 0, 5);
+		pgrow_kv_int(pk, "now_at", res, 0, 6);
+		req_done(req);
+	}
+	call_free(call);
+}
+
+void rpc_permit_update(struct request *req)
+{
+	struct permit_call *call = calloc(1, sizeof(*call));
+	int phase = 0;
+	char session[24], actor[256];
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id) ||
+	    !req_param_enum(req, "phase", true, phase_names, &phase, NULL)) {
+		call_free(call);
+		return;
+	}
+	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	session_actor(req, actor, sizeof(actor));
+	const char *params[4] = {call->id, session, phase_names[phase], actor};
+	/* guarantee 6: phase moves forward only, audited in the same transaction */
+	call_query(req, call, "SELECT * FROM pgcoord.permit_update($1, $2, $3, $4)", 4, params,
+		   updated);
+}
+
+/* --- permit.mark_uncertain ----------------------------------------------- */
+
+static void marked(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+
+	if (!r->ok)
+		req_fail_db(req, r);
+	else if (!refused(req, call, res, "mark uncertain", "its owner")) {
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 5);
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgrow_kv_str(pk, "state", res, 0, 3);
+		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
+		pgrow_kv_int(pk, "state_at", res, 0, 4);
+		pgrow_kv_int(pk, "now_at", res, 0, 5);
+		req_done(req);
+	}
+	call_free(call);
+}
+
+void rpc_permit_mark_uncertain(struct request *req)
+{
+	struct permit_call *call = calloc(1, sizeof(*call));
+	char *reason = NULL;
+	char session[24], actor[256];
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id) || !param_text(req, "reason", true, &reason)) {
+		call_free(call);
+		return;
+	}
+	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	session_actor(req, actor, sizeof(actor));
+	const char *params[4] = {call->id, session, reason, actor};
+	/* guarantee 5: the permit keeps counting, now visibly uncertain */
+	call_query(req, call, "SELECT * FROM pgcoord.permit_mark_uncertain($1, $2, $3, $4)", 4,
+		   params, marked);
+	free(reason);
+}
+
+/* --- permit.resolve ------------------------------------------------------ */
+
+static void resolved(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+
+	if (!r->ok)
+		req_fail_db(req, r);
+	else if (!refused(req, call, res, "resolve",
+			  "its owner, any session once it is uncertain, or an admin with "
+			  "override: true")) {
+		if (call->override)
+			log_warn(&req->ag->log, "permits",
+				 "operator uid %u resolved permit \"%s\" by override: now %s",
+				 (unsigned)req->conn->uid, call->id, PQgetvalue(res, 0, 3));
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 6);
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgrow_kv_str(pk, "state", res, 0, 3);
+		pgrow_kv_int(pk, "owner_session", res, 0, 4);
+		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
+		pgrow_kv_str(pk, "detail", res, 0, 1);
+		pgrow_kv_int(pk, "now_at", res, 0, 5);
+		req_done(req);
+	}
+	call_free(call);
+}
+
+void rpc_permit_resolve(struct request *req)
+{
+	struct agent *ag = req->ag;
+	struct permit_call *call = calloc(1, sizeof(*call));
+	char *evidence = NULL;
+	int outcome = 0;
+	char session[24], actor[256];
+	bool has_session;
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id) ||
+	    !req_param_enum(req, "outcome", true, outcome_names, &outcome, NULL) ||
+	    !param_override(req, &call->override) ||
+	    /* guarantee 5: a slot is freed on observed evidence, never on silence */
+	    !param_text(req, "evidence", true, &evidence))
+		goto fail;
+	if (!call->override && !req_need_session(req))
+		goto fail;
+	has_session = req->conn->session != NULL;
+	if (has_session)
+		snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	if (call->override)
+		operator_actor(req, actor, sizeof(actor));
+	else
+		session_actor(req, actor, sizeof(actor));
+	/* an operator without a session who says "running" holds it as nobody's:
+	 * it counts until an operator releases it */
+	const char *params[7] = {call->id,
+				 has_session ? session : NULL,
+				 has_session ? ag->cfg.replica_id : NULL,
+				 outcome_names[outcome],
+				 evidence,
+				 call->override ? "true" : "false",
+				 actor};
+	call_query(req, call, "SELECT * FROM pgcoord.permit_resolve($1, $2, $3, $4, $5, $6, $7)", 7,
+		   params, resolved);
+	call = NULL;
+fail:
+	call_free(call);
+	free(evidence);
+}
+
+/* --- permit.release ------------------------------------------------------ */
+
+static void released(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+
+	if (!r->ok)
+		req_fail_db(req, r);
+	else if (!refused(req, call, res, "release",
+			  "its owner, or an admin with override: true")) {
+		if (call->override && pgrow_bool(res, 0, 2))
+			log_warn(&req->ag->log, "permits",
+				 "operator uid %u released permit \"%s\" by override",
+				 (unsigned)req->conn->uid, call->id);
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 5);
+		pgc_pack_kv_str(pk, "id", call->id);
+		/* false: it was released before (release is idempotent) */
+		pgc_pack_kv_bool(pk, "released", pgrow_bool(res, 0, 2));
+		pgrow_kv_str(pk, "state", res, 0, 3);
+		pgrow_kv_int(pk, "released_at", res, 0, 4);
+		pgrow_kv_int(pk, "now_at", res, 0, 5);
+		req_done(req);
+	}
+	call_free(call);
+}
+
+void rpc_permit_release(struct request *req)
+{
+	struct permit_call *call = calloc(1, sizeof(*call));
+	char *reason = NULL;
+	char session[24] = "", actor[256];
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id) || !param_override(req, &call->override) ||
+	    !param_text(req, "reason", false, &reason))
+		goto fail;
+	if (!call->override && !req_need_session(req))
+		goto fail;
+	if (req->conn->session)
+		snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	if (call->override)
+		operator_actor(req, actor, sizeof(actor));
+	else
+		session_actor(req, actor, sizeof(actor));
+	const char *params[5] = {call->id, session[0] ? session : NULL,
+				 call->override ? "true" : "false", actor,
+				 reason ? reason : (call->override ? "operator override" : NULL)};
+	/* guarantees 2 and 3: released exactly once, counters and audit rows in
+	 * the same transaction */
+	call_query(req, call, "SELECT * FROM pgcoord.permit_release($1, $2, $3, $4, $5)", 5, params,
+		   released);
+	call = NULL;
+fail:
+	call_free(call);
+	free(reason);
+}
+
+/* --- permit.get, permit.list ----------------------------------------------- */
+
+/*
+ * One row per (permit, quota), permits in the order wanted, with the
+ * permit's columns repeated; the outer row carries now_at when nothing
+ * matches. One statement, so a permit and its quotas agree.
+ */
+#define PERMIT_COLS                                                                                \
+	"n.now_at, s.id, s.token, s.effective_state, s.phase, s.owner_session, s.owner_replica, "  \
+	"s.on_owner_loss, s.effective_reason, pgcoord.ms(s.created_at), "                          \
+	"pgcoord.ms(s.phase_at), pgcoord.ms(s.state_at), pgcoord.ms(s.released_at), "              \
+	"octet_length(s.intent), pq.key, pq.weight, "                                              \
+	"s.owner_session IS NOT NULL AND pgcoord.session_is_live(s.owner_session)"
+
+enum {
+	PC_NOW,
+	PC_ID,
+	PC_TOKEN,
+	PC_STATE,
+	PC_PHASE,
+	PC_OWNER,
+	PC_REPLICA,
+	PC_ON_LOSS,
+	PC_REASON,
+	PC_CREATED,
+	PC_PHASE_AT,
+	PC_STATE_AT,
+	PC_RELEASED,
+	PC_INTENT_LEN,
+	PC_KEY,
+	PC_WEIGHT,
+	PC_OWNER_LIVE,
+	PC_INTENT /* permit.get only */
+};
+
+/* Packs the permit whose rows start at `row`; returns the first row of the
+ * next permit. */
+static int pack_permit(msgpack_packer *pk, const PGresult *res, int row, bool with_intent)
+{
+	int n = PQntuples(res), end = row;
+	int64_t now_at = pgrow_int(res, row, PC_NOW);
+	const char *id = PQgetvalue(res, row, PC_ID);
+
+	while (end < n && strcmp(PQgetvalue(res, end, PC_ID), id) == 0)
+		end++;
+	msgpack_pack_map(pk, with_intent ? 19 : 18);
+	pgrow_kv_str(pk, "id", res, row, PC_ID);
+	pgrow_kv_int(pk, "token", res, row, PC_TOKEN);
+	pgrow_kv_str(pk, "state", res, row, PC_STATE);
+	pgrow_kv_str(pk, "phase", res, row, PC_PHASE);
+	pgrow_kv_int(pk, "owner_session", res, row, PC_OWNER);
+	pgrow_kv_str(pk, "owner_replica", res, row, PC_REPLICA);
+	pgc_pack_kv_bool(pk, "owner_live", pgrow_bool(res, row, PC_OWNER_LIVE));
+	pgrow_kv_str(pk, "on_owner_loss", res, row, PC_ON_LOSS);
+	pgrow_kv_str(pk, "uncertain_reason", res, row, PC_REASON);
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, (size_t)(end - row));
+	for (int i = row; i < end; i++) {
+		msgpack_pack_map(pk, 2);
+		pgrow_kv_str(pk, "key", res, i, PC_KEY);
+		pgrow_kv_int(pk, "weight", res, i, PC_WEIGHT);
+	}
+	pgc_pack_kv_int(pk, "intent_bytes", pgrow_int(res, row, PC_INTENT_LEN));
+	if (with_intent) {
+		/* bytea arrives as \x + hex */
+		const char *hex = PQgetvalue(res, row, PC_INTENT);
+		pgc_pack_cstr(pk, "intent");
+		if (pgrow_null(res, row, PC_INTENT) || strncmp(hex, "\\x", 2) != 0) {
+			msgpack_pack_nil(pk);
+		} else {
+			size_t len = strlen(hex + 2) / 2;
+			msgpack_pack_bin(pk, len);
+			char buf[256];
+			for (size_t i = 0; i < len;) {
+				size_t chunk = len - i < sizeof(buf) ? len - i : sizeof(buf);
+				for (size_t j = 0; j < chunk; j++, i++) {
+					char pair[3] = {hex[2 + 2 * i], hex[3 + 2 * i], '\0'};
+					buf[j] = (char)strtol(pair, NULL, 16);
+				}
+				msgpack_pack_bin_body(pk, buf, chunk);
+			}
+		}
+	}
+	pgrow_kv_int(pk, "created_at", res, row, PC_CREATED);
+	pgrow_kv_int(pk, "phase_at", res, row, PC_PHASE_AT);
+	pgrow_kv_int(pk, "state_at", res, row, PC_STATE_AT);
+	pgrow_kv_int(pk, "released_at", res, row, PC_RELEASED);
+	/* ages by the database clock, so they mean the same on every host */
+	pgrow_kv_age(pk, "age_ms", now_at, res, row, PC_CREATED);
+	pgrow_kv_age(pk, "phase_age_ms", now_at, res, row, PC_PHASE_AT);
+	pgrow_kv_age(pk, "state_age_ms", now_at, res, row, PC_STATE_AT);
+	return end;
+}
+
+static void got(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+	} else if (PQntuples(res) < 1 || pgrow_null(res, 0, PC_ID)) {
+		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
+	} else {
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 2);
+		pgc_pack_cstr(pk, "permit");
+		pack_permit(pk, res, 0, true);
+		pgrow_kv_int(pk, "now_at", res, 0, PC_NOW);
+		req_done(req);
+	}
+	call_free(call);
+}
+
+void rpc_permit_get(struct request *req)
+{
+	struct permit_call *call = calloc(1, sizeof(*call));
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id)) {
+		call_free(call);
+		return;
+	}
+	const char *params[1] = {call->id};
+	call_query(req, call,
+		   "SELECT " PERMIT_COLS ", s.intent "
+		   "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		   "LEFT JOIN (pgcoord.permit_status s "
+		   "  JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id) ON s.id = $1 "
+		   "ORDER BY pq.key",
+		   1, params, got);
+}
+
+static void listed(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	int64_t limit = req->target_id;
+	const PGresult *res = r->res;
+	int n, count = 0;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+		return;
+	}
+	n = PQntuples(res);
+	for (int i = 0; i < n; i++)
+		if (!pgrow_null(res, i, PC_ID) &&
+		    (i == 0 || strcmp(PQgetvalue(res, i, PC_ID), PQgetvalue(res, i - 1, PC_ID))))
+			count++;
+	/* the query asked for one permit more than limit, to say "truncated" */
+	bool truncated = count > limit;
+	if (truncated)
+		count = (int)limit;
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 3);
+	pgc_pack_cstr(pk, "permits");
+	msgpack_pack_array(pk, (size_t)count);
+	for (int i = 0, done = 0; i < n && done < count; done++)
+		i = pack_permit(pk, res, i, false);
+	pgc_pack_kv_bool(pk, "truncated", truncated);
+	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
+	req_done(req);
+}
+
+void rpc_permit_list(struct request *req)
+{
+	char *quota = NULL;
+	int state = 0, phase = 0;
+	bool has_state, has_phase, has_owner;
+	int64_t owner = 0, limit = PERMIT_LIST_DEFAULT;
+	char owner_s[24], limit_s[24];
+
+	if (!req_param_str(req, "quota", false, PERMIT_KEY_MAX, &quota))
+		return;
+	if (!req_param_enum(req, "state", false, state_names, &state, &has_state) ||
+	    !req_param_enum(req, "phase", false, phase_names, &phase, &has_phase) ||
+	    !req_param_int(req, "owner", false, 1, INT64_MAX, &owner, &has_owner) ||
+	    !req_param_int(req, "limit", false, 1, PERMIT_LIST_MAX, &limit, NULL)) {
+		free(quota);
+		return;
+	}
+	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
+	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
+	req->target_id = limit;
+	const char *params[5] = {quota, has_state ? state_names[state] : NULL,
+				 has_phase ? phase_names[phase] : NULL, has_owner ? owner_s : NULL,
+				 limit_s};
+	/* uncertain first (what needs an operator), then oldest first; released
+	 * tombstones only when asked for by state */
+	req_query(req,
+		  "WITH sel AS ("
+		  " SELECT s.* FROM pgcoord.permit_status s"
+		  " WHERE ($1::text IS NULL OR s.id IN (SELECT f.permit_id FROM"
+		  "   pgcoord.permit_quotas f WHERE f.key = $1))"
+		  "  AND ($2::text IS NULL OR s.effective_state = $2)"
+		  "  AND ($3::text IS NULL OR s.phase = $3)"
+		  "  AND ($4::bigint IS NULL OR s.owner_session = $4)"
+		  "  AND (s.state <> 'released' OR $2::text = 'released')"
+		  " ORDER BY s.effective_state = 'uncertain' DESC, s.created_at, s.id"
+		  " LIMIT $5::integer) "
+		  "SELECT " PERMIT_COLS " FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		  "LEFT JOIN (sel s JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id) ON true "
+		  "ORDER BY s.effective_state = 'uncertain' DESC, s.created_at, s.id, pq.key",
+		  5, params, listed);
+	free(quota);
+}
+
+/* --- permit.history -------------------------------------------------------- */
+
+static void history_done(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+	const PGresult *res = r->res;
+	int n;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+		goto out;
+	}
+	n = PQntuples(res);
+	if (n < 1 || !pgrow_bool(res, 0, 1)) {
+		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
+		goto out;
+	}
+	int count = pgrow_null(res, 0, 2) ? 0 : n;
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 3);
+	pgc_pack_kv_str(pk, "id", call->id);
+	pgc_pack_cstr(pk, "events");
+	msgpack_pack_array(pk, (size_t)count);
+	for (int i = 0; i < count; i++) {
+		msgpack_pack_map(pk, 9);
+		pgrow_kv_int(pk, "seq", res, i, 2);
+		pgrow_kv_str(pk, "event", res, i, 3);
+		pgrow_kv_str(pk, "quota", res, i, 4);
+		pgrow_kv_int(pk, "delta", res, i, 5);
+		pgrow_kv_str(pk, "actor", res, i, 6);
+		pgrow_kv_str(pk, "reason", res, i, 7);
+		pgrow_kv_str(pk, "state", res, i, 8);
+		pgrow_kv_str(pk, "phase", res, i, 9);
+		pgrow_kv_int(pk, "at", res, i, 10);
+	}
+	pgrow_kv_int(pk, "now_at", res, 0, 0);
+	req_done(req);
+out:
+	call_free(call);
+}
+
+void rpc_permit_history(struct request *req)
+{
+	struct permit_call *call = calloc(1, sizeof(*call));
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!param_id(req, &call->id)) {
+		call_free(call);
+		return;
+	}
+	const char *params[1] = {call->id};
+	call_query(req, call,
+		   "SELECT n.now_at, n.found, e.id, e.event, e.key, e.delta, e.actor, e.reason, "
+		   "e.state, e.phase, pgcoord.ms(e.at) "
+		   "FROM (SELECT pgcoord.ms(now()) AS now_at, "
+		   "  EXISTS (SELECT 1 FROM pgcoord.permits WHERE id = $1) AS found) n "
+		   "LEFT JOIN pgcoord.permit_events e ON e.permit_id = $1 "
+		   "ORDER BY e.id",
+		   1, params, history_done);
+}
+
+/* --- permit.check ------------------------------------------------------------ */
+
+static void checked(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	const PGresult *res = r->res;
+	int n, quotas = 0, bad = 0;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+		return;
+	}
+	n = PQntuples(res);
+	for (int i = 0; i < n; i++) {
+		if (pgrow_null(res, i, 1))
+			continue;
+		quotas++;
+		bad += PQgetlength(res, i, 6) > 0;
+	}
+	if (bad)
+		log_error(&req->ag->log, "permits",
+			  "conservation check failed for %d quota(s); see permit.check", bad);
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 4);
+	pgc_pack_kv_bool(pk, "ok", bad == 0);
+	pgc_pack_kv_int(pk, "quotas", quotas);
+	pgc_pack_cstr(pk, "violations");
+	msgpack_pack_array(pk, (size_t)bad);
+	for (int i = 0; i < n; i++) {
+		if (pgrow_null(res, i, 1) || PQgetlength(res, i, 6) == 0)
+			continue;
+		msgpack_pack_map(pk, 6);
+		pgrow_kv_str(pk, "key", res, i, 1);
+		pgrow_kv_int(pk, "limit", res, i, 2);
+		pgrow_kv_int(pk, "in_flight", res, i, 3);
+		pgrow_kv_int(pk, "permit_weights", res, i, 4);
+		pgrow_kv_int(pk, "audit_sum", res, i, 5);
+		pgrow_kv_str(pk, "problem", res, i, 6);
+	}
+	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	req_done(req);
+}
+
+void rpc_permit_check(struct request *req)
+{
+	/* guarantee 2, checked in one statement: one consistent snapshot */
+	req_query(req,
+		  "SELECT n.now_at, c.key, c.\"limit\", c.in_flight, c.permit_weights, "
+		  "c.audit_sum, c.problem "
+		  "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		  "LEFT JOIN pgcoord.permits_check() c ON true",
+		  0, NULL, checked);
+}

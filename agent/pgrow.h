@@ -1,0 +1,64 @@
+/*
+ * pgrow.h — reading cells of a text-format PGresult and packing them into
+ * a reply, for handlers that turn rows into result maps. SQL NULL becomes
+ * MessagePack nil.
+ */
+#ifndef PGCOORD_AGENT_PGROW_H
+#define PGCOORD_AGENT_PGROW_H
+
+#include <libpq-fe.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/codec.h"
+
+/* The cell as an integer; 0 for NULL. */
+static inline int64_t pgrow_int(const PGresult *res, int row, int col)
+{
+	return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+static inline bool pgrow_null(const PGresult *res, int row, int col)
+{
+	return PQgetisnull(res, row, col);
+}
+
+/* A boolean cell ("t"); false for NULL. */
+static inline bool pgrow_bool(const PGresult *res, int row, int col)
+{
+	return !PQgetisnull(res, row, col) && strcmp(PQgetvalue(res, row, col), "t") == 0;
+}
+
+static inline void pgrow_kv_int(msgpack_packer *pk, const char *key, const PGresult *res, int row,
+				int col)
+{
+	if (PQgetisnull(res, row, col))
+		pgc_pack_kv_nil(pk, key);
+	else
+		pgc_pack_kv_int(pk, key, pgrow_int(res, row, col));
+}
+
+static inline void pgrow_kv_str(msgpack_packer *pk, const char *key, const PGresult *res, int row,
+				int col)
+{
+	pgc_pack_cstr(pk, key);
+	if (PQgetisnull(res, row, col))
+		msgpack_pack_nil(pk);
+	else
+		pgc_pack_strn(pk, PQgetvalue(res, row, col), (size_t)PQgetlength(res, row, col));
+}
+
+/* An age by the database clock: now_at − the cell, or nil for NULL. */
+static inline void pgrow_kv_age(msgpack_packer *pk, const char *key, int64_t now_at,
+				const PGresult *res, int row, int col)
+{
+	if (PQgetisnull(res, row, col))
+		pgc_pack_kv_nil(pk, key);
+	else
+		pgc_pack_kv_int(pk, key, now_at - pgrow_int(res, row, col));
+}
+
+#endif
