@@ -56,6 +56,13 @@ struct ctl {
 	int timeout_ms;
 	bool json;
 	const char *database_url; /* migrate */
+	/* quota and permits */
+	const char *lapse_after;
+	const char *state;
+	const char *quota;
+	const char *evidence;
+	const char *reason;
+	bool gone, running, override;
 	pgcoord *conn;
 };
 
@@ -84,6 +91,14 @@ enum ctl_opt_id {
 	OPT_TIMEOUT,
 	OPT_VERSION,
 	OPT_DATABASE_URL,
+	OPT_LAPSE_AFTER,
+	OPT_STATE,
+	OPT_QUOTA,
+	OPT_GONE,
+	OPT_RUNNING,
+	OPT_EVIDENCE,
+	OPT_OVERRIDE,
+	OPT_REASON,
 };
 
 struct ctl_option {
@@ -100,6 +115,10 @@ static int cmd_status(struct ctl *ctx, int argc, char **argv);
 static int cmd_agents(struct ctl *ctx, int argc, char **argv);
 static int cmd_sessions(struct ctl *ctx, int argc, char **argv);
 static int cmd_migrate(struct ctl *ctx, int argc, char **argv);
+static int cmd_quotas(struct ctl *ctx, int argc, char **argv);
+static int cmd_quota(struct ctl *ctx, int argc, char **argv);
+static int cmd_permits(struct ctl *ctx, int argc, char **argv);
+static int cmd_check(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
@@ -108,6 +127,16 @@ static const struct ctl_command commands[] = {
     {"sessions", cmd_sessions, 0, "", "the live sessions of the whole fleet"},
     {"migrate", cmd_migrate, 0, "[--database-url URL]",
      "apply pending schema migrations with libpq (no agent needed)"},
+    {"quotas", cmd_quotas, 0, "", "every quota: limit, in flight (held, uncertain), room left"},
+    {"quota", cmd_quota, 3, "KEY | set KEY LIMIT [--lapse-after S]",
+     "show one quota, or set its limit (admin; creates it)"},
+    {"permits", cmd_permits, 2, "[show|history|resolve|release ID]",
+     "list permits, uncertain first, with reason and age (--state, --quota); show one or "
+     "its audit trail; as an audited admin override: resolve ID --gone|--running --evidence "
+     "TEXT, release ID --override [--reason TEXT]"},
+    {"check", cmd_check, 0, "",
+     "verify the permit ledger in one snapshot: every in_flight equals its permits' "
+     "weights and audit trail, none over its limit (exit 1 and the rows if not)"},
 };
 
 static const struct ctl_option options[] = {
@@ -120,6 +149,20 @@ static const struct ctl_option options[] = {
     {"version", no_argument, OPT_VERSION, NULL, NULL, "show the version"},
     {"database-url", required_argument, OPT_DATABASE_URL, "migrate", "URL",
      "libpq URL or conninfo (default: $PGCOORD_DATABASE_URL, else libpq's defaults)"},
+    {"lapse-after", required_argument, OPT_LAPSE_AFTER, "quota", "S",
+     "quota set: release permits uncertain for longer than S seconds (0: never)"},
+    {"state", required_argument, OPT_STATE, "permits", "S",
+     "only permits in state S (held, uncertain, released)"},
+    {"quota", required_argument, OPT_QUOTA, "permits", "KEY", "only permits holding quota KEY"},
+    {"gone", no_argument, OPT_GONE, "permits", NULL,
+     "resolve: the work was observed gone (releases it)"},
+    {"running", no_argument, OPT_RUNNING, "permits", NULL,
+     "resolve: the work was observed running (held again)"},
+    {"evidence", required_argument, OPT_EVIDENCE, "permits", "TEXT",
+     "resolve: what was observed (required, audited)"},
+    {"override", no_argument, OPT_OVERRIDE, "permits", NULL,
+     "release: operator override, audited with your uid"},
+    {"reason", required_argument, OPT_REASON, "permits", "TEXT", "release: why (audited)"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -393,6 +436,370 @@ static int cmd_migrate(struct ctl *ctx, int argc, char **argv)
 	return CTL_EXIT_OK;
 }
 
+/* --- quotas and permits --------------------------------------------------- */
+
+/* Request params, packed as the commands go. */
+struct ctl_params {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+};
+
+static void params_init(struct ctl_params *p)
+{
+	msgpack_sbuffer_init(&p->sb);
+	msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
+}
+
+/* Calls method with the params, then frees them. */
+static int call_with(struct ctl *ctx, const char *method, struct ctl_params *p,
+		     struct ctl_result *r)
+{
+	int rc = ctl_call(ctx, method, p->sb.data, p->sb.size, r);
+	msgpack_sbuffer_destroy(&p->sb);
+	return rc;
+}
+
+/* Prints the whole result as JSON, or result[key] (a map) as fields. */
+static void print_map(struct ctl *ctx, const struct ctl_result *r, const char *key)
+{
+	const msgpack_object *m = key ? pgc_map_get(r->obj, key) : r->obj;
+	if (ctx->json)
+		ctl_print_json(stdout, r->obj);
+	else
+		ctl_print_fields(stdout, m ? m : r->obj, ctl_now_ms(r->obj));
+}
+
+static bool parse_nonneg(const char *s, long max, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < 0 || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+static int cmd_quotas(struct ctl *ctx, int argc, char **argv)
+{
+	static const struct ctl_column cols[] = {
+	    {"KEY", "key", CTL_FMT_AUTO},
+	    {"LIMIT", "limit", CTL_FMT_AUTO},
+	    {"IN_FLIGHT", "in_flight", CTL_FMT_AUTO},
+	    {"HELD", "held", CTL_FMT_AUTO},
+	    {"UNCERTAIN", "uncertain", CTL_FMT_AUTO},
+	    {"AVAILABLE", "available", CTL_FMT_AUTO},
+	    {"PERMITS", "permits", CTL_FMT_AUTO},
+	    {"LAPSE_AFTER_S", "lapse_after_s", CTL_FMT_AUTO},
+	};
+	return list_command(ctx, "quota.list", "quotas", cols, sizeof(cols) / sizeof(cols[0]));
+}
+
+static int cmd_quota(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	long limit, lapse = -1;
+	int rc;
+
+	if (argc == 1 && strcmp(argv[0], "set") != 0) {
+		if (ctx->lapse_after)
+			return usage_error("--lapse-after goes with `quota set`");
+		params_init(&p);
+		msgpack_pack_map(&p.pk, 1);
+		pgc_pack_kv_str(&p.pk, "key", argv[0]);
+		rc = call_with(ctx, "quota.get", &p, &r);
+		if (rc != CTL_EXIT_OK)
+			return rc;
+		print_map(ctx, &r, "quota");
+		result_free(&r);
+		return CTL_EXIT_OK;
+	}
+	if (argc != 3 || strcmp(argv[0], "set") != 0)
+		return usage_error("quota: expected `quota KEY` or `quota set KEY LIMIT`");
+	if (!parse_nonneg(argv[2], INT32_MAX, &limit))
+		return usage_error("quota set: LIMIT must be a whole number >= 0, not \"%s\"",
+				   argv[2]);
+	if (ctx->lapse_after && !parse_nonneg(ctx->lapse_after, INT32_MAX, &lapse))
+		return usage_error("--lapse-after needs whole seconds >= 0 (0: never), not \"%s\"",
+				   ctx->lapse_after);
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 2 + (lapse >= 0));
+	pgc_pack_kv_str(&p.pk, "key", argv[1]);
+	pgc_pack_kv_int(&p.pk, "limit", limit);
+	if (lapse >= 0)
+		pgc_pack_kv_int(&p.pk, "lapse_after_s", lapse);
+	rc = call_with(ctx, "quota.set", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	print_map(ctx, &r, NULL);
+	result_free(&r);
+	return CTL_EXIT_OK;
+}
+
+/* Appends "key:weight,…" of a permit's quotas to a string packed into pk. */
+static void pack_quotas_text(msgpack_packer *pk, const msgpack_object *quotas)
+{
+	char buf[512];
+	size_t n = 0;
+	buf[0] = '\0';
+	for (uint32_t i = 0; quotas && quotas->type == MSGPACK_OBJECT_ARRAY &&
+			     i < quotas->via.array.size && n < sizeof(buf);
+	     i++) {
+		const msgpack_object *q = &quotas->via.array.ptr[i];
+		const char *k = "";
+		size_t klen = 0;
+		int64_t w = 0;
+		pgc_obj_str(pgc_map_get(q, "key"), &k, &klen);
+		pgc_obj_int64(pgc_map_get(q, "weight"), &w);
+		n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s%.*s:%lld", i ? "," : "",
+				      (int)klen, k, (long long)w);
+	}
+	pgc_pack_cstr(pk, buf);
+}
+
+/*
+ * permit.list rows, reshaped for a table: quotas as "key:weight,…" and the
+ * owner as "session@replica", the other fields as the agent sent them.
+ */
+static int print_permits(const msgpack_object *result)
+{
+	static const char *const keep[] = {"id",	 "state",    "phase",
+					   "created_at", "state_at", "uncertain_reason"};
+	static const struct ctl_column cols[] = {
+	    {"ID", "id", CTL_FMT_AUTO},
+	    {"STATE", "state", CTL_FMT_AUTO},
+	    {"PHASE", "phase", CTL_FMT_AUTO},
+	    {"QUOTAS", "quotas", CTL_FMT_AUTO},
+	    {"OWNER", "owner", CTL_FMT_AUTO},
+	    {"AGE", "created_at", CTL_FMT_AGE},
+	    {"STATE_SINCE", "state_at", CTL_FMT_AGE},
+	    {"REASON", "uncertain_reason", CTL_FMT_AUTO},
+	};
+	const msgpack_object *rows = pgc_map_get(result, "permits");
+	struct ctl_params p;
+	msgpack_unpacked u;
+	size_t off = 0;
+	bool truncated = false;
+
+	if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
+		fprintf(stderr, "pgcoordctl: permit.list: the result has no \"permits\" list\n");
+		return CTL_EXIT_IO;
+	}
+	params_init(&p);
+	msgpack_pack_array(&p.pk, rows->via.array.size);
+	for (uint32_t i = 0; i < rows->via.array.size; i++) {
+		const msgpack_object *row = &rows->via.array.ptr[i];
+		const msgpack_object *owner = pgc_map_get(row, "owner_session");
+		const msgpack_object *replica = pgc_map_get(row, "owner_replica");
+		int64_t sid;
+		const char *rep = "?";
+		size_t replen = 1;
+		char who[300];
+
+		msgpack_pack_map(&p.pk, 8);
+		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
+			const msgpack_object *v = pgc_map_get(row, keep[k]);
+			pgc_pack_cstr(&p.pk, keep[k]);
+			if (v)
+				msgpack_pack_object(&p.pk, *v);
+			else
+				msgpack_pack_nil(&p.pk);
+		}
+		pgc_pack_cstr(&p.pk, "quotas");
+		pack_quotas_text(&p.pk, pgc_map_get(row, "quotas"));
+		pgc_pack_cstr(&p.pk, "owner");
+		if (pgc_obj_int64(owner, &sid)) {
+			pgc_obj_str(replica, &rep, &replen);
+			snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
+			pgc_pack_cstr(&p.pk, who);
+		} else {
+			msgpack_pack_nil(&p.pk);
+		}
+	}
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, p.sb.data, p.sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
+		ctl_print_table(stdout, &u.data, cols, sizeof(cols) / sizeof(cols[0]),
+				ctl_now_ms(result));
+	msgpack_unpacked_destroy(&u);
+	msgpack_sbuffer_destroy(&p.sb);
+	pgc_obj_bool(pgc_map_get(result, "truncated"), &truncated);
+	if (truncated)
+		printf("(more permits than shown; narrow with --state or --quota)\n");
+	return CTL_EXIT_OK;
+}
+
+static int permits_list(struct ctl *ctx)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	int rc;
+
+	params_init(&p);
+	msgpack_pack_map(&p.pk, (ctx->state != NULL) + (ctx->quota != NULL));
+	if (ctx->state)
+		pgc_pack_kv_str(&p.pk, "state", ctx->state);
+	if (ctx->quota)
+		pgc_pack_kv_str(&p.pk, "quota", ctx->quota);
+	rc = call_with(ctx, "permit.list", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	if (ctx->json)
+		ctl_print_json(stdout, r.obj);
+	else
+		rc = print_permits(r.obj);
+	result_free(&r);
+	return rc;
+}
+
+static int permits_by_id(struct ctl *ctx, const char *method, const char *id)
+{
+	static const struct ctl_column cols[] = {
+	    {"SEQ", "seq", CTL_FMT_AUTO},	{"AT", "at", CTL_FMT_AGE},
+	    {"EVENT", "event", CTL_FMT_AUTO},	{"QUOTA", "quota", CTL_FMT_AUTO},
+	    {"DELTA", "delta", CTL_FMT_AUTO},	{"ACTOR", "actor", CTL_FMT_AUTO},
+	    {"STATE", "state", CTL_FMT_AUTO},	{"PHASE", "phase", CTL_FMT_AUTO},
+	    {"REASON", "reason", CTL_FMT_AUTO},
+	};
+	struct ctl_params p;
+	struct ctl_result r;
+	bool history = strcmp(method, "permit.history") == 0;
+	int rc;
+
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "id", id);
+	rc = call_with(ctx, method, &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	if (ctx->json)
+		ctl_print_json(stdout, r.obj);
+	else if (history)
+		ctl_print_table(stdout, pgc_map_get(r.obj, "events"), cols,
+				sizeof(cols) / sizeof(cols[0]), ctl_now_ms(r.obj));
+	else
+		print_map(ctx, &r, "permit");
+	result_free(&r);
+	return CTL_EXIT_OK;
+}
+
+/* Operator overrides: pgcoordctl has no session, so both go as admin
+ * overrides, audited by the agent with this process's uid. */
+static int permits_resolve(struct ctl *ctx, const char *id)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	int rc;
+
+	if (ctx->gone == ctx->running)
+		return usage_error("permits resolve: say what was observed with exactly one of "
+				   "--gone or --running");
+	if (!ctx->evidence || strspn(ctx->evidence, " \t\r\n") == strlen(ctx->evidence))
+		return usage_error("permits resolve: --evidence TEXT is required: what you "
+				   "observed that shows the work is %s (it is audited)",
+				   ctx->gone ? "gone" : "running");
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 4);
+	pgc_pack_kv_str(&p.pk, "id", id);
+	pgc_pack_kv_str(&p.pk, "outcome", ctx->gone ? "gone" : "running");
+	pgc_pack_kv_str(&p.pk, "evidence", ctx->evidence);
+	pgc_pack_kv_bool(&p.pk, "override", true);
+	rc = call_with(ctx, "permit.resolve", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	print_map(ctx, &r, NULL);
+	result_free(&r);
+	return CTL_EXIT_OK;
+}
+
+static int permits_release(struct ctl *ctx, const char *id)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	int rc;
+
+	if (!ctx->override)
+		return usage_error("permits release: pgcoordctl holds no session, so this is an "
+				   "operator override: add --override (audited with your uid)");
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 2 + (ctx->reason != NULL));
+	pgc_pack_kv_str(&p.pk, "id", id);
+	pgc_pack_kv_bool(&p.pk, "override", true);
+	if (ctx->reason)
+		pgc_pack_kv_str(&p.pk, "reason", ctx->reason);
+	rc = call_with(ctx, "permit.release", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	print_map(ctx, &r, NULL);
+	result_free(&r);
+	return CTL_EXIT_OK;
+}
+
+static int cmd_permits(struct ctl *ctx, int argc, char **argv)
+{
+	const char *sub = argc ? argv[0] : "";
+	bool resolve = strcmp(sub, "resolve") == 0, release = strcmp(sub, "release") == 0;
+
+	if ((ctx->gone || ctx->running || ctx->evidence) && !resolve)
+		return usage_error("--gone, --running and --evidence go with `permits resolve`");
+	if ((ctx->override || ctx->reason) && !release)
+		return usage_error("--override and --reason go with `permits release`");
+	if ((ctx->state || ctx->quota) && argc)
+		return usage_error("--state and --quota go with the `permits` list");
+	if (argc == 0)
+		return permits_list(ctx);
+	if (argc != 2)
+		return usage_error("permits %s: expected a permit ID", sub);
+	if (strcmp(sub, "show") == 0)
+		return permits_by_id(ctx, "permit.get", argv[1]);
+	if (strcmp(sub, "history") == 0)
+		return permits_by_id(ctx, "permit.history", argv[1]);
+	if (resolve)
+		return permits_resolve(ctx, argv[1]);
+	if (release)
+		return permits_release(ctx, argv[1]);
+	return usage_error("permits: unknown subcommand \"%s\" (show, history, resolve, release)",
+			   sub);
+}
+
+static int cmd_check(struct ctl *ctx, int argc, char **argv)
+{
+	static const struct ctl_column cols[] = {
+	    {"KEY", "key", CTL_FMT_AUTO},
+	    {"LIMIT", "limit", CTL_FMT_AUTO},
+	    {"IN_FLIGHT", "in_flight", CTL_FMT_AUTO},
+	    {"PERMIT_WEIGHTS", "permit_weights", CTL_FMT_AUTO},
+	    {"AUDIT_SUM", "audit_sum", CTL_FMT_AUTO},
+	    {"PROBLEM", "problem", CTL_FMT_AUTO},
+	};
+	struct ctl_result r;
+	bool ok = false;
+	int64_t quotas = 0;
+	int rc = ctl_call(ctx, "permit.check", NULL, 0, &r);
+
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	if (!pgc_obj_bool(pgc_map_get(r.obj, "ok"), &ok)) {
+		fprintf(stderr, "pgcoordctl: permit.check: the result has no \"ok\"\n");
+		result_free(&r);
+		return CTL_EXIT_IO;
+	}
+	pgc_obj_int64(pgc_map_get(r.obj, "quotas"), &quotas);
+	if (ctx->json) {
+		ctl_print_json(stdout, r.obj);
+	} else if (ok) {
+		printf("ok: %lld quota%s conserved (in_flight = permit weights = audit sum, none "
+		       "over its limit)\n",
+		       (long long)quotas, quotas == 1 ? "" : "s");
+	} else {
+		printf("FAILED: the permit ledger breaks conservation:\n");
+		ctl_print_table(stdout, pgc_map_get(r.obj, "violations"), cols,
+				sizeof(cols) / sizeof(cols[0]), ctl_now_ms(r.obj));
+	}
+	result_free(&r);
+	return ok ? CTL_EXIT_OK : CTL_EXIT_FAILED;
+}
+
 /* --- main ----------------------------------------------------------------- */
 
 static const struct ctl_command *find_command(const char *name)
@@ -475,6 +882,30 @@ int main(int argc, char **argv)
 			break;
 		case OPT_DATABASE_URL:
 			ctx.database_url = optarg;
+			break;
+		case OPT_LAPSE_AFTER:
+			ctx.lapse_after = optarg;
+			break;
+		case OPT_STATE:
+			ctx.state = optarg;
+			break;
+		case OPT_QUOTA:
+			ctx.quota = optarg;
+			break;
+		case OPT_GONE:
+			ctx.gone = true;
+			break;
+		case OPT_RUNNING:
+			ctx.running = true;
+			break;
+		case OPT_EVIDENCE:
+			ctx.evidence = optarg;
+			break;
+		case OPT_OVERRIDE:
+			ctx.override = true;
+			break;
+		case OPT_REASON:
+			ctx.reason = optarg;
 			break;
 		}
 	}

@@ -127,6 +127,134 @@ pgcoord_err pgcoord_session_close(pgcoord *c, int timeout_ms);
 /* The session this handle has open, or 0. */
 int64_t pgcoord_session_id(const pgcoord *c);
 
+/* --- quotas and permits (PROTOCOL.md, "Permits") -------------------------- */
+
+/*
+ * A permit is a grant of weight on one or more quotas, named by an id the
+ * caller chooses (its idempotency key: a retry with the same id, through any
+ * agent, finds the original grant and never takes a second slot). Calls
+ * marked "owner" need an open session; the permit belongs to it.
+ */
+
+/* How a claim came out. */
+typedef enum pgcoord_claim_status {
+	PGCOORD_CLAIM_ADMITTED = 1, /* a new permit: this call took the slot(s) */
+	PGCOORD_CLAIM_HELD = 2,	    /* the id had a permit already: the original grant, unchanged */
+	PGCOORD_CLAIM_DENIED = 3,   /* a quota had no room; nothing changed */
+} pgcoord_claim_status;
+
+/* The outcome of a claim (opaque); read it with the pgcoord_claim_* accessors. */
+typedef struct pgcoord_claim pgcoord_claim;
+
+/* pgcoord_permit_claim flag: in-process work, released when its session
+ * dies (by default a dead owner's permit stays counted, uncertain). */
+#define PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS 0x1u
+
+/* pgcoord_permit_claim's limit for "this claim sets no limit". */
+#define PGCOORD_NO_LIMIT (-1)
+
+/*
+ * Owner. Claims weights[i] (NULL: 1 each) of quota keys[i] for i <
+ * nquotas, all or nothing, as permit `id` (1..200 bytes). intent (may be
+ * NULL) is stored with the permit in the same transaction, up to 64 KiB.
+ * limit >= 0 also sets the (single) quota's limit, creating it if needed;
+ * PGCOORD_NO_LIMIT leaves it. On PGCOORD_OK, *out owns the outcome (free it
+ * with pgcoord_claim_free); a denial is PGCOORD_OK with status DENIED.
+ * PGCOORD_E_UNAVAILABLE / _TIMEOUT / _CALL_TIMEOUT mean "not known to be
+ * admitted": retry with the same id. PGCOORD_E_NOT_FOUND names a quota that
+ * does not exist; PGCOORD_E_CONFLICT an id already used by another claim or
+ * already released.
+ */
+pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *keys,
+				 const int32_t *weights, size_t nquotas, const void *intent,
+				 size_t intent_len, int64_t limit, unsigned flags, int timeout_ms,
+				 pgcoord_claim **out);
+
+pgcoord_claim_status pgcoord_claim_get_status(const pgcoord_claim *cl);
+/* The fencing token of the grant (admitted or held); 0 when denied. */
+int64_t pgcoord_claim_get_token(const pgcoord_claim *cl);
+/* The session that owns the grant; 0 when denied. */
+int64_t pgcoord_claim_get_owner_session(const pgcoord_claim *cl);
+/* True when the grant belongs to this handle's session (a retry through
+ * another session finds it owned by the first). */
+bool pgcoord_claim_is_mine(const pgcoord_claim *cl);
+/* For a denial: the quota that refused, its limit and in_flight at that
+ * moment. NULL / -1 otherwise. The string lives as long as cl. */
+const char *pgcoord_claim_denied_quota(const pgcoord_claim *cl);
+int64_t pgcoord_claim_denied_limit(const pgcoord_claim *cl);
+int64_t pgcoord_claim_denied_in_flight(const pgcoord_claim *cl);
+/* Accepts NULL. */
+void pgcoord_claim_free(pgcoord_claim *cl);
+
+typedef enum pgcoord_phase {
+	PGCOORD_PHASE_RESERVED = 0,
+	PGCOORD_PHASE_DISPATCHED = 1,
+	PGCOORD_PHASE_RUNNING = 2,
+} pgcoord_phase;
+
+/* Owner. Moves the permit's phase forward (never back: PGCOORD_E_CONFLICT). */
+pgcoord_err pgcoord_permit_update(pgcoord *c, const char *id, pgcoord_phase phase, int timeout_ms);
+
+/* Owner. The owner lost sight of the work (say, its connector dropped before
+ * confirming): the permit stays counted, marked uncertain with reason. */
+pgcoord_err pgcoord_permit_mark_uncertain(pgcoord *c, const char *id, const char *reason,
+					  int timeout_ms);
+
+typedef enum pgcoord_outcome {
+	PGCOORD_OUTCOME_RUNNING = 0, /* the work was observed running: adopt the permit */
+	PGCOORD_OUTCOME_GONE = 1,    /* the work was observed gone: release the permit */
+} pgcoord_outcome;
+
+/* Flag of resolve and release: an audited admin override (root, the agent's
+ * user, admin_uids, admin_group); no session needed. */
+#define PGCOORD_OVERRIDE 0x1u
+
+/*
+ * Settles a permit on observed evidence (required, non-empty). Without
+ * PGCOORD_OVERRIDE it needs a session and works on permits that are
+ * uncertain or the session's own; RUNNING makes the session the owner.
+ */
+pgcoord_err pgcoord_permit_resolve(pgcoord *c, const char *id, pgcoord_outcome outcome,
+				   const char *evidence, unsigned flags, int timeout_ms);
+
+/*
+ * Owner (or PGCOORD_OVERRIDE). Releases the permit; idempotent: *released
+ * (may be NULL) is true only when this call released it. An uncertain
+ * permit is released by resolving it GONE, or by an override. reason may be
+ * NULL.
+ */
+pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, const char *reason,
+				   int timeout_ms, bool *released);
+
+/*
+ * Reads: the MessagePack-encoded result map in *result (free with
+ * pgcoord_free), as PROTOCOL.md describes for permit.get, permit.list (quota
+ * and state filter when non-NULL), permit.history and quota.list.
+ */
+pgcoord_err pgcoord_permit_get(pgcoord *c, const char *id, int timeout_ms, void **result,
+			       size_t *result_len);
+pgcoord_err pgcoord_permit_list(pgcoord *c, const char *quota, const char *state, int timeout_ms,
+				void **result, size_t *result_len);
+pgcoord_err pgcoord_permit_history(pgcoord *c, const char *id, int timeout_ms, void **result,
+				   size_t *result_len);
+pgcoord_err pgcoord_quota_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
+
+/* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
+ * false when some quota's counter disagrees with its permits or audit, or
+ * went over its limit. result (may be NULL) as for the reads above. */
+pgcoord_err pgcoord_permit_check(pgcoord *c, int timeout_ms, bool *ok, void **result,
+				 size_t *result_len);
+
+/* Admin. Sets key's limit (creating the quota); lapse_after_s: -1 keeps the
+ * policy, 0 turns it off, > 0 lets the janitor release permits uncertain
+ * for longer than that. */
+pgcoord_err pgcoord_quota_set(pgcoord *c, const char *key, int32_t limit, int32_t lapse_after_s,
+			      int timeout_ms);
+
+/* A quota's numbers by one database snapshot; each out-param may be NULL. */
+pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64_t *limit,
+			      int64_t *in_flight, int64_t *held, int64_t *uncertain);
+
 #ifdef __cplusplus
 }
 #endif
