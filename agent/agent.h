@@ -19,6 +19,8 @@ struct db;
 struct listener;
 struct conn;
 struct session;
+struct lease_registry;
+struct janitor;
 
 enum agent_state {
 	AGENT_STARTING,	  /* serving agent.* only; waiting for the database */
@@ -33,9 +35,11 @@ struct identity {
 	bool registered;
 	int schema_version;
 	bool hb_in_flight;
-	uint64_t hb_last_sent_ms; /* CLOCK_MONOTONIC send time of the last heartbeat */
-	uint64_t hb_last_ok_ms;	  /* send time of the last heartbeat that succeeded */
-	int64_t db_now_ms;	  /* database clock at the last successful heartbeat */
+	uint64_t hb_last_sent_ms;  /* CLOCK_MONOTONIC send time of the last heartbeat */
+	uint64_t hb_last_ok_ms;	   /* send time of the last heartbeat that succeeded */
+	int64_t db_now_ms;	   /* database clock at the last successful heartbeat */
+	bool suspended;		   /* clients were told session.suspended */
+	struct event *fence_timer; /* suspends, then loses, sessions when heartbeats fail */
 	struct event *hb_timer;
 	struct event *register_timer;
 };
@@ -53,6 +57,8 @@ struct agent {
 	struct session *sessions; /* every session this incarnation holds */
 	int nsessions;
 	struct identity id;
+	struct lease_registry *leases;
+	struct janitor *janitor;
 	enum agent_state state;
 	uint64_t started_ms;
 	int exit_code;

@@ -8,6 +8,8 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/janitor.h"
+#include "agent/leases.h"
 #include "agent/methods.h"
 #include "agent/migrate.h"
 
@@ -60,7 +62,7 @@ void rpc_agent_status(struct request *req)
 
 	db_get_stats(ag->db, &st);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 17);
+	msgpack_pack_map(pk, 19);
 	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
 	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
 	pgc_pack_kv_str(pk, "host", ag->id.host);
@@ -73,6 +75,8 @@ void rpc_agent_status(struct request *req)
 	pgc_pack_kv_int(pk, "schema_required", migrate_latest_version());
 	pgc_pack_kv_int(pk, "sessions", ag->nsessions);
 	pgc_pack_kv_int(pk, "connections", ag->nconns);
+	pgc_pack_kv_int(pk, "leases_held", leases_held_count(ag));
+	pgc_pack_kv_bool(pk, "janitor", janitor_active(ag));
 	pgc_pack_kv_int(pk, "uptime_ms", (int64_t)(now - ag->started_ms));
 	pgc_pack_kv_int(pk, "last_heartbeat_ms_ago",
 			ag->id.registered ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);

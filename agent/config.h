@@ -29,6 +29,9 @@ struct config {
 	int connect_timeout_ms;
 	int reconnect_max_ms;
 	int shutdown_timeout_ms;
+	int lease_ttl_ms;
+	int lease_retry_ms;
+	int janitor_interval_ms;
 	int max_message_bytes;
 	int max_depth;
 	int max_connections;

@@ -14,7 +14,10 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/conn.h"
 #include "agent/db.h"
+#include "agent/janitor.h"
+#include "agent/leases.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
 #include "agent/sessions.h"
@@ -66,6 +69,90 @@ static bool local_pid_is_dead(pid_t pid)
 	return zombie;
 }
 
+/* --- self-fencing (guarantee 10) ------------------------------------- */
+
+/*
+ * A session's row expires no earlier than the send time of the agent's
+ * last successful heartbeat + session_ttl_ms. Clients are told
+ * session.suspended halfway there and session.lost one heartbeat interval
+ * before it, so they stop their work while the database still holds it.
+ */
+static uint64_t safe_until(const struct agent *ag)
+{
+	return ag->id.hb_last_ok_ms + (uint64_t)ag->cfg.session_ttl_ms -
+	       (uint64_t)ag->cfg.heartbeat_interval_ms;
+}
+
+static uint64_t suspend_at(const struct agent *ag)
+{
+	return ag->id.hb_last_ok_ms + (uint64_t)ag->cfg.session_ttl_ms / 2;
+}
+
+static void arm_fence(struct agent *ag, uint64_t at)
+{
+	uint64_t now = mono_ms(), ms = at > now ? at - now : 0;
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+	evtimer_del(ag->id.fence_timer);
+	evtimer_add(ag->id.fence_timer, &tv);
+}
+
+static void fill_session_event(msgpack_packer *pk, void *arg)
+{
+	const int64_t *v = arg; /* session id, safe_ms */
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_int(pk, "session", v[0]);
+	pgc_pack_kv_int(pk, "safe_ms", v[1]);
+}
+
+static void tell_sessions(struct agent *ag, const char *method, int64_t safe_ms)
+{
+	for (struct session *s = ag->sessions; s; s = s->next) {
+		int64_t v[2] = {s->id, safe_ms};
+		if (s->conn)
+			conn_notify(s->conn, method, fill_session_event, v);
+	}
+}
+
+static void fence_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent *ag = arg;
+	uint64_t now = mono_ms();
+	(void)fd;
+	(void)what;
+
+	if (ag->state != AGENT_SERVING)
+		return;
+	if (now >= safe_until(ag)) {
+		if (ag->nsessions > 0) {
+			log_error(&ag->log, "identity",
+				  "no successful heartbeat for %llu ms: declaring every session "
+				  "lost before the database can expire it",
+				  (unsigned long long)(now - ag->id.hb_last_ok_ms));
+			sessions_lose_all(ag, "the agent could not renew the session in time "
+					      "(database unreachable); it may already have "
+					      "expired");
+		}
+		ag->id.suspended = false;
+		/* sessions opened meanwhile are fenced too until a heartbeat succeeds */
+		arm_fence(ag, now + (uint64_t)ag->cfg.heartbeat_interval_ms);
+		return;
+	}
+	if (now >= suspend_at(ag)) {
+		if (!ag->id.suspended) {
+			log_warn(
+			    &ag->log, "identity",
+			    "heartbeats failing: sessions suspended, lost in %llu ms unless one "
+			    "succeeds",
+			    (unsigned long long)(safe_until(ag) - now));
+			ag->id.suspended = true;
+			tell_sessions(ag, "session.suspended", (int64_t)(safe_until(ag) - now));
+		}
+		arm_fence(ag, safe_until(ag));
+		return;
+	}
+	arm_fence(ag, suspend_at(ag));
+}
+
 /* --- heartbeat ------------------------------------------------------- */
 
 static void superseded(struct agent *ag)
@@ -111,6 +198,12 @@ static void heartbeat_done(const struct db_result *r, void *arg)
 	}
 	ag->id.hb_last_ok_ms = sent;
 	ag->id.db_now_ms = strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+	if (ag->id.suspended) {
+		ag->id.suspended = false;
+		log_info(&ag->log, "identity", "heartbeat succeeded again: sessions restored");
+		tell_sessions(ag, "session.restored", (int64_t)(safe_until(ag) - mono_ms()));
+	}
+	arm_fence(ag, suspend_at(ag));
 
 	/* lost sessions come back as a Postgres array literal {1,2,3} */
 	const char *lost = PQgetvalue(r->res, 0, 1);
@@ -196,6 +289,9 @@ static void registered(struct agent *ag, const char *taken_over)
 	ag->state = AGENT_SERVING;
 	event_assign(ag->id.hb_timer, ag->base, -1, EV_PERSIST, heartbeat_cb, ag);
 	event_add(ag->id.hb_timer, &tv);
+	arm_fence(ag, suspend_at(ag));
+	if (!janitor_start(ag))
+		log_error(&ag->log, "identity", "out of memory starting the janitor");
 	log_info(&ag->log, "identity",
 		 "registered replica_id=\"%s\" incarnation=%" PRId64 " host=%s pid=%d%s",
 		 ag->cfg.replica_id, ag->id.incarnation, ag->id.host, (int)getpid(),
@@ -300,7 +396,8 @@ bool identity_start(struct agent *ag)
 		snprintf(ag->id.host, sizeof(ag->id.host), "unknown");
 	ag->id.register_timer = evtimer_new(ag->base, register_cb, ag);
 	ag->id.hb_timer = event_new(ag->base, -1, 0, heartbeat_cb, ag);
-	if (!ag->id.register_timer || !ag->id.hb_timer)
+	ag->id.fence_timer = evtimer_new(ag->base, fence_cb, ag);
+	if (!ag->id.register_timer || !ag->id.hb_timer || !ag->id.fence_timer)
 		return false;
 	struct timeval now = {0, 0};
 	evtimer_add(ag->id.register_timer, &now);
@@ -335,6 +432,7 @@ void identity_stop(struct agent *ag, void (*done)(struct agent *ag))
 
 	event_del(ag->id.hb_timer);
 	event_del(ag->id.register_timer);
+	evtimer_del(ag->id.fence_timer);
 	ctx = malloc(sizeof(*ctx));
 	if (!ag->id.registered || !ctx) {
 		free(ctx);
@@ -361,5 +459,7 @@ void identity_finish(struct agent *ag)
 		event_free(ag->id.hb_timer);
 	if (ag->id.register_timer)
 		event_free(ag->id.register_timer);
-	ag->id.hb_timer = ag->id.register_timer = NULL;
+	if (ag->id.fence_timer)
+		event_free(ag->id.fence_timer);
+	ag->id.hb_timer = ag->id.register_timer = ag->id.fence_timer = NULL;
 }

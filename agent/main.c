@@ -21,6 +21,8 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/identity.h"
+#include "agent/janitor.h"
+#include "agent/leases.h"
 #include "agent/listener.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
@@ -96,6 +98,9 @@ static void begin_shutdown(struct agent *ag, const char *why)
 	log_info(&ag->log, "main", "%s: shutting down", why);
 	ag->state = AGENT_STOPPING;
 	notify_stopping(ag);
+	/* beliefs end before the database hand-back, so no client acts as
+	 * leader after a successor could have been elected */
+	leases_end_all(ag, "the agent is shutting down");
 	/* no new clients; the socket file goes now so a successor can bind */
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
@@ -186,7 +191,8 @@ static int serve(struct agent *ag)
 	ag->sig_term = evsignal_new(ag->base, SIGTERM, signal_cb, ag);
 	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
-	if (!ag->db || !ag->sig_term || !ag->sig_int || !ag->sig_hup || !identity_start(ag)) {
+	if (!ag->db || !ag->sig_term || !ag->sig_int || !ag->sig_hup || !leases_start(ag) ||
+	    !identity_start(ag)) {
 		log_error(&ag->log, "main", "out of memory at start-up");
 		ag->exit_code = 1;
 		goto out;
@@ -209,7 +215,9 @@ out:
 	sessions_lose_all(ag, "the agent exited");
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
-	db_destroy(ag->db);
+	db_destroy(ag->db); /* fails what is still running: callbacks run now */
+	leases_finish(ag);
+	janitor_finish(ag);
 	identity_finish(ag);
 	notify_finish(ag);
 	if (ag->stop_timer)

@@ -17,6 +17,12 @@ void rpc_session_open(struct request *req);
 void rpc_session_keepalive(struct request *req);
 void rpc_session_close(struct request *req);
 
+/* leases.c */
+void rpc_lease_acquire(struct request *req);
+void rpc_lease_release(struct request *req);
+void rpc_lease_status(struct request *req);
+void rpc_lease_list(struct request *req);
+
 /* fleet.c */
 void rpc_fleet_agents(struct request *req);
 void rpc_fleet_sessions(struct request *req);

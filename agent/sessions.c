@@ -12,6 +12,7 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/leases.h"
 #include "agent/methods.h"
 
 #define SESSION_NAME_MAX 200
@@ -37,6 +38,7 @@ static struct session *session_new(struct agent *ag, int64_t id, const char *nam
 
 static void session_remove(struct agent *ag, struct session *s)
 {
+	leases_session_ending(ag, s->id, "the session ended");
 	if (s->conn) {
 		s->conn->session = NULL;
 		s->conn = NULL;
@@ -76,6 +78,13 @@ void sessions_detach(struct agent *ag, struct conn *c)
 	s->conn = NULL;
 	s->detached_ms = mono_ms();
 	c->session = NULL;
+}
+
+void sessions_add_internal(struct agent *ag, int64_t id)
+{
+	struct session *s = session_new(ag, id, "pgcoord-agent");
+	if (s)
+		s->internal = true;
 }
 
 void sessions_adopt_detached(struct agent *ag, int64_t id)
@@ -125,6 +134,8 @@ static void lose(struct agent *ag, struct session *s, const char *reason)
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, s->id);
 	log_write(&ag->log, LOG_LEVEL_WARN, "sessions", kv, "session lost: %s", reason);
+	/* beliefs end before the client hears its session is gone */
+	leases_session_ending(ag, s->id, reason);
 	if (s->conn) {
 		s->conn->lost_session = s->id;
 		conn_notify(s->conn, "session.lost", fill_lost, &note);
@@ -176,10 +187,11 @@ void sessions_expire_grace(struct agent *ag)
 		return;
 	ids[n++] = '{';
 	for (struct session *s = ag->sessions; s; s = s->next) {
-		if (s->conn || s->busy || s->closing ||
+		if (s->conn || s->busy || s->closing || s->internal ||
 		    now - s->detached_ms < (uint64_t)ag->cfg.session_grace_ms)
 			continue;
 		s->closing = true;
+		leases_session_ending(ag, s->id, "the session's resume grace expired");
 		n += (size_t)snprintf(ids + n, cap - n, "%s%" PRId64, count ? "," : "", s->id);
 		count++;
 	}
@@ -310,7 +322,7 @@ void rpc_session_open(struct request *req)
 	if (has_resume) {
 		struct session *s = sessions_find(ag, resume);
 		free(name);
-		if (!s || s->closing) {
+		if (!s || s->closing || s->internal) {
 			req_fail(
 			    req, PGC_E_SESSION_EXPIRED,
 			    "session %lld is not resumable on this agent (closed, expired, past "
@@ -391,6 +403,8 @@ void rpc_session_close(struct request *req)
 		req_fail(req, PGC_E_CONFLICT, "a close of this session is already under way");
 		return;
 	}
+	/* beliefs end before the hand-back is sent */
+	leases_session_ending(ag, s->id, "the session was closed");
 	snprintf(ids, sizeof(ids), "{%" PRId64 "}", s->id);
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	const char *params[3] = {ids, inc, "closed by client"};

@@ -21,6 +21,7 @@ struct session {
 	uint64_t detached_ms; /* CLOCK_MONOTONIC start of the grace period */
 	bool busy;	      /* a resume or close is in flight */
 	bool closing;	      /* no longer renewed; removal pending */
+	bool internal;	      /* the agent's own (janitor candidacy): never grace-expired */
 };
 
 /* The connection closed: its session, if any, enters its grace period. */
@@ -31,6 +32,9 @@ struct session *sessions_find(struct agent *ag, int64_t id);
 /* Adds a predecessor's live session, taken over at registration, as
  * detached so its client can resume it within the grace. */
 void sessions_adopt_detached(struct agent *ag, int64_t id);
+
+/* Registers the agent's own session, renewed like the others. */
+void sessions_add_internal(struct agent *ag, int64_t id);
 
 /* A Postgres array literal of the ids the heartbeat must renew. malloc'd. */
 char *sessions_renew_list(struct agent *ag);

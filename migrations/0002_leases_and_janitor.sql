@@ -48,6 +48,7 @@ DECLARE
 	v_epoch bigint;
 	v_prev_epoch bigint;
 	v_prev_session bigint;
+	v_prev_expires timestamptz;
 BEGIN
 	IF NOT pgcoord.session_is_live(p_session) THEN
 		RETURN QUERY SELECT false, l.epoch, l.holder_session, l.holder_replica,
@@ -56,8 +57,18 @@ BEGIN
 		RETURN;
 	END IF;
 	-- lock first, so the previous holder we record is the one we replace
-	SELECT l.epoch, l.holder_session INTO v_prev_epoch, v_prev_session
+	SELECT l.epoch, l.holder_session, l.expires_at
+	INTO v_prev_epoch, v_prev_session, v_prev_expires
 	FROM pgcoord.leases l WHERE l.name = p_name FOR UPDATE;
+	-- held by someone else: answer without drawing a token, so campaigns
+	-- do not burn through the sequence
+	IF FOUND AND v_prev_session IS DISTINCT FROM p_session AND v_prev_session IS NOT NULL
+	   AND v_prev_expires > now() THEN
+		RETURN QUERY SELECT false, v_prev_epoch, v_prev_session, l.holder_replica,
+			pgcoord.ms(v_prev_expires) - pgcoord.ms(now())
+		FROM pgcoord.leases l WHERE l.name = p_name;
+		RETURN;
+	END IF;
 
 	INSERT INTO pgcoord.leases AS l (name, holder_session, holder_replica,
 		holder_incarnation, epoch, ttl_ms, acquired_at, renewed_at, expires_at)

@@ -1,0 +1,44 @@
+/*
+ * leases.h — leadership leases held by this agent's sessions (guarantee 7).
+ *
+ * The agent believes a session leads only until
+ *   send time of its last successful renewal + ttl − renew interval
+ * on CLOCK_MONOTONIC. The row in the database expires no earlier than
+ * send time + ttl, so belief always ends before anyone else can acquire.
+ * A renewal whose answer never came is never assumed to have succeeded.
+ */
+#ifndef PGCOORD_AGENT_LEASES_H
+#define PGCOORD_AGENT_LEASES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct agent;
+
+#define LEASE_RESERVED_PREFIX "pgcoord."
+
+/* Campaign for `name` on behalf of an internal session (the janitor's),
+ * forever. on_change is told when belief starts or ends. */
+__attribute__((warn_unused_result)) bool
+leases_campaign_internal(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,
+			 void (*on_change)(struct agent *ag, bool leader));
+
+/* True while the agent believes session_id leads name. */
+bool leases_believes(struct agent *ag, const char *name, int64_t session_id);
+
+/* The session is ending: every belief it holds ends now (clients are told
+ * lease.changed leader=false) and its campaigns and watches stop. The
+ * database hand-back is done by whoever ends the session. */
+void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason);
+
+/* Shutdown: every belief ends now, before the database hand-back. */
+void leases_end_all(struct agent *ag, const char *reason);
+
+/* Polls watched leases; started at registration. */
+__attribute__((warn_unused_result)) bool leases_start(struct agent *ag);
+void leases_finish(struct agent *ag);
+
+/* Counts for agent.status. */
+int leases_held_count(const struct agent *ag);
+
+#endif
