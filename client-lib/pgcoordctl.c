@@ -122,7 +122,9 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
-    {"status", cmd_status, 0, "", "the agent's own state (does not touch the database)"},
+    {"status", cmd_status, 0, "",
+     "the agent's own state (does not touch the database); exit 1 unless it is serving, "
+     "registered and its database is up"},
     {"agents", cmd_agents, 0, "", "every registered agent of the fleet"},
     {"sessions", cmd_sessions, 0, "", "the live sessions of the whole fleet"},
     {"migrate", cmd_migrate, 0, "[--database-url URL]",
@@ -349,9 +351,30 @@ static int cmd_ping(struct ctl *ctx, int argc, char **argv)
 	return CTL_EXIT_OK;
 }
 
+/* Healthy means what a replica needs from its agent: serving, registered,
+ * and its database reachable. Scripts (and scripts/dev) wait on this. */
+static bool status_healthy(const msgpack_object *st, char *why, size_t whylen)
+{
+	const msgpack_object *state = pgc_map_get(st, "state");
+	const msgpack_object *db = pgc_map_get(st, "db");
+	bool registered = false;
+	pgc_obj_bool(pgc_map_get(st, "registered"), &registered);
+	if (!pgc_obj_str_eq(state, "serving") || !pgc_obj_str_eq(db, "up") || !registered) {
+		const char *s = "?", *d = "?";
+		size_t sl = 1, dl = 1;
+		pgc_obj_str(state, &s, &sl);
+		pgc_obj_str(db, &d, &dl);
+		snprintf(why, whylen, "state=%.*s db=%.*s registered=%s", (int)sl, s, (int)dl, d,
+			 registered ? "true" : "false");
+		return false;
+	}
+	return true;
+}
+
 static int cmd_status(struct ctl *ctx, int argc, char **argv)
 {
 	struct ctl_result r;
+	char why[160];
 	int rc = ctl_call(ctx, "agent.status", NULL, 0, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -359,8 +382,13 @@ static int cmd_status(struct ctl *ctx, int argc, char **argv)
 		ctl_print_json(stdout, r.obj);
 	else
 		ctl_print_fields(stdout, r.obj, ctl_now_ms(r.obj));
+	rc = CTL_EXIT_OK;
+	if (!status_healthy(r.obj, why, sizeof(why))) {
+		fprintf(stderr, "pgcoordctl: the agent is not healthy: %s\n", why);
+		rc = CTL_EXIT_FAILED;
+	}
 	result_free(&r);
-	return CTL_EXIT_OK;
+	return rc;
 }
 
 /* Prints result[list_key] as a table, or the whole result as JSON. */
