@@ -262,14 +262,6 @@ BEGIN
 			NULL, pgcoord.ms(now());
 		RETURN;
 	END IF;
-	-- The per-call limit is recorded even when the claim is then denied:
-	-- it is the caller's current word on the quota, not part of the grant.
-	-- A retry of an existing id changes nothing, limit included.
-	IF p_limit IS NOT NULL
-	   AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
-		PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor, 'claim ' || p_id);
-	END IF;
-
 	BEGIN
 		-- The presence guard (guarantee 3): the permit row goes in first.
 		-- A duplicate that races us waits here on our insert and then
@@ -283,6 +275,12 @@ BEGIN
 		RETURNING * INTO v_p;
 		v_inserted := FOUND;
 		IF v_inserted THEN
+			-- the per-call limit applies to this very admission; a
+			-- retry of an existing id changes nothing, limit included
+			IF p_limit IS NOT NULL THEN
+				PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor,
+					'claim ' || p_id);
+			END IF;
 			-- Guarantee 1: one conditional UPDATE per quota, in key
 			-- order; Postgres re-checks the predicate on the latest
 			-- row version under the row lock, so admissions on one
@@ -312,6 +310,14 @@ BEGIN
 	EXCEPTION WHEN SQLSTATE 'PCDNY' THEN
 		v_inserted := false;
 	END;
+
+	-- The per-call limit is recorded even when the claim was denied: it is
+	-- the caller's current word on the quota, not part of the grant. (It is
+	-- applied after the permit row inside the block, like every claim's
+	-- locks: new permit row, then quota rows.)
+	IF v_denied_key IS NOT NULL AND p_limit IS NOT NULL THEN
+		PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor, 'claim ' || p_id);
+	END IF;
 
 	IF v_denied_key IS NOT NULL THEN
 		RETURN QUERY SELECT CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
