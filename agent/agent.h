@@ -21,6 +21,8 @@ struct conn;
 struct session;
 struct lease_registry;
 struct janitor;
+struct metrics;
+struct http;
 
 enum agent_state {
 	AGENT_STARTING,	  /* serving agent.* only; waiting for the database */
@@ -66,6 +68,13 @@ struct agent {
 	struct event *grace_timer;
 	struct event *stop_timer;
 	struct event *watchdog_timer;
+	struct event *notify_status_timer;
+	char notify_last_status[256]; /* the STATUS= systemd has */
+	/* the flags given at start (after --config), read again on SIGHUP */
+	int argc;
+	char **argv;
+	struct metrics *metrics;
+	struct http *http;
 };
 
 /* CLOCK_MONOTONIC in milliseconds: every local deadline uses it. */

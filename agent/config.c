@@ -3,8 +3,10 @@
  */
 #include "agent/config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
@@ -67,6 +69,10 @@ const struct option_def config_options[] = {
     {"admin_group", OPT_STRING, OFF(admin_group), "", 0, 0, false, false,
      "A group whose members (by primary gid or membership) may make admin calls; empty "
      "for none. Resolved at start."},
+    {"metrics_listen", OPT_STRING, OFF(metrics_listen), "", 0, 0, false, false,
+     "Loopback address:port of the HTTP listener for /metrics, /healthz and /status, e.g. "
+     "127.0.0.1:9187 or [::1]:9187 (port 0 picks a free one); empty turns it off. Only "
+     "loopback addresses are accepted: the pages are unauthenticated."},
 };
 const size_t config_options_count = sizeof(config_options) / sizeof(config_options[0]);
 
@@ -408,6 +414,15 @@ bool config_validate(const struct config *cfg, char *err, size_t errlen)
 			 "socket_path: longer than a Unix socket path may be (107 bytes)");
 		return false;
 	}
+	if (cfg->metrics_listen[0]) {
+		struct sockaddr_storage ss;
+		socklen_t sslen;
+		char why[256];
+		if (!config_parse_listen(cfg->metrics_listen, &ss, &sslen, why, sizeof(why))) {
+			snprintf(err, errlen, "metrics_listen: %s", why);
+			return false;
+		}
+	}
 	/* three heartbeats must fit in a ttl, so one slow or lost heartbeat
 	 * never lets a live session lapse */
 	if (cfg->heartbeat_interval_ms * 3 > cfg->session_ttl_ms) {
@@ -418,6 +433,81 @@ bool config_validate(const struct config *cfg, char *err, size_t errlen)
 		return false;
 	}
 	return true;
+}
+
+bool config_parse_listen(const char *text, struct sockaddr_storage *out, socklen_t *outlen,
+			 char *why, size_t whylen)
+{
+	char host[64];
+	const char *colon, *port;
+	size_t hlen;
+	char *end;
+	long pnum;
+
+	if (text[0] == '[') {
+		const char *close = strchr(text, ']');
+		if (!close || close[1] != ':') {
+			snprintf(why, whylen, "\"%s\" is not [ipv6]:port (example: [::1]:9187)",
+				 text);
+			return false;
+		}
+		hlen = (size_t)(close - text - 1);
+		if (hlen >= sizeof(host))
+			hlen = sizeof(host) - 1;
+		memcpy(host, text + 1, hlen);
+		port = close + 2;
+	} else {
+		colon = strrchr(text, ':');
+		if (!colon) {
+			snprintf(why, whylen,
+				 "\"%s\" has no port (expected address:port, example: "
+				 "127.0.0.1:9187)",
+				 text);
+			return false;
+		}
+		hlen = (size_t)(colon - text);
+		if (hlen >= sizeof(host))
+			hlen = sizeof(host) - 1;
+		memcpy(host, text, hlen);
+		port = colon + 1;
+	}
+	host[hlen] = '\0';
+	errno = 0;
+	pnum = strtol(port, &end, 10);
+	if (errno || end == port || *end || pnum < 0 || pnum > 65535) {
+		snprintf(why, whylen, "\"%s\" is not a port number (0..65535)", port);
+		return false;
+	}
+	memset(out, 0, sizeof(*out));
+	if (strcmp(host, "localhost") == 0)
+		snprintf(host, sizeof(host), "127.0.0.1");
+	struct sockaddr_in *v4 = (struct sockaddr_in *)out;
+	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)out;
+	if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+		v4->sin_family = AF_INET;
+		v4->sin_port = htons((uint16_t)pnum);
+		*outlen = sizeof(*v4);
+		/* 127.0.0.0/8 */
+		if ((ntohl(v4->sin_addr.s_addr) >> 24) == 127)
+			return true;
+	} else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+		v6->sin6_family = AF_INET6;
+		v6->sin6_port = htons((uint16_t)pnum);
+		*outlen = sizeof(*v6);
+		if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr))
+			return true;
+	} else {
+		snprintf(why, whylen,
+			 "\"%s\" is not a numeric IP address (use 127.0.0.1, [::1] or localhost)",
+			 host);
+		return false;
+	}
+	snprintf(why, whylen,
+		 "%s is not a loopback address; the HTTP pages have no authentication, so the "
+		 "agent serves them on 127.0.0.0/8 or ::1 only (put a proxy in front to expose "
+		 "them)",
+		 host);
+	return false;
 }
 
 char *config_redact_conninfo(const char *conninfo)
@@ -476,33 +566,74 @@ char *config_redact_conninfo(const char *conninfo)
 	return out;
 }
 
+void config_format(const struct config *cfg, const struct option_def *def, char *buf, size_t len)
+{
+	const void *field = (const char *)cfg + def->offset;
+	switch (def->type) {
+	case OPT_STRING: {
+		const char *v = *(char *const *)field;
+		if (def->secret) {
+			char *r = config_redact_conninfo(v);
+			snprintf(buf, len, "\"%s\"", r ? r : "****");
+			free(r);
+		} else {
+			snprintf(buf, len, "\"%s\"", v);
+		}
+		break;
+	}
+	case OPT_INT:
+		snprintf(buf, len, "%d", *(const int *)field);
+		break;
+	case OPT_MODE:
+		snprintf(buf, len, "0%o", (unsigned)*(const int *)field);
+		break;
+	case OPT_LEVEL:
+		snprintf(buf, len, "%s", log_level_name(*(const enum log_level *)field));
+		break;
+	}
+}
+
+bool config_equal(const struct config *a, const struct config *b, const struct option_def *def)
+{
+	const void *fa = (const char *)a + def->offset, *fb = (const char *)b + def->offset;
+	switch (def->type) {
+	case OPT_STRING:
+		return strcmp(*(char *const *)fa, *(char *const *)fb) == 0;
+	case OPT_INT:
+	case OPT_MODE:
+		return *(const int *)fa == *(const int *)fb;
+	case OPT_LEVEL:
+		return *(const enum log_level *)fa == *(const enum log_level *)fb;
+	}
+	return false;
+}
+
+void config_take(struct config *dst, struct config *src, const struct option_def *def)
+{
+	void *fd = (char *)dst + def->offset, *fs = (char *)src + def->offset;
+	switch (def->type) {
+	case OPT_STRING: {
+		/* swap, so each config still owns exactly one string */
+		char *tmp = *(char **)fd;
+		*(char **)fd = *(char **)fs;
+		*(char **)fs = tmp;
+		break;
+	}
+	case OPT_INT:
+	case OPT_MODE:
+		*(int *)fd = *(const int *)fs;
+		break;
+	case OPT_LEVEL:
+		*(enum log_level *)fd = *(const enum log_level *)fs;
+		break;
+	}
+}
+
 void config_print(const struct config *cfg, FILE *out)
 {
+	char value[4200];
 	for (size_t i = 0; i < config_options_count; i++) {
-		const struct option_def *def = &config_options[i];
-		const void *field = (const char *)cfg + def->offset;
-		switch (def->type) {
-		case OPT_STRING: {
-			const char *v = *(char *const *)field;
-			if (def->secret) {
-				char *r = config_redact_conninfo(v);
-				fprintf(out, "%s = \"%s\"\n", def->name, r ? r : "****");
-				free(r);
-			} else {
-				fprintf(out, "%s = \"%s\"\n", def->name, v);
-			}
-			break;
-		}
-		case OPT_INT:
-			fprintf(out, "%s = %d\n", def->name, *(const int *)field);
-			break;
-		case OPT_MODE:
-			fprintf(out, "%s = 0%o\n", def->name, (unsigned)*(const int *)field);
-			break;
-		case OPT_LEVEL:
-			fprintf(out, "%s = %s\n", def->name,
-				log_level_name(*(const enum log_level *)field));
-			break;
-		}
+		config_format(cfg, &config_options[i], value, sizeof(value));
+		fprintf(out, "%s = %s\n", config_options[i].name, value);
 	}
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "agent/log.h"
@@ -38,8 +39,9 @@ struct config {
 	int max_inflight_per_conn;
 	int max_output_bytes;
 	enum log_level log_level;
-	char *admin_uids;  /* option text; resolved into admins below */
-	char *admin_group; /* option text; resolved into admins below */
+	char *admin_uids;     /* option text; resolved into admins below */
+	char *admin_group;    /* option text; resolved into admins below */
+	char *metrics_listen; /* "" = no HTTP listener */
 	/* Resolved by config_load from admin_uids and admin_group, so the
 	 * per-request admin check never asks NSS (which may block). */
 	struct admin_set {
@@ -88,6 +90,28 @@ __attribute__((warn_unused_result)) bool config_validate(const struct config *cf
 
 /* Prints the effective configuration as `key = value`, secrets redacted. */
 void config_print(const struct config *cfg, FILE *out);
+
+/* One option's value as config_print shows it (strings quoted, secrets
+ * redacted). */
+void config_format(const struct config *cfg, const struct option_def *def, char *buf, size_t len);
+
+/* True when the option has the same value in a and b. */
+bool config_equal(const struct config *a, const struct config *b, const struct option_def *def);
+
+/* Gives dst the option's value from src (strings are swapped, so both
+ * configs still own what config_free frees). */
+void config_take(struct config *dst, struct config *src, const struct option_def *def);
+
+/*
+ * Parses a metrics_listen value ("127.0.0.1:9187", "[::1]:9187",
+ * "localhost:9187") into a socket address. Refuses anything that is not a
+ * loopback address: the HTTP pages have no authentication. Numeric only,
+ * so it never waits on DNS. On failure why says what is wrong.
+ */
+__attribute__((warn_unused_result)) bool config_parse_listen(const char *text,
+							     struct sockaddr_storage *out,
+							     socklen_t *outlen, char *why,
+							     size_t whylen);
 
 /* A copy of a libpq conninfo/URI with any password replaced by "****". */
 char *config_redact_conninfo(const char *conninfo);

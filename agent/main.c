@@ -26,6 +26,7 @@
 #include "agent/listener.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
+#include "agent/reload.h"
 #include "agent/sessions.h"
 
 uint64_t mono_ms(void)
@@ -73,6 +74,7 @@ static void db_state_changed(bool up, void *arg)
 	const char *method = up ? "agent.db_up" : "agent.db_down";
 	for (struct conn *c = ag->conns; c; c = c->next)
 		conn_notify(c, method, NULL, NULL);
+	notify_status_update(ag);
 }
 
 static void stopped(struct agent *ag)
@@ -115,9 +117,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 	struct agent *ag = arg;
 	(void)what;
 	if (sig == SIGHUP) {
-		log_info(&ag->log, "main",
-			 "SIGHUP: configuration reload is not supported yet; "
-			 "restart the agent to apply changes");
+		(void)agent_reload(ag);
 		return;
 	}
 	begin_shutdown(ag, sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -206,6 +206,7 @@ static int serve(struct agent *ag)
 		 PGCOORD_VERSION_STRING, ag->cfg.socket_path, ag->cfg.replica_id,
 		 shown ? shown : "");
 	free(shown);
+	notify_starting(ag);
 
 	event_base_dispatch(ag->base);
 
@@ -277,6 +278,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	ag.config_path = config_path;
+	ag.argc = argc;
+	ag.argv = argv;
 	logger_init(&ag.log, ag.cfg.log_level);
 
 	if (check) {

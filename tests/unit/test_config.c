@@ -1,0 +1,294 @@
+/*
+ * test_config.c — the agent's configuration: sources and their precedence,
+ * errors that name file, line and a fix, redaction, metrics_listen, and the
+ * SIGHUP reload (agent_reload) on a hand-built agent.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/config.h"
+#include "agent/reload.h"
+
+/* main.c defines these for the real agent; agent_core leaves them out */
+uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void agent_exit(struct agent *ag, int code)
+{
+	ag->exit_code = code;
+}
+
+static char *write_conf(const char *text)
+{
+	char *path = strdup("/tmp/pgcoord-test-conf.XXXXXX");
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	cr_assert(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+	close(fd);
+	return path;
+}
+
+static void rewrite(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* Loads file + env + argv into cfg; returns false with err filled. */
+static bool load(struct config *cfg, const char *path, int argc, char **argv, char *err,
+		 size_t errlen)
+{
+	config_defaults(cfg);
+	return config_load(cfg, path, path != NULL, argc, argv, err, errlen) &&
+	       config_validate(cfg, err, errlen);
+}
+
+static void clear_env(void)
+{
+	for (size_t i = 0; i < config_options_count; i++) {
+		char var[96] = "PGCOORD_";
+		size_t n = strlen(var);
+		for (const char *p = config_options[i].name; *p; p++)
+			var[n++] = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+		var[n] = '\0';
+		unsetenv(var);
+	}
+	unsetenv("NOTIFY_SOCKET");
+}
+
+TestSuite(config, .init = clear_env);
+
+Test(config, every_default_parses_and_validates)
+{
+	struct config cfg;
+	char err[512] = "";
+	cr_assert(load(&cfg, "/nonexistent/agent.conf", 0, NULL, err, sizeof(err)) == false);
+	cr_assert(strstr(err, "/nonexistent/agent.conf: cannot read"), "%s", err);
+	config_free(&cfg);
+	/* no file given and none at the default path: defaults only */
+	config_defaults(&cfg);
+	cr_assert(config_load(&cfg, "/nonexistent/agent.conf", false, 0, NULL, err, sizeof(err)),
+		  "%s", err);
+	cr_assert(config_validate(&cfg, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.pool_size, 4);
+	cr_assert_str_eq(cfg.metrics_listen, "");
+	config_free(&cfg);
+}
+
+Test(config, flags_beat_environment_beat_file)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *path = write_conf("# comment\n\npool_size = 2\nlease_ttl_ms = 20000\n"
+				"session_grace_ms = 500\n");
+	char *argv[] = {"--pool-size", "6", "--session_grace_ms=700"};
+	setenv("PGCOORD_POOL_SIZE", "5", 1);
+	setenv("PGCOORD_LEASE_TTL_MS", "30000", 1);
+	cr_assert(load(&cfg, path, 3, argv, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.pool_size, 6);		       /* flag over env over file */
+	cr_assert_eq(cfg.lease_ttl_ms, 30000);	       /* env over file */
+	cr_assert_eq(cfg.session_grace_ms, 700);       /* --name=value form */
+	cr_assert_eq(cfg.heartbeat_interval_ms, 1000); /* default */
+	config_free(&cfg);
+	unlink(path);
+	free(path);
+}
+
+Test(config, bad_values_name_file_line_and_a_hint)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *path = write_conf("pool_size = 2\n\nheartbeat_interval_ms = often\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, ":3: heartbeat_interval_ms: \"often\" is not a whole number"), "%s",
+		  err);
+	cr_assert(strstr(err, path), "%s", err);
+	config_free(&cfg);
+
+	rewrite(path, "pool_size = 1000\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, ":1: pool_size: 1000 is out of range (expected 1..64)"), "%s", err);
+	config_free(&cfg);
+
+	rewrite(path, "pool-size = 3\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, ":1: unknown option \"pool-size\""), "%s", err);
+	config_free(&cfg);
+
+	rewrite(path, "log_level = loud\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, "expected error, warn, info or debug"), "%s", err);
+	config_free(&cfg);
+
+	rewrite(path, "just words\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, ":1: expected `key = value`"), "%s", err);
+	config_free(&cfg);
+
+	setenv("PGCOORD_MAX_DEPTH", "99", 1);
+	rewrite(path, "");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, "environment PGCOORD_MAX_DEPTH: 99 is out of range"), "%s", err);
+	config_free(&cfg);
+	unlink(path);
+	free(path);
+}
+
+Test(config, cross_checks_say_what_to_change)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *argv[] = {"--heartbeat-interval-ms", "5000"};
+	cr_assert(!load(&cfg, NULL, 2, argv, err, sizeof(err)));
+	cr_assert(strstr(err, "raise session_ttl_ms or lower heartbeat_interval_ms"), "%s", err);
+	config_free(&cfg);
+}
+
+Test(config, metrics_listen_is_loopback_only)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	char why[256];
+	cr_assert(config_parse_listen("127.0.0.1:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(config_parse_listen("127.1.2.3:0", &ss, &len, why, sizeof(why)));
+	cr_assert(config_parse_listen("[::1]:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(config_parse_listen("localhost:80", &ss, &len, why, sizeof(why)));
+	cr_assert(!config_parse_listen("0.0.0.0:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(strstr(why, "not a loopback address"), "%s", why);
+	cr_assert(!config_parse_listen("[::]:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(!config_parse_listen("10.1.2.3:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(!config_parse_listen("127.0.0.1", &ss, &len, why, sizeof(why)));
+	cr_assert(strstr(why, "has no port"), "%s", why);
+	cr_assert(!config_parse_listen("127.0.0.1:99999", &ss, &len, why, sizeof(why)));
+	cr_assert(!config_parse_listen("db.example:9187", &ss, &len, why, sizeof(why)));
+	cr_assert(strstr(why, "not a numeric IP address"), "%s", why);
+
+	struct config cfg;
+	char err[512];
+	char *argv[] = {"--metrics-listen", "192.168.1.1:9187"};
+	cr_assert(!load(&cfg, NULL, 2, argv, err, sizeof(err)));
+	cr_assert(strstr(err, "metrics_listen: 192.168.1.1 is not a loopback address"), "%s", err);
+	config_free(&cfg);
+}
+
+Test(config, check_config_output_redacts_passwords)
+{
+	struct config cfg;
+	char err[512], *buf = NULL;
+	size_t len = 0;
+	char *argv[] = {"--database-url",
+			"postgresql://app:s3cret-pw@db:5432/pgcoord?password=other-pw"};
+	cr_assert(load(&cfg, NULL, 2, argv, err, sizeof(err)), "%s", err);
+	FILE *out = open_memstream(&buf, &len);
+	config_print(&cfg, out);
+	fclose(out);
+	cr_assert(!strstr(buf, "s3cret-pw"), "%s", buf);
+	cr_assert(!strstr(buf, "other-pw"), "%s", buf);
+	cr_assert(strstr(buf, "database_url = \"postgresql://app:****@db:5432/pgcoord"), "%s", buf);
+	/* every option is printed */
+	for (size_t i = 0; i < config_options_count; i++) {
+		char line[128];
+		snprintf(line, sizeof(line), "%s = ", config_options[i].name);
+		cr_assert(strstr(buf, line), "%s missing from:\n%s", line, buf);
+	}
+	free(buf);
+	config_free(&cfg);
+
+	char *r = config_redact_conninfo("host=db password='it\\'s a secret' user=u");
+	cr_assert_str_eq(r, "host=db password=**** user=u");
+	free(r);
+	r = config_redact_conninfo("host=db password = plain user=u");
+	cr_assert_str_eq(r, "host=db password=**** user=u");
+	free(r);
+}
+
+/* --- SIGHUP --------------------------------------------------------------- */
+
+struct hand_agent {
+	struct agent ag;
+	char *logbuf;
+	size_t loglen;
+	char *path;
+};
+
+static void hand_agent_init(struct hand_agent *h, const char *conf)
+{
+	char err[512];
+	memset(h, 0, sizeof(*h));
+	h->path = write_conf(conf);
+	cr_assert(load(&h->ag.cfg, h->path, 0, NULL, err, sizeof(err)), "%s", err);
+	h->ag.config_path = h->path;
+	logger_init(&h->ag.log, h->ag.cfg.log_level);
+	h->ag.log.journald = false;
+	h->ag.log.out = open_memstream(&h->logbuf, &h->loglen);
+}
+
+static const char *hand_agent_log(struct hand_agent *h)
+{
+	fflush(h->ag.log.out);
+	return h->logbuf;
+}
+
+static void hand_agent_finish(struct hand_agent *h)
+{
+	fclose(h->ag.log.out);
+	free(h->logbuf);
+	config_free(&h->ag.cfg);
+	unlink(h->path);
+	free(h->path);
+}
+
+Test(config, sighup_applies_reloadable_options_and_names_the_others)
+{
+	struct hand_agent h;
+	hand_agent_init(&h, "log_level = info\nsession_grace_ms = 1000\npool_size = 2\n"
+			    "database_url = host=a password=old-secret\n");
+	rewrite(h.path, "log_level = debug\nsession_grace_ms = 2500\nlease_ttl_ms = 9000\n"
+			"query_timeout_ms = 700\npool_size = 3\n"
+			"database_url = host=b password=new-secret\n");
+	cr_assert_eq(agent_reload(&h.ag), 4);
+	cr_assert_eq(h.ag.cfg.log_level, LOG_LEVEL_DEBUG);
+	cr_assert_eq(h.ag.log.level, LOG_LEVEL_DEBUG);
+	cr_assert_eq(h.ag.cfg.session_grace_ms, 2500);
+	cr_assert_eq(h.ag.cfg.lease_ttl_ms, 9000);
+	cr_assert_eq(h.ag.cfg.query_timeout_ms, 700);
+	/* not reloadable: the running values stay */
+	cr_assert_eq(h.ag.cfg.pool_size, 2);
+	cr_assert(strstr(h.ag.cfg.database_url, "host=a"));
+	const char *log = hand_agent_log(&h);
+	cr_assert(strstr(log, "pool_size changed to 3 but needs a restart"), "%s", log);
+	cr_assert(strstr(log, "database_url changed but needs a restart"), "%s", log);
+	cr_assert(strstr(log, "session_grace_ms = 2500 (was 1000)"), "%s", log);
+	cr_assert(strstr(log, "option=lease_ttl_ms"), "%s", log);
+	cr_assert(strstr(log, "4 option(s) applied, 2 need a restart"), "%s", log);
+	cr_assert(!strstr(log, "secret"), "a password reached the log:\n%s", log);
+	hand_agent_finish(&h);
+}
+
+Test(config, sighup_with_a_bad_file_keeps_the_running_configuration)
+{
+	struct hand_agent h;
+	hand_agent_init(&h, "session_grace_ms = 1000\n");
+	rewrite(h.path, "session_grace_ms = 2000\nlog_level = chatty\n");
+	cr_assert_eq(agent_reload(&h.ag), -1);
+	cr_assert_eq(h.ag.cfg.session_grace_ms, 1000);
+	const char *log = hand_agent_log(&h);
+	cr_assert(strstr(log, "the running one stays"), "%s", log);
+	cr_assert(strstr(log, ":2: log_level: \\\"chatty\\\" is not a log level"), "%s", log);
+
+	/* nothing changed: nothing applied, nothing to restart */
+	rewrite(h.path, "session_grace_ms = 1000\n");
+	cr_assert_eq(agent_reload(&h.ag), 0);
+	hand_agent_finish(&h);
+}
