@@ -242,7 +242,8 @@ int hrun(const char *const *argv, char **output)
 struct harness_db {
 	char *name;
 	char *conninfo;
-	PGconn *conn; /* for the query helpers; opened on first use */
+	char *agent_conninfo; /* through PgBouncer, or a copy of conninfo */
+	PGconn *conn;	      /* for the query helpers; opened on first use */
 };
 
 /* Appends key='value' to a conninfo string, quoted as libpq wants. */
@@ -269,6 +270,28 @@ static char *server_conninfo(const char *dbname)
 
 	conninfo_add(buf, sizeof(buf), "host", henv("PGCOORD_TEST_PGHOST"));
 	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGPORT"));
+	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
+	conninfo_add(buf, sizeof(buf), "dbname", dbname);
+	return xstrdup(buf);
+}
+
+bool hbouncer_enabled(void)
+{
+	const char *host = getenv("PGCOORD_TEST_PGBOUNCER_HOST");
+
+	return host && *host;
+}
+
+/* The same database through PgBouncer, which logs in to the server as the
+ * superuser whatever the client's name (its [databases] wildcard). */
+static char *agent_conninfo(const char *dbname)
+{
+	char buf[2048] = "";
+
+	if (!hbouncer_enabled())
+		return server_conninfo(dbname);
+	conninfo_add(buf, sizeof(buf), "host", henv("PGCOORD_TEST_PGBOUNCER_HOST"));
+	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGBOUNCER_PORT"));
 	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
 	conninfo_add(buf, sizeof(buf), "dbname", dbname);
 	return xstrdup(buf);
@@ -317,6 +340,7 @@ struct harness_db *hdb_create(void)
 	 * across time (a pid reused by a later test). */
 	db->name = xasprintf("t_%ld_%u_%06x", (long)getpid(), next_serial(), rnd & 0xffffff);
 	db->conninfo = server_conninfo(db->name);
+	db->agent_conninfo = agent_conninfo(db->name);
 	db->conn = NULL;
 	sql = xasprintf("CREATE DATABASE \"%s\"", db->name);
 	PQclear(exec_or_fail(admin, sql));
@@ -348,6 +372,7 @@ void hdb_drop(struct harness_db *db)
 	PQfinish(admin);
 	free(admin_info);
 	free(db->conninfo);
+	free(db->agent_conninfo);
 	free(db->name);
 	free(db);
 }
@@ -360,6 +385,11 @@ const char *hdb_conninfo(const struct harness_db *db)
 const char *hdb_name(const struct harness_db *db)
 {
 	return db->name;
+}
+
+const char *hdb_agent_conninfo(const struct harness_db *db)
+{
+	return db->agent_conninfo;
 }
 
 PGconn *hdb_connect(const struct harness_db *db)
@@ -476,7 +506,7 @@ long hdb_query_long(struct harness_db *db, const char *sql, ...)
 void hdb_migrate(struct harness_db *db)
 {
 	const char *argv[] = {henv("PGCOORD_TEST_AGENT_BIN"), "migrate", "--database-url",
-			      db->conninfo, NULL};
+			      db->agent_conninfo, NULL};
 	char *out;
 	int rc = hrun(argv, &out);
 
@@ -636,7 +666,7 @@ static struct hagent *agent_start_ready(const char *conninfo, const char *replic
 struct hagent *hagent_start(struct harness_db *db, const char *replica_id,
 			    const char *const *extra_args)
 {
-	return agent_start_ready(db ? db->conninfo : NULL, replica_id, extra_args);
+	return agent_start_ready(db ? db->agent_conninfo : NULL, replica_id, extra_args);
 }
 
 struct hagent *hagent_start_url(const char *conninfo, const char *replica_id,
@@ -648,7 +678,7 @@ struct hagent *hagent_start_url(const char *conninfo, const char *replica_id,
 int hagent_start_expect_exit(struct harness_db *db, const char *replica_id,
 			     const char *const *extra_args, char **log)
 {
-	struct hagent *a = agent_spawn(db ? db->conninfo : NULL, replica_id, extra_args);
+	struct hagent *a = agent_spawn(db ? db->agent_conninfo : NULL, replica_id, extra_args);
 	int rc = hagent_wait(a, start_timeout_ms());
 
 	if (rc < 0) {
@@ -1085,4 +1115,35 @@ void hpg_stop(const char *mode)
 void hpg_start(void)
 {
 	cluster_run("start", NULL);
+}
+
+/* --- PgBouncer --------------------------------------------------------- */
+
+static void bouncer_run(const char *verb)
+{
+	if (!hbouncer_enabled())
+		hfail("harness: no PgBouncer in this run (use with-postgres --pgbouncer)");
+	const char *argv[] = {henv("PGCOORD_TEST_PGBOUNCER"), verb,
+			      henv("PGCOORD_TEST_PGBOUNCER_HOST"), NULL};
+	char *out;
+	int rc = hrun(argv, &out);
+
+	if (rc != 0) {
+		char *msg = xasprintf("harness: `pg-bouncer %s` exited %d:\n%s", verb, rc,
+				      tail_of(out, FAIL_LOG_TAIL));
+
+		free(out);
+		hfail("%s", msg);
+	}
+	free(out);
+}
+
+void hbouncer_stop(bool crash)
+{
+	bouncer_run(crash ? "kill" : "stop");
+}
+
+void hbouncer_start(void)
+{
+	bouncer_run("start");
 }

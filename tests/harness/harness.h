@@ -4,7 +4,8 @@
  * over the Postgres server.
  *
  * Integration tests run under tests/harness/with-postgres, which starts a
- * private cluster and passes it in PGCOORD_TEST_* environment variables;
+ * private cluster (and, with --pgbouncer, a PgBouncer in transaction pooling
+ * mode in front of it) and passes it in PGCOORD_TEST_* environment variables;
  * tests/integration/meson.build adds PGCOORD_TEST_AGENT_BIN (and
  * PGCOORD_TEST_CTL_BIN). Every function here fails the calling Criterion test
  * (cr_fatal, with the reason and, for agents, the agent's log) when something
@@ -68,6 +69,11 @@ struct harness_db;
  * (t_<pid>_<n>_<random>) and returns a handle that holds its conninfo
  * ("host=<socket dir> port=<port> user=postgres dbname=<name>"). The database
  * is empty: migrations are not applied (hdb_migrate does that).
+ *
+ * Under `with-postgres --pgbouncer` the handle also holds a second conninfo,
+ * for the same database through PgBouncer: hagent_start and hdb_migrate use
+ * that one, so the whole agent runs behind a transaction-mode pooler, while
+ * the query helpers (the test's view of the truth) go to the server directly.
  */
 struct harness_db *hdb_create(void);
 
@@ -76,9 +82,14 @@ struct harness_db *hdb_create(void);
  * server is stopped, and with-postgres removes the cluster anyway. */
 void hdb_drop(struct harness_db *db);
 
-/* The conninfo string and the database name; owned by db. */
+/* The conninfo string (straight to the server) and the database name; owned
+ * by db. */
 const char *hdb_conninfo(const struct harness_db *db);
 const char *hdb_name(const struct harness_db *db);
+
+/* The conninfo agents get: through PgBouncer when hbouncer_enabled(), else
+ * hdb_conninfo(db). Owned by db. */
+const char *hdb_agent_conninfo(const struct harness_db *db);
 
 /* A new connection to db. The caller PQfinish()es it. */
 PGconn *hdb_connect(const struct harness_db *db);
@@ -100,8 +111,8 @@ char *hdb_query_value(struct harness_db *db, const char *sql, ...) HARNESS_PRINT
  * value that is not an integer. */
 long hdb_query_long(struct harness_db *db, const char *sql, ...) HARNESS_PRINTF(2, 3);
 
-/* Runs `pgcoord-agent migrate --database-url <conninfo>` and fails the test
- * unless it exits 0 (its output is in the failure message). */
+/* Runs `pgcoord-agent migrate --database-url <agent conninfo>` and fails the
+ * test unless it exits 0 (its output is in the failure message). */
 void hdb_migrate(struct harness_db *db);
 
 /* --- agents ------------------------------------------------------------ */
@@ -110,7 +121,7 @@ struct hagent;
 
 /*
  * Starts $PGCOORD_TEST_AGENT_BIN with
- *   --database-url <conninfo of db> --replica-id <replica_id>
+ *   --database-url <hdb_agent_conninfo(db)> --replica-id <replica_id>
  *   --socket-path $PGCOORD_TEST_TMP/<pid>-<n>-agent.sock
  * followed by extra_args (NULL-terminated array, or NULL), stdout and stderr
  * to a log file in $PGCOORD_TEST_TMP. Returns once the socket accepts
@@ -221,5 +232,19 @@ void hpg_restart(const char *mode);
  * its data; hpg_start brings it back. Agents then see the database down. */
 void hpg_stop(const char *mode);
 void hpg_start(void);
+
+/* --- PgBouncer (with-postgres --pgbouncer) ----------------------------- */
+
+/* True when the test runs with a PgBouncer in front of the server. */
+bool hbouncer_enabled(void);
+
+/* Stops PgBouncer: crash true is SIGKILL (clients and servers see their
+ * connections drop with no goodbye), false a SIGTERM (it closes them
+ * itself). Returns once the process is gone. Fails the test when
+ * !hbouncer_enabled(). */
+void hbouncer_stop(bool crash);
+
+/* Starts it again (same socket, same settings); returns once it answers. */
+void hbouncer_start(void);
 
 #endif
