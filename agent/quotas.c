@@ -108,18 +108,20 @@ static void quota_got(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const PGresult *res = r->res;
+	char *key = req->ctx; /* req is gone once answered: keep the key */
 
+	req->ctx = NULL;
 	if (!r->ok) {
 		req_fail_db(req, r);
+		free(key);
 		return;
 	}
 	if (PQntuples(res) != 1 || pgrow_null(res, 0, 1)) {
-		req_fail(req, PGC_E_NOT_FOUND, "no quota \"%s\" (quota.set creates one)",
-			 (const char *)req->ctx);
-		free(req->ctx);
+		req_fail(req, PGC_E_NOT_FOUND, "no quota \"%s\" (quota.set creates one)", key);
+		free(key);
 		return;
 	}
-	free(req->ctx);
+	free(key);
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 2);
 	pgc_pack_cstr(pk, "quota");
