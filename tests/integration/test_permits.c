@@ -527,6 +527,107 @@ Test(permits, released_id_is_never_admitted_again_and_release_is_idempotent)
 	hdb_drop(db);
 }
 
+/* --- guarantee 6: the reservation lifecycle is visible ------------------------- */
+
+/* Decodes a libpgcoord read result; the caller destroys u and frees res. */
+static const msgpack_object *decode(void *res, size_t len, msgpack_unpacked *u)
+{
+	size_t off = 0;
+	msgpack_unpacked_init(u);
+	cr_assert_eq(msgpack_unpack_next(u, res, len, &off), MSGPACK_UNPACK_SUCCESS);
+	return &u->data;
+}
+
+/*
+ * The intent bytes are committed with the claim and read back unchanged;
+ * phase and state carry their times; the history lists every change in
+ * order; an id reused for another claim, and unknown names, are clear
+ * errors.
+ */
+Test(permits, intent_phase_and_history_are_recorded_with_the_claim)
+{
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, "life-a", NULL);
+	pgcoord *c = client(a, "lifecycle");
+	static const char intent[] = {'{', '"', 'p', 'o', 'd', '"', 0, (char)0xff, '}'};
+	const char *keys[1] = {"life"};
+	pgcoord_claim *cl = NULL;
+	void *res = NULL;
+	size_t len = 0;
+	msgpack_unpacked u;
+
+	quota_set(c, "life", 4, -1);
+	cr_assert_eq(pgcoord_permit_claim(c, "l-1", keys, NULL, 1, intent, sizeof(intent),
+					  PGCOORD_NO_LIMIT, 0, CALL_MS, &cl),
+		     PGCOORD_OK);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	cr_assert(pgcoord_claim_is_mine(cl));
+	cr_assert_eq(pgcoord_claim_get_owner_session(cl), pgcoord_session_id(c));
+	cr_assert_eq(pgcoord_claim_get_token(cl),
+		     hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'l-1'"));
+	pgcoord_claim_free(cl);
+	char *hex = hdb_query_value(db, "SELECT encode(intent, 'hex') FROM pgcoord.permits "
+					"WHERE id = 'l-1'");
+	cr_assert_str_eq(hex, "7b22706f642200ff7d", "the intent was not stored byte for byte");
+	free(hex);
+
+	cr_assert_eq(pgcoord_permit_update(c, "l-1", PGCOORD_PHASE_DISPATCHED, CALL_MS),
+		     PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_update(c, "l-1", PGCOORD_PHASE_RUNNING, CALL_MS), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_update(c, "l-1", PGCOORD_PHASE_RUNNING, CALL_MS), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_update(c, "l-1", PGCOORD_PHASE_DISPATCHED, CALL_MS),
+		     PGCOORD_E_CONFLICT);
+	cr_assert_eq(events(db, "l-1", "phase"), 2, "an unchanged phase was audited");
+
+	cr_assert_eq(pgcoord_permit_get(c, "l-1", CALL_MS, &res, &len), PGCOORD_OK);
+	const msgpack_object *p = pgc_map_get(decode(res, len, &u), "permit");
+	const msgpack_object *bin = pgc_map_get(p, "intent");
+	cr_assert(bin && bin->type == MSGPACK_OBJECT_BIN);
+	cr_assert_eq(bin->via.bin.size, sizeof(intent));
+	cr_assert_eq(memcmp(bin->via.bin.ptr, intent, sizeof(intent)), 0);
+	cr_assert(pgc_obj_str_eq(pgc_map_get(p, "phase"), "running"));
+	cr_assert(pgc_obj_str_eq(pgc_map_get(p, "state"), "held"));
+	int64_t age = -1, phase_age = -1;
+	cr_assert(pgc_obj_int64(pgc_map_get(p, "age_ms"), &age) && age >= 0);
+	cr_assert(pgc_obj_int64(pgc_map_get(p, "phase_age_ms"), &phase_age) && phase_age <= age);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(res);
+
+	/* one id names one claim */
+	const char *other[1] = {"life-2"};
+	quota_set(c, "life-2", 4, -1);
+	cr_assert_eq(pgcoord_permit_claim(c, "l-1", other, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
+					  CALL_MS, &cl),
+		     PGCOORD_E_CONFLICT);
+	cr_assert_eq(in_flight(db, "life-2"), 0);
+
+	cr_assert_eq(pgcoord_permit_release(c, "l-1", 0, "done", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_history(c, "l-1", CALL_MS, &res, &len), PGCOORD_OK);
+	const msgpack_object *evs = pgc_map_get(decode(res, len, &u), "events");
+	static const char *const want[] = {"admitted", "phase", "phase", "released"};
+	cr_assert(evs && evs->type == MSGPACK_OBJECT_ARRAY && evs->via.array.size == 4);
+	for (int i = 0; i < 4; i++)
+		cr_assert(pgc_obj_str_eq(pgc_map_get(&evs->via.array.ptr[i], "event"), want[i]),
+			  "event %d is not %s", i, want[i]);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(res);
+
+	int64_t limit = -1;
+	cr_assert_eq(pgcoord_quota_get(c, "nope", CALL_MS, &limit, NULL, NULL, NULL),
+		     PGCOORD_E_NOT_FOUND);
+	cr_assert(strstr(pgcoord_last_message(c), "nope"), "%s", pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_permit_get(c, "nope", CALL_MS, &res, &len), PGCOORD_E_NOT_FOUND);
+	cr_assert_eq(pgcoord_quota_list(c, CALL_MS, &res, &len), PGCOORD_OK);
+	const msgpack_object *qs = pgc_map_get(decode(res, len, &u), "quotas");
+	cr_assert(qs && qs->type == MSGPACK_OBJECT_ARRAY && qs->via.array.size == 2);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(res);
+	assert_conserved(db, "after a lifecycle");
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- multi-quota: all or nothing ------------------------------------------- */
 
 Test(permits, multi_quota_claim_with_one_full_quota_changes_nothing)
