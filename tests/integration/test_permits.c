@@ -1289,6 +1289,48 @@ Test(permits, conservation_holds_through_agent_kills_and_terminated_backends, .t
 	hdb_drop(db);
 }
 
+/* Lowering a limit below in_flight takes nothing away and admits nothing
+ * until in_flight + weight fits again; the check does not call that a
+ * violation, but does once a claim is admitted over the limit. */
+Test(permits, lowered_limit_admits_nothing_until_in_flight_falls_below_it)
+{
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, "low-a", NULL);
+	pgcoord *c = client(a, "lower");
+	char id[16];
+
+	quota_set(c, "low", 3, -1);
+	for (int i = 0; i < 3; i++) {
+		snprintf(id, sizeof(id), "low-%d", i);
+		pgcoord_claim_free(claim1(c, id, "low", 0));
+	}
+	quota_set(c, "low", 1, -1);
+	cr_assert_eq(in_flight(db, "low"), 3, "lowering the limit released permits");
+	assert_agent_check_ok(c, "after lowering the limit");
+	for (int i = 0; i < 3; i++) {
+		pgcoord_claim *cl = claim1(c, "low-new", "low", 0);
+		cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_DENIED,
+			     "admitted with in_flight %ld over limit 1", in_flight(db, "low"));
+		pgcoord_claim_free(cl);
+		snprintf(id, sizeof(id), "low-%d", i);
+		cr_assert_eq(pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL), PGCOORD_OK);
+		assert_agent_check_ok(c, "while in_flight falls");
+	}
+	pgcoord_claim *cl = claim1(c, "low-new", "low", 0);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	assert_conserved(db, "after lowering a limit");
+
+	/* an admission past the limit (forged here) is a violation */
+	hdb_exec(db, "UPDATE pgcoord.quotas SET \"limit\" = 0 WHERE key = 'low'");
+	bool ok = true;
+	cr_assert_eq(pgcoord_permit_check(c, CALL_MS, &ok, NULL, NULL), PGCOORD_OK);
+	cr_assert_not(ok, "in_flight over a limit nobody set through quota.set passed");
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- operators: check, overrides, admins ----------------------------------------- */
 
 /* pgcoordctl check exits 0 on a conserved ledger, and 1 with the offending
@@ -1362,9 +1404,9 @@ Test(permits, operator_override_is_audited_with_uid_and_evidence)
 	hdb_drop(db);
 }
 
-/* Runs quota.set and an override release as uid 65534 against socket;
- * returns the two error codes packed as set * 1000 + release. */
-static int as_nobody(const char *socket)
+/* Runs quota.set and an override release of permit as uid 65534 (gid
+ * 65534) against socket; returns the two error codes as set * 10 + release. */
+static int as_nobody(const char *socket, const char *permit)
 {
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
@@ -1375,7 +1417,7 @@ static int as_nobody(const char *socket)
 		if (pgcoord_connect(socket, CALL_MS, &c) != PGCOORD_OK)
 			_exit(251);
 		int set = pgcoord_quota_set(c, "adm", 9, -1, CALL_MS);
-		int rel = pgcoord_permit_release(c, "adm-1", PGCOORD_OVERRIDE, "x", CALL_MS, NULL);
+		int rel = pgcoord_permit_release(c, permit, PGCOORD_OVERRIDE, "x", CALL_MS, NULL);
 		_exit(set * 10 + rel);
 	}
 	int status = 0;
@@ -1398,12 +1440,14 @@ Test(permits, admin_calls_are_forbidden_to_other_uids_unless_listed)
 
 	quota_set(c, "adm", 1, -1);
 	pgcoord_claim_free(claim1(c, "adm-1", "adm", 0));
-	cr_assert_eq(as_nobody(hagent_socket(a)), PGCOORD_E_FORBIDDEN * 10 + PGCOORD_E_FORBIDDEN,
+	cr_assert_eq(as_nobody(hagent_socket(a), "adm-1"),
+		     PGCOORD_E_FORBIDDEN * 10 + PGCOORD_E_FORBIDDEN,
 		     "a non-admin uid made an admin call");
 	cr_assert_eq(hdb_query_long(db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'adm'"),
 		     1);
 	cr_assert_eq(in_flight(db, "adm"), 1);
-	cr_assert_eq(as_nobody(hagent_socket(b)), 0, "admin_uids did not make uid 65534 admin");
+	cr_assert_eq(as_nobody(hagent_socket(b), "adm-1"), 0,
+		     "admin_uids did not make uid 65534 admin");
 	cr_assert_eq(hdb_query_long(db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'adm'"),
 		     9);
 	cr_assert_eq(in_flight(db, "adm"), 0);
@@ -1411,6 +1455,19 @@ Test(permits, admin_calls_are_forbidden_to_other_uids_unless_listed)
 					  "WHERE permit_id = 'adm-1' AND delta < 0");
 	cr_assert_str_eq(actor, "operator:uid=65534");
 	free(actor);
+
+	/* admin_group: a peer whose gid is the group's (nobody's is nogroup's) */
+	struct group *ng = getgrgid(65534);
+	if (ng) {
+		const char *by_group[] = {"--socket-mode", "0666", "--admin-group", ng->gr_name,
+					  NULL};
+		struct hagent *g = hagent_start(db, "adm-g", by_group);
+		pgcoord_claim_free(claim1(c, "adm-1b", "adm", 0));
+		cr_assert_eq(as_nobody(hagent_socket(g), "adm-1b"), 0,
+			     "admin_group %s did not make gid 65534 admin", ng->gr_name);
+		cr_assert_eq(in_flight(db, "adm"), 0);
+		hagent_destroy(g);
+	}
 
 	char *log = NULL;
 	const char *bad_group[] = {"--admin-group", "no-such-group-pgcoord", NULL};
