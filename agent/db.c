@@ -23,6 +23,7 @@ struct db_query {
 	db_done_fn done;
 	void *arg;
 	struct event *deadline;
+	struct timespec queued_at; /* for the latency histogram */
 };
 
 struct db_conn {
@@ -97,6 +98,16 @@ enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
 	return PGC_E_INTERNAL;
 }
 
+/* Records how long q took, from db_query() to now, in its lane's histogram. */
+static void query_observe(struct db_query *q)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	double s = (double)(now.tv_sec - q->queued_at.tv_sec) +
+		   (double)(now.tv_nsec - q->queued_at.tv_nsec) / 1e9;
+	histogram_observe(&q->lane->db->stats.latency[q->lane->id], s);
+}
+
 static void query_free(struct db_query *q)
 {
 	if (!q)
@@ -121,6 +132,7 @@ static void query_fail(struct db_query *q, enum pgc_error_code code, bool unknow
 	q->lane->db->stats.failures++;
 	if (code == PGC_E_TIMEOUT)
 		q->lane->db->stats.timeouts++;
+	query_observe(q);
 	q->done(&r, q->arg);
 	query_free(q);
 }
@@ -334,6 +346,7 @@ static void conn_finish_query(struct db_conn *c)
 			log_error(c->lane->db->log, "db", "statement failed: %s (SQLSTATE %s)", msg,
 				  r.sqlstate ? r.sqlstate : "none");
 	}
+	query_observe(q);
 	q->done(&r, q->arg);
 	PQclear(res);
 	query_free(q);
@@ -481,6 +494,7 @@ bool db_query(struct db *db, enum db_lane_id lane_id, const char *sql, int npara
 	q->lane = lane;
 	q->done = done;
 	q->arg = arg;
+	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
 	q->nparams = nparams;
 	q->sql = strdup(sql);
 	q->params = nparams ? calloc((size_t)nparams, sizeof(char *)) : NULL;

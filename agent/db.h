@@ -16,6 +16,7 @@
 #include <stdbool.h>
 
 #include "agent/log.h"
+#include "agent/metrics.h"
 #include "proto/codec.h"
 
 enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
@@ -73,6 +74,8 @@ struct db_stats {
 	unsigned long queries, failures, timeouts, reconnects;
 	int connected[DB_LANE__COUNT];
 	int queued[DB_LANE__COUNT];
+	/* from queueing to the result (or failure), per lane */
+	struct histogram latency[DB_LANE__COUNT];
 };
 void db_get_stats(const struct db *db, struct db_stats *out);
 

@@ -11,6 +11,7 @@
 #include "agent/agent.h"
 #include "agent/conn.h"
 #include "agent/methods.h"
+#include "agent/metrics.h"
 #include "agent/sessions.h"
 
 static const struct method methods[] = {
@@ -51,6 +52,44 @@ static const struct method *find_method(const char *name, size_t len)
 	return NULL;
 }
 
+size_t dispatch_method_count(void)
+{
+	return sizeof(methods) / sizeof(methods[0]);
+}
+
+const char *dispatch_method_name(size_t i)
+{
+	return i < dispatch_method_count() ? methods[i].name : "unknown";
+}
+
+void req_log_kv(const struct request *req, char *buf, size_t len)
+{
+	int n =
+	    snprintf(buf, len, "conn=%llu msgid=%u method=%s", (unsigned long long)req->conn->id,
+		     (unsigned)req->msgid, req->method ? req->method->name : "unknown");
+	if (req->conn->session && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, " session=%lld",
+			 (long long)req->conn->session->id);
+}
+
+/* Counts the answer in the metrics (labels: the method table's name, or
+ * "unknown", and the outcome) and logs it at debug level. */
+static void req_count(struct request *req, int outcome)
+{
+	struct agent *ag = req->ag;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	double s = (double)(now.tv_sec - req->started_ts.tv_sec) +
+		   (double)(now.tv_nsec - req->started_ts.tv_nsec) / 1e9;
+	metrics_rpc(ag->metrics, req->method ? (int)(req->method - methods) : -1, outcome, s);
+	if (ag->log.level >= LOG_LEVEL_DEBUG) {
+		char kv[256];
+		req_log_kv(req, kv, sizeof(kv));
+		log_write(&ag->log, LOG_LEVEL_DEBUG, "dispatch", kv, "answered %s in %.3f ms",
+			  outcome ? pgc_error_name((enum pgc_error_code)outcome) : "ok", s * 1e3);
+	}
+}
+
 static void req_free(struct request *req)
 {
 	struct conn *c = req->conn;
@@ -82,6 +121,7 @@ msgpack_packer *req_result(struct request *req)
 
 void req_done(struct request *req)
 {
+	req_count(req, 0);
 	conn_send(req->conn, req->out.data, req->out.size);
 	req_free(req);
 }
@@ -93,8 +133,13 @@ void req_fail(struct request *req, enum pgc_error_code code, const char *fmt, ..
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	if (code == PGC_E_INTERNAL)
-		log_error(&req->ag->log, "dispatch", "%s failed: %s", req->method->name, msg);
+	if (code == PGC_E_INTERNAL) {
+		char kv[256];
+		req_log_kv(req, kv, sizeof(kv));
+		log_write(&req->ag->log, LOG_LEVEL_ERROR, "dispatch", kv, "%s failed: %s",
+			  req->method->name, msg);
+	}
+	req_count(req, code);
 	send_error(req->conn, req->msgid, code, msg);
 	req_free(req);
 }
@@ -405,23 +450,27 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 	req->ag = ag;
 	req->conn = c;
 	req->started_ms = mono_ms();
+	clock_gettime(CLOCK_MONOTONIC, &req->started_ts);
 	conn_ref(c);
 	c->inflight++;
 
 	/* the scanner already proved this is one complete object */
 	if (msgpack_unpack_next(&req->unpacked, req->frame, len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		req_count(req, PGC_E_INVALID_REQUEST);
 		send_error(c, 0, PGC_E_INVALID_REQUEST, "could not decode the message");
 		req_free(req);
 		return;
 	}
 	memset(&msg, 0, sizeof(msg));
 	if (!pgc_parse_message(&req->unpacked.data, &msg, err, sizeof(err))) {
+		req_count(req, PGC_E_INVALID_REQUEST);
 		send_error(c, msg.type == PGC_RPC_REQUEST ? msg.msgid : 0, PGC_E_INVALID_REQUEST,
 			   err);
 		req_free(req);
 		return;
 	}
 	if (msg.type != PGC_RPC_REQUEST) {
+		req_count(req, PGC_E_INVALID_REQUEST);
 		send_error(c, 0, PGC_E_INVALID_REQUEST,
 			   "the agent accepts only requests ([0, msgid, method, [params]])");
 		req_free(req);
@@ -434,6 +483,7 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 		char what[128];
 		snprintf(what, sizeof(what), "no such method \"%.*s\"",
 			 (int)(msg.method_len > 64 ? 64 : msg.method_len), msg.method);
+		req_count(req, PGC_E_METHOD_NOT_FOUND);
 		send_error(c, msg.msgid, PGC_E_METHOD_NOT_FOUND, what);
 		req_free(req);
 		return;

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "agent/db.h"
 #include "proto/codec.h"
@@ -35,6 +36,7 @@ struct request {
 	int64_t target_id; /* the object a handler works on, for its db callback */
 	void *ctx;	   /* handler state for its db callbacks; the handler frees it */
 	uint64_t started_ms;
+	struct timespec started_ts; /* CLOCK_MONOTONIC arrival, for the latency metrics */
 };
 
 typedef void (*method_fn)(struct request *req);
@@ -53,6 +55,15 @@ struct method {
 
 /* Handles one complete frame of `len` bytes read from c. */
 void dispatch_frame(struct conn *c, const char *data, size_t len);
+
+/* The method table, for the metrics' labels: its size and each name. */
+size_t dispatch_method_count(void);
+const char *dispatch_method_name(size_t i);
+
+/* Formats the ids a log line about req carries: "conn=3 msgid=17
+ * method=lease.acquire session=42" (session only when the connection has
+ * one). */
+void req_log_kv(const struct request *req, char *buf, size_t len);
 
 /* Starts the success reply and returns the packer for the result object. */
 msgpack_packer *req_result(struct request *req);

@@ -6,18 +6,38 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 /* journald/syslog priorities: err, warning, info, debug */
 static const int level_priority[] = {3, 4, 6, 7};
 
-void logger_init(struct logger *lg, enum log_level level)
+/*
+ * systemd sets JOURNAL_STREAM=<dev>:<inode> of the stream it connected to
+ * stderr. A child that inherited the variable but whose stderr was
+ * redirected elsewhere (a test harness, a shell pipe) must not write
+ * priority prefixes, so the identity is compared, as systemd.exec(5) asks.
+ */
+static bool stderr_is_journal(void)
 {
 	const char *js = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (!js || sscanf(js, "%llu:%llu", &dev, &ino) != 2)
+		return false;
+	if (fstat(STDERR_FILENO, &st) != 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+void logger_init(struct logger *lg, enum log_level level)
+{
 	lg->level = level;
 	lg->out = stderr;
-	lg->journald = js != NULL && js[0] != '\0';
+	lg->journald = stderr_is_journal();
 }
 
 bool log_level_parse(const char *s, enum log_level *out)

@@ -2,9 +2,9 @@
  * log.h — structured log lines (logfmt) on stderr.
  *
  * Every line carries level, component and msg; callers add key=value pairs
- * (request and session ids) through `kv`. Under systemd (JOURNAL_STREAM set)
- * lines start with a journald priority prefix and omit the timestamp, which
- * the journal records itself.
+ * (request and session ids) through `kv`. Under systemd (JOURNAL_STREAM
+ * names the stream stderr is) lines start with a journald priority prefix
+ * and omit the timestamp, which the journal records itself.
  */
 #ifndef PGCOORD_AGENT_LOG_H
 #define PGCOORD_AGENT_LOG_H

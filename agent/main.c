@@ -20,10 +20,12 @@
 #include "agent/agent.h"
 #include "agent/conn.h"
 #include "agent/db.h"
+#include "agent/dispatch.h"
 #include "agent/identity.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/listener.h"
+#include "agent/metrics.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
 #include "agent/reload.h"
@@ -188,11 +190,12 @@ static int serve(struct agent *ag)
 		return 1;
 	}
 	ag->db = db_create(ag->base, &dbs, &ag->log, db_state_changed, ag);
+	ag->metrics = metrics_create(dispatch_method_count(), dispatch_method_name);
 	ag->sig_term = evsignal_new(ag->base, SIGTERM, signal_cb, ag);
 	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
-	if (!ag->db || !ag->sig_term || !ag->sig_int || !ag->sig_hup || !leases_start(ag) ||
-	    !identity_start(ag)) {
+	if (!ag->db || !ag->metrics || !ag->sig_term || !ag->sig_int || !ag->sig_hup ||
+	    !leases_start(ag) || !identity_start(ag)) {
 		log_error(&ag->log, "main", "out of memory at start-up");
 		ag->exit_code = 1;
 		goto out;
@@ -221,6 +224,8 @@ out:
 	janitor_finish(ag);
 	identity_finish(ag);
 	notify_finish(ag);
+	metrics_destroy(ag->metrics);
+	ag->metrics = NULL;
 	if (ag->stop_timer)
 		event_free(ag->stop_timer);
 	if (ag->sig_term)

@@ -20,6 +20,7 @@
 #include "agent/conn.h"
 #include "agent/dispatch.h"
 #include "agent/methods.h"
+#include "agent/metrics.h"
 #include "agent/pgrow.h"
 #include "agent/sessions.h"
 
@@ -341,6 +342,7 @@ static void claimed(const struct db_result *r, void *arg)
 		goto out;
 	}
 	status = PQgetvalue(res, 0, CL_STATUS);
+	metrics_claim_result(req->ag, status);
 	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
 		msgpack_packer *pk = req_result(req);
 		msgpack_pack_map(pk, 10);
