@@ -74,16 +74,15 @@ BEGIN
 		RETURN;
 	END IF;
 	-- A predecessor's sessions that are still live move to this
-	-- incarnation, which keeps them for their resume grace; the rest are
-	-- closed so nobody mistakes them for live.
+	-- incarnation, which keeps them for their resume grace. Lapsed ones
+	-- are left to the janitor, which closes them through the session-end
+	-- hook like every other expired session.
 	WITH moved AS (
 		UPDATE pgcoord.sessions s SET incarnation = p_incarnation
 		WHERE s.replica_id = p_replica_id AND s.incarnation <> p_incarnation
 		  AND s.closed_at IS NULL AND s.expires_at > now()
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_taken FROM moved;
-	UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = 'expired'
-	WHERE s.replica_id = p_replica_id AND s.closed_at IS NULL AND s.expires_at <= now();
 	RETURN QUERY SELECT true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken;
 END $$;
 
