@@ -21,6 +21,7 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/http.h"
 #include "agent/identity.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
@@ -209,6 +210,14 @@ static int serve(struct agent *ag)
 		 PGCOORD_VERSION_STRING, ag->cfg.socket_path, ag->cfg.replica_id,
 		 shown ? shown : "");
 	free(shown);
+	if (ag->cfg.metrics_listen[0]) {
+		ag->http = http_create(ag, err, sizeof(err));
+		if (!ag->http) {
+			log_error(&ag->log, "main", "%s", err);
+			ag->exit_code = 1;
+			goto out;
+		}
+	}
 	notify_starting(ag);
 
 	event_base_dispatch(ag->base);
@@ -220,6 +229,8 @@ out:
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
 	db_destroy(ag->db); /* fails what is still running: callbacks run now */
+	http_destroy(ag->http); /* after the database: its callbacks may answer pages */
+	ag->http = NULL;
 	leases_finish(ag);
 	janitor_finish(ag);
 	identity_finish(ag);

@@ -145,7 +145,7 @@ static void add_label_value(struct evbuffer *out, const char *v)
 static void gauge(struct evbuffer *out, const char *name, const char *help, double v)
 {
 	header(out, name, "gauge", help);
-	evbuffer_add_printf(out, "%s %.17g\n", name, v);
+	evbuffer_add_printf(out, "%s %.15g\n", name, v);
 }
 
 /* labels: "" or `key="value",…` without braces */
