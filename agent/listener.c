@@ -23,6 +23,7 @@ struct listener {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	dev_t dev;
 	ino_t ino;
+	bool activated; /* the fd came from systemd: the file is not ours */
 };
 
 /*
@@ -123,6 +124,62 @@ static void make_parent_dir(const char *path)
 	}
 }
 
+#define SD_LISTEN_FDS_START 3
+
+/*
+ * The socket systemd passed (sd_listen_fds(3)), checked to be what
+ * socket_path names: returns its fd, -1 when the agent was not socket
+ * activated, -2 (err set) when what was passed is unusable. The LISTEN_*
+ * variables are removed so no child could mistake them for its own.
+ */
+static int activated_socket(struct agent *ag, char *err, size_t errlen)
+{
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	struct sockaddr_un sa;
+	socklen_t salen = sizeof(sa);
+	int fd = SD_LISTEN_FDS_START, type = 0, listening = 0;
+	socklen_t optlen = sizeof(int);
+
+	if (!pid || !fds || atol(pid) != (long)getpid())
+		return -1;
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	if (atoi(fds) < 1)
+		return -1;
+	if (atoi(fds) > 1)
+		log_warn(&ag->log, "listener",
+			 "systemd passed %s sockets; using the first, closing none", fds);
+	memset(&sa, 0, sizeof(sa));
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &optlen) != 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) != 0 ||
+	    getsockname(fd, (struct sockaddr *)&sa, &salen) != 0) {
+		snprintf(err, errlen, "socket activation: fd 3 is not a socket: %s",
+			 strerror(errno));
+		return -2;
+	}
+	if (sa.sun_family != AF_UNIX || type != SOCK_STREAM || !listening) {
+		snprintf(err, errlen,
+			 "socket activation: fd 3 is not a listening stream Unix socket; use "
+			 "ListenStream=%s in the .socket unit",
+			 ag->cfg.socket_path);
+		return -2;
+	}
+	if (strncmp(sa.sun_path, ag->cfg.socket_path, sizeof(sa.sun_path)) != 0) {
+		snprintf(err, errlen,
+			 "socket activation: systemd passed a socket bound to %.108s but "
+			 "socket_path is %s; make ListenStream= and socket_path agree",
+			 sa.sun_path, ag->cfg.socket_path);
+		return -2;
+	}
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0 ||
+	    fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+		snprintf(err, errlen, "socket activation: fcntl: %s", strerror(errno));
+		return -2;
+	}
+	return fd;
+}
+
 struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -140,6 +197,15 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 	snprintf(l->path, sizeof(l->path), "%s", ag->cfg.socket_path);
 	memcpy(sa.sun_path, l->path, strlen(l->path) + 1); /* fits: validated */
 
+	fd = activated_socket(ag, err, errlen);
+	if (fd == -2)
+		goto fail;
+	if (fd >= 0) {
+		/* mode and owner are the .socket unit's (SocketMode=, SocketGroup=) */
+		l->activated = true;
+		log_info(&ag->log, "listener", "using the socket systemd passed on %s", l->path);
+		goto have_fd;
+	}
 	make_parent_dir(l->path);
 	if (!clear_stale_socket(l->path, err, errlen))
 		goto fail;
@@ -165,13 +231,15 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 	}
 	l->dev = st.st_dev;
 	l->ino = st.st_ino;
+have_fd:
 	l->ev = evconnlistener_new(ag->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE, 128, fd);
 	l->resume_timer = evtimer_new(ag->base, resume_cb, l);
 	if (!l->ev || !l->resume_timer) {
 		snprintf(err, errlen, "cannot listen on %s", l->path);
 		if (!l->ev)
 			close(fd);
-		unlink(l->path);
+		if (!l->activated)
+			unlink(l->path);
 		goto fail;
 	}
 	evconnlistener_set_error_cb(l->ev, accept_error_cb);
@@ -188,8 +256,10 @@ void listener_destroy(struct listener *l)
 		return;
 	if (l->ev) {
 		evconnlistener_free(l->ev);
-		/* a successor may already have bound the path: leave its socket */
-		if (lstat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
+		/* a successor may already have bound the path: leave its socket;
+		 * an activated socket's file is systemd's */
+		if (!l->activated && lstat(l->path, &st) == 0 && st.st_dev == l->dev &&
+		    st.st_ino == l->ino)
 			unlink(l->path);
 	}
 	if (l->resume_timer)

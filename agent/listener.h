@@ -12,7 +12,14 @@
 struct agent;
 struct listener;
 
-/* Binds and listens on ag->cfg.socket_path. On failure err says why. */
+/*
+ * Binds and listens on ag->cfg.socket_path. Under systemd socket activation
+ * (LISTEN_PID is this process, LISTEN_FDS >= 1; sd_listen_fds(3)) it takes
+ * the listening socket systemd passed as fd 3 instead, which must be a
+ * stream Unix socket bound to socket_path; that socket's file belongs to
+ * the .socket unit, so it is neither replaced nor removed. On failure err
+ * says why.
+ */
 __attribute__((warn_unused_result)) struct listener *listener_create(struct agent *ag, char *err,
 								     size_t errlen);
 
