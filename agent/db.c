@@ -82,10 +82,31 @@ static void one_line(char *buf, size_t len, const char *msg)
 			*p = (p[1] == '\0') ? '\0' : ' ';
 }
 
+/* The refusals the pgcoord schema raises on purpose (SQLSTATE class PC;
+ * migrations/0004_records.sql): their message is written for the client. */
+static const struct {
+	const char *sqlstate;
+	enum pgc_error_code code;
+} refusals[] = {
+    {"PCNFD", PGC_E_NOT_FOUND}, {"PCFEN", PGC_E_FENCED},	  {"PCCFL", PGC_E_CONFLICT},
+    {"PCFBD", PGC_E_FORBIDDEN}, {"PCSEX", PGC_E_SESSION_EXPIRED},
+};
+
+bool db_sqlstate_is_refusal(const char *sqlstate)
+{
+	for (size_t i = 0; sqlstate && i < sizeof(refusals) / sizeof(refusals[0]); i++)
+		if (strcmp(sqlstate, refusals[i].sqlstate) == 0)
+			return true;
+	return false;
+}
+
 enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
 {
 	if (!sqlstate)
 		return PGC_E_UNAVAILABLE;
+	for (size_t i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++)
+		if (strcmp(sqlstate, refusals[i].sqlstate) == 0)
+			return refusals[i].code;
 	/* connection exceptions, shutdowns, resource limits, serialization
 	 * conflicts and read-only standbys: a retry may well succeed */
 	if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
@@ -339,9 +360,12 @@ static void conn_finish_query(struct db_conn *c)
 			 res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : "no result");
 		r.message = msg;
 		r.error = db_error_for_sqlstate(r.sqlstate);
+		r.refusal = db_sqlstate_is_refusal(r.sqlstate);
 		/* an error reply means the statement's transaction rolled back */
 		r.outcome_unknown = false;
-		c->lane->db->stats.failures++;
+		/* a refusal is the schema answering, not the database failing */
+		if (!r.refusal)
+			c->lane->db->stats.failures++;
 		if (r.error == PGC_E_INTERNAL)
 			log_error(c->lane->db->log, "db", "statement failed: %s (SQLSTATE %s)", msg,
 				  r.sqlstate ? r.sqlstate : "none");

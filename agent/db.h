@@ -28,6 +28,9 @@ struct db_result {
 	const char *sqlstate;	   /* when !ok and the server answered; else NULL */
 	const char *message;	   /* when !ok: one line for logs and clients */
 	bool outcome_unknown;	   /* the statement may have committed (lost mid-flight) */
+	/* the schema refused on purpose (SQLSTATE class PC): error and message
+	 * are the answer for the client, and nothing changed */
+	bool refusal;
 };
 
 /* Called exactly once per accepted query, from the event loop. */
@@ -79,7 +82,11 @@ struct db_stats {
 };
 void db_get_stats(const struct db *db, struct db_stats *out);
 
-/* Maps a failed result's SQLSTATE to the wire error a client should see. */
+/* Maps a failed result's SQLSTATE to the wire error a client should see.
+ * The schema's deliberate refusals (PCNFD not_found, PCFEN fenced, PCCFL
+ * conflict, PCFBD forbidden, PCSEX session_expired) map to their codes. */
 enum pgc_error_code db_error_for_sqlstate(const char *sqlstate);
+/* True for one of those refusals. */
+bool db_sqlstate_is_refusal(const char *sqlstate);
 
 #endif
