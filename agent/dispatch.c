@@ -41,6 +41,16 @@ static const struct method methods[] = {
     {"permit.list", rpc_permit_list, M_DB},
     {"permit.history", rpc_permit_history, M_DB},
     {"permit.check", rpc_permit_check, M_DB},
+    {"record.put", rpc_record_put, M_DB | M_SESSION},
+    /* update and settle also run for a session the agent declared lost, so
+     * its former owner hears `fenced` (or `session_expired`): records.c */
+    {"record.update", rpc_record_update, M_DB},
+    {"record.settle", rpc_record_settle, M_DB},
+    {"record.get", rpc_record_get, M_DB},
+    {"record.list", rpc_record_list, M_DB},
+    /* a session unless dry_run; answers liveness_read: false by itself
+     * while the database is down */
+    {"record.recover", rpc_record_recover, M_DB | M_DB_DOWN_OK},
 };
 
 static const struct method *find_method(const char *name, size_t len)
@@ -523,7 +533,7 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 				 "%s needs a session: call session.open first", req->method->name);
 		return;
 	}
-	if ((req->method->flags & M_DB) &&
+	if ((req->method->flags & M_DB) && !(req->method->flags & M_DB_DOWN_OK) &&
 	    (!ag->id.registered || !db_lane_up(ag->db, DB_LANE_REQUESTS))) {
 		req_fail(req, PGC_E_UNAVAILABLE, "the database is unreachable; retry");
 		return;

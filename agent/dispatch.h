@@ -45,6 +45,9 @@ enum method_flags {
 	M_DB = 1 << 0,	    /* needs the database: `unavailable` while it is down */
 	M_SESSION = 1 << 1, /* needs an open session on the connection */
 	M_ADMIN = 1 << 2,   /* only for admin peers (root, the agent's user, admin_uids) */
+	/* with M_DB: the handler also runs while the database is down, and
+	 * answers that itself (record.recover) */
+	M_DB_DOWN_OK = 1 << 3,
 };
 
 struct method {

@@ -43,4 +43,12 @@ void rpc_permit_list(struct request *req);
 void rpc_permit_history(struct request *req);
 void rpc_permit_check(struct request *req);
 
+/* records.c */
+void rpc_record_put(struct request *req);
+void rpc_record_update(struct request *req);
+void rpc_record_settle(struct request *req);
+void rpc_record_get(struct request *req);
+void rpc_record_list(struct request *req);
+void rpc_record_recover(struct request *req);
+
 #endif

@@ -1,0 +1,717 @@
+/*
+ * records.c — the record.* methods: records owned by the caller's session
+ * (put, update, settle, get, list) and recovery of the records of dead
+ * owners (guarantee 8).
+ *
+ * Every method is ONE statement calling one function of
+ * migrations/0004_records.sql, where all deciding happens. This file
+ * validates parameters, supplies the caller's session — the only source of
+ * ownership: no parameter names an owner — and the actor for the audit
+ * trail, and turns rows into replies. Refusals come back as SQLSTATEs of
+ * class PC that db.c maps to wire errors (not_found, fenced, conflict,
+ * forbidden, session_expired) with the schema's message.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/db.h"
+#include "agent/dispatch.h"
+#include "agent/methods.h"
+#include "agent/pgrow.h"
+#include "agent/sessions.h"
+
+#define RECORD_KIND_MAX 200
+#define RECORD_KEY_MAX 200
+#define RECORD_STATE_MAX 64
+#define RECORD_DATA_MAX 65536
+#define RECORD_PERMIT_MAX 200
+#define RECORD_MAX_KINDS 64
+#define RECORD_LIST_DEFAULT 1000
+#define RECORD_LIST_MAX 10000
+#define RECORD_RECOVER_DEFAULT 1000
+#define RECORD_RECOVER_MAX 10000
+
+/* Columns of pgcoord.record_status, in order, from wherever a query puts
+ * the first one. */
+enum {
+	RS_KIND,
+	RS_KEY,
+	RS_STATE,
+	RS_TERMINAL,
+	RS_DATA,
+	RS_PERMIT,
+	RS_OWNER,
+	RS_REPLICA,
+	RS_LIVE,
+	RS_TOKEN,
+	RS_CREATED,
+	RS_UPDATED,
+	RS_SETTLED,
+	RS_ADOPTED_FROM,
+	RS_ADOPTED_AT,
+	RS__COUNT
+};
+
+/* What a handler keeps for its database callback (req->ctx). */
+struct record_call {
+	char *kind;
+	char *key;
+	int64_t session;
+	bool dry_run;
+};
+
+static void call_free(struct record_call *call)
+{
+	if (!call)
+		return;
+	free(call->kind);
+	free(call->key);
+	free(call);
+}
+
+static struct record_call *call_new(struct request *req)
+{
+	struct record_call *call = calloc(1, sizeof(*call));
+	if (!call)
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	return call;
+}
+
+/* Takes the call back from req for the callback's use; the caller frees it. */
+static struct record_call *take_call(struct request *req)
+{
+	struct record_call *call = req->ctx;
+	req->ctx = NULL;
+	return call;
+}
+
+/* Runs sql for req with call as its context; frees call when the query
+ * could not even be queued (req was answered `unavailable`). */
+static void call_query(struct request *req, struct record_call *call, const char *sql, int nparams,
+		       const char *const *params, db_done_fn done)
+{
+	req->ctx = call;
+	if (!req_query(req, sql, nparams, params, done))
+		call_free(call);
+}
+
+/* The audit trail's actor for a call made through a session. */
+static void session_actor(struct request *req, int64_t session, char *buf, size_t len)
+{
+	snprintf(buf, len, "session:%" PRId64 "@%s", session, req->ag->cfg.replica_id);
+}
+
+/* Reads a required, non-empty string parameter of at most max bytes. */
+static bool param_name(struct request *req, const char *key, size_t max, char **out)
+{
+	if (!req_param_str(req, key, true, max, out))
+		return false;
+	if (!(*out)[0]) {
+		free(*out);
+		*out = NULL;
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not be empty", key);
+		return false;
+	}
+	return true;
+}
+
+/* kind and key, which name every record. */
+static bool param_kind_key(struct request *req, struct record_call *call)
+{
+	return param_name(req, "kind", RECORD_KIND_MAX, &call->kind) &&
+	       param_name(req, "key", RECORD_KEY_MAX, &call->key);
+}
+
+/* An optional state: absent leaves *out NULL; present must be 1..64 bytes. */
+static bool param_state(struct request *req, bool required, char **out)
+{
+	if (required)
+		return param_name(req, "state", RECORD_STATE_MAX, out);
+	if (!req_param_str(req, "state", false, RECORD_STATE_MAX, out))
+		return false;
+	if (*out && !(*out)[0]) {
+		free(*out);
+		*out = NULL;
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'state' must not be empty");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The session a write is made as. update and settle are served for a
+ * session the agent already declared lost as well (lost = true): the
+ * schema refuses every write from it, and says `fenced` when the record
+ * was adopted meanwhile, which is what its former owner must hear.
+ */
+static bool caller_session(struct request *req, int64_t *session, bool *lost)
+{
+	struct conn *c = req->conn;
+	if (c->session) {
+		*session = c->session->id;
+		*lost = false;
+		return true;
+	}
+	if (c->lost_session) {
+		*session = c->lost_session;
+		*lost = true;
+		return true;
+	}
+	return req_need_session(req);
+}
+
+/* bytea in Postgres' hex input form: \x0102… */
+static char *hex_bytea(const char *data, size_t len)
+{
+	static const char digits[] = "0123456789abcdef";
+	char *out = malloc(2 * len + 3), *o = out;
+	if (!out)
+		return NULL;
+	*o++ = '\\';
+	*o++ = 'x';
+	for (size_t i = 0; i < len; i++) {
+		*o++ = digits[(unsigned char)data[i] >> 4];
+		*o++ = digits[(unsigned char)data[i] & 15];
+	}
+	*o = '\0';
+	return out;
+}
+
+/* The record whose columns start at col, as a map. */
+static void pack_record(msgpack_packer *pk, const PGresult *res, int row, int col)
+{
+	msgpack_pack_map(pk, RS__COUNT);
+	pgrow_kv_str(pk, "kind", res, row, col + RS_KIND);
+	pgrow_kv_str(pk, "key", res, row, col + RS_KEY);
+	pgrow_kv_str(pk, "state", res, row, col + RS_STATE);
+	pgc_pack_kv_bool(pk, "terminal", pgrow_bool(res, row, col + RS_TERMINAL));
+	pgrow_kv_hex_bin(pk, "data", res, row, col + RS_DATA);
+	pgrow_kv_str(pk, "permit", res, row, col + RS_PERMIT);
+	pgrow_kv_int(pk, "owner_session", res, row, col + RS_OWNER);
+	pgrow_kv_str(pk, "owner_replica", res, row, col + RS_REPLICA);
+	pgc_pack_kv_bool(pk, "owner_live", pgrow_bool(res, row, col + RS_LIVE));
+	pgrow_kv_int(pk, "token", res, row, col + RS_TOKEN);
+	pgrow_kv_int(pk, "created_at", res, row, col + RS_CREATED);
+	pgrow_kv_int(pk, "updated_at", res, row, col + RS_UPDATED);
+	pgrow_kv_int(pk, "settled_at", res, row, col + RS_SETTLED);
+	pgrow_kv_int(pk, "adopted_from", res, row, col + RS_ADOPTED_FROM);
+	pgrow_kv_int(pk, "adopted_at", res, row, col + RS_ADOPTED_AT);
+}
+
+/* Replies {[created,] record, now_at} from a one-row result: now_at in
+ * column 0, then `created` when has_created, then the record. */
+static void reply_record(struct request *req, const PGresult *res, bool has_created)
+{
+	int col = has_created ? 2 : 1;
+	if (PQntuples(res) != 1 || PQnfields(res) != col + RS__COUNT) {
+		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows of %d columns",
+			 req->method->name, PQntuples(res), PQnfields(res));
+		return;
+	}
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, has_created ? 3 : 2);
+	if (has_created)
+		pgc_pack_kv_bool(pk, "created", pgrow_bool(res, 0, 1));
+	pgc_pack_cstr(pk, "record");
+	pack_record(pk, res, 0, col);
+	pgrow_kv_int(pk, "now_at", res, 0, 0);
+	req_done(req);
+}
+
+/* --- record.put --------------------------------------------------------- */
+
+static void put_done(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	call_free(take_call(req));
+	if (!r->ok)
+		req_fail_db(req, r);
+	else
+		reply_record(req, r->res, true);
+}
+
+void rpc_record_put(struct request *req)
+{
+	struct record_call *call = call_new(req);
+	char *state = NULL, *permit = NULL, *data_hex = NULL;
+	const char *data = NULL;
+	size_t data_len = 0;
+	bool has_data = false;
+	char session[24], actor[256];
+
+	if (!call)
+		return;
+	if (!param_kind_key(req, call) || !param_state(req, true, &state) ||
+	    !req_param_bytes(req, "data", false, RECORD_DATA_MAX, &data, &data_len, &has_data) ||
+	    !req_param_str(req, "permit", false, RECORD_PERMIT_MAX, &permit))
+		goto fail;
+	if (permit && !permit[0]) {
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'permit' must not be empty");
+		goto fail;
+	}
+	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		goto fail;
+	}
+	/* the owner is the connection's session, never a parameter */
+	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	session_actor(req, req->conn->session->id, actor, sizeof(actor));
+	const char *params[7] = {call->kind, call->key, state, data_hex, permit, session, actor};
+	call_query(req, call,
+		   "SELECT pgcoord.ms(now()), p.* "
+		   "FROM pgcoord.record_put($1, $2, $3, $4::bytea, $5, $6, $7) p",
+		   7, params, put_done);
+	call = NULL;
+fail:
+	call_free(call);
+	free(state);
+	free(permit);
+	free(data_hex);
+}
+
+/* --- record.update, record.settle ---------------------------------------- */
+
+static void written(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	call_free(take_call(req));
+	if (!r->ok)
+		req_fail_db(req, r);
+	else
+		reply_record(req, r->res, false);
+}
+
+void rpc_record_update(struct request *req)
+{
+	struct record_call *call = call_new(req);
+	char *state = NULL, *data_hex = NULL;
+	const char *data = NULL;
+	size_t data_len = 0;
+	bool has_data = false, has_token = false, lost = false;
+	int64_t token = 0, sid = 0;
+	char session[24], token_s[24], actor[256];
+
+	if (!call)
+		return;
+	if (!param_kind_key(req, call) || !param_state(req, false, &state) ||
+	    !req_param_bytes(req, "data", false, RECORD_DATA_MAX, &data, &data_len, &has_data) ||
+	    !req_param_int(req, "token", false, 1, INT64_MAX, &token, &has_token))
+		goto fail;
+	if (!state && !has_data) {
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "record.update needs 'state', 'data' or both: nothing to change");
+		goto fail;
+	}
+	if (!caller_session(req, &sid, &lost))
+		goto fail;
+	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		goto fail;
+	}
+	snprintf(session, sizeof(session), "%" PRId64, sid);
+	snprintf(token_s, sizeof(token_s), "%" PRId64, token);
+	session_actor(req, sid, actor, sizeof(actor));
+	const char *params[8] = {call->kind,
+				 call->key,
+				 state,
+				 data_hex,
+				 has_token ? token_s : NULL,
+				 session,
+				 lost ? "true" : "false",
+				 actor};
+	/* guarantee 8: only the owner, live, while the record is open */
+	call_query(req, call,
+		   "SELECT pgcoord.ms(now()), u.* "
+		   "FROM pgcoord.record_update($1, $2, $3, $4::bytea, $5, $6, $7, $8) u",
+		   8, params, written);
+	call = NULL;
+fail:
+	call_free(call);
+	free(state);
+	free(data_hex);
+}
+
+void rpc_record_settle(struct request *req)
+{
+	struct record_call *call = call_new(req);
+	char *state = NULL;
+	bool has_token = false, lost = false;
+	int64_t token = 0, sid = 0;
+	char session[24], token_s[24], actor[256];
+
+	if (!call)
+		return;
+	if (!param_kind_key(req, call) || !param_state(req, true, &state) ||
+	    !req_param_int(req, "token", false, 1, INT64_MAX, &token, &has_token) ||
+	    !caller_session(req, &sid, &lost))
+		goto fail;
+	snprintf(session, sizeof(session), "%" PRId64, sid);
+	snprintf(token_s, sizeof(token_s), "%" PRId64, token);
+	session_actor(req, sid, actor, sizeof(actor));
+	const char *params[7] = {call->kind, call->key,
+				 state,	     has_token ? token_s : NULL,
+				 session,    lost ? "true" : "false",
+				 actor};
+	call_query(req, call,
+		   "SELECT pgcoord.ms(now()), s.* "
+		   "FROM pgcoord.record_settle($1, $2, $3, $4, $5, $6, $7) s",
+		   7, params, written);
+	call = NULL;
+fail:
+	call_free(call);
+	free(state);
+}
+
+/* --- record.get, record.list --------------------------------------------- */
+
+static void got(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct record_call *call = take_call(req);
+
+	if (!r->ok)
+		req_fail_db(req, r);
+	else if (PQntuples(r->res) != 1 || pgrow_null(r->res, 0, 1 + RS_KIND))
+		req_fail(req, PGC_E_NOT_FOUND, "no record %s/%s", call->kind, call->key);
+	else
+		reply_record(req, r->res, false);
+	call_free(call);
+}
+
+void rpc_record_get(struct request *req)
+{
+	struct record_call *call = call_new(req);
+	if (!call)
+		return;
+	if (!param_kind_key(req, call)) {
+		call_free(call);
+		return;
+	}
+	const char *params[2] = {call->kind, call->key};
+	call_query(req, call,
+		   "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		   "LEFT JOIN pgcoord.record_status s ON s.kind = $1 AND s.key = $2",
+		   2, params, got);
+}
+
+static void listed(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	int64_t limit = req->target_id;
+	const PGresult *res = r->res;
+	int n, count = 0;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+		return;
+	}
+	n = PQntuples(res);
+	for (int i = 0; i < n; i++)
+		count += !pgrow_null(res, i, 1 + RS_KIND);
+	/* the query asked for one record more than limit, to say "truncated" */
+	bool truncated = count > limit;
+	if (truncated)
+		count = (int)limit;
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 3);
+	pgc_pack_cstr(pk, "records");
+	msgpack_pack_array(pk, (size_t)count);
+	for (int i = 0; i < count; i++)
+		pack_record(pk, res, i, 1);
+	pgc_pack_kv_bool(pk, "truncated", truncated);
+	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	req_done(req);
+}
+
+void rpc_record_list(struct request *req)
+{
+	char *kind = NULL;
+	int64_t owner = 0, limit = RECORD_LIST_DEFAULT;
+	bool has_owner, live = false, has_live, terminal = false, has_terminal;
+	char owner_s[24], limit_s[24];
+
+	if (!req_param_str(req, "kind", false, RECORD_KIND_MAX, &kind))
+		return;
+	if (!req_param_int(req, "owner", false, 1, INT64_MAX, &owner, &has_owner) ||
+	    !req_param_bool(req, "live_owner", false, &live, &has_live) ||
+	    !req_param_bool(req, "terminal", false, &terminal, &has_terminal) ||
+	    !req_param_int(req, "limit", false, 1, RECORD_LIST_MAX, &limit, NULL)) {
+		free(kind);
+		return;
+	}
+	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
+	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
+	req->target_id = limit;
+	const char *params[5] = {kind, has_owner ? owner_s : NULL,
+				 has_live ? (live ? "true" : "false") : NULL,
+				 has_terminal ? (terminal ? "true" : "false") : NULL, limit_s};
+	req_query(req,
+		  "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		  "LEFT JOIN (SELECT * FROM pgcoord.record_status s"
+		  " WHERE ($1::text IS NULL OR s.kind = $1)"
+		  "  AND ($2::bigint IS NULL OR s.owner_session = $2)"
+		  "  AND ($3::boolean IS NULL OR s.owner_live = $3)"
+		  "  AND ($4::boolean IS NULL OR s.terminal = $4)"
+		  " ORDER BY s.kind, s.key LIMIT $5::integer) s ON true "
+		  "ORDER BY s.kind, s.key",
+		  5, params, listed);
+	free(kind);
+}
+
+/* --- record.recover -------------------------------------------------------- */
+
+/* Columns of pgcoord.record_recovery. */
+enum {
+	RV_NOW,
+	RV_LEFT_ALONE,
+	RV_REMAINING,
+	RV_RECORD, /* RS__COUNT columns of the record */
+	RV_P_STATE = RV_RECORD + RS__COUNT,
+	RV_P_PHASE,
+	RV_P_TOKEN,
+	RV_P_OWNER,
+	RV_P_REASON,
+	RV__COUNT
+};
+
+/* A PostgreSQL array literal {"a","b"} of the kinds, quoted and escaped;
+ * the elements were checked to be non-empty UTF-8 strings without NUL. */
+static char *kinds_literal(const msgpack_object *arr)
+{
+	size_t cap = 3, len = 0;
+	char *out;
+	for (uint32_t i = 0; i < arr->via.array.size; i++)
+		cap += 2 * arr->via.array.ptr[i].via.str.size + 3;
+	out = malloc(cap);
+	if (!out)
+		return NULL;
+	out[len++] = '{';
+	for (uint32_t i = 0; i < arr->via.array.size; i++) {
+		const msgpack_object *k = &arr->via.array.ptr[i];
+		if (i)
+			out[len++] = ',';
+		out[len++] = '"';
+		for (uint32_t j = 0; j < k->via.str.size; j++) {
+			if (k->via.str.ptr[j] == '"' || k->via.str.ptr[j] == '\\')
+				out[len++] = '\\';
+			out[len++] = k->via.str.ptr[j];
+		}
+		out[len++] = '"';
+	}
+	out[len++] = '}';
+	out[len] = '\0';
+	return out;
+}
+
+static bool param_kinds(struct request *req, char **literal)
+{
+	const msgpack_object *arr;
+	*literal = NULL;
+	if (!req_param_array(req, "kinds", false, 1, RECORD_MAX_KINDS, &arr))
+		return false;
+	if (!arr)
+		return true;
+	for (uint32_t i = 0; i < arr->via.array.size; i++) {
+		const msgpack_object *k = &arr->via.array.ptr[i];
+		if (k->type != MSGPACK_OBJECT_STR || k->via.str.size == 0 ||
+		    k->via.str.size > RECORD_KIND_MAX ||
+		    memchr(k->via.str.ptr, '\0', k->via.str.size) ||
+		    !utf8_valid(k->via.str.ptr, k->via.str.size)) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "kinds[%u] must be a UTF-8 string of 1..%d bytes", (unsigned)i,
+				 RECORD_KIND_MAX);
+			return false;
+		}
+	}
+	*literal = kinds_literal(arr);
+	if (!*literal) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Liveness could not be read, so nothing was adopted: a result, not an
+ * error, so that a replica's boot code handles every database failure the
+ * same way (and leaves the records for its next recovery).
+ */
+static void reply_unread(struct request *req, bool dry_run, const char *why)
+{
+	log_warn(&req->ag->log, "records", "recovery adopted nothing: liveness unreadable (%s)",
+		 why);
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 8);
+	pgc_pack_kv_bool(pk, "liveness_read", false);
+	pgc_pack_kv_bool(pk, "dry_run", dry_run);
+	pgc_pack_cstr(pk, "adopted");
+	msgpack_pack_array(pk, 0);
+	pgc_pack_cstr(pk, "permits");
+	msgpack_pack_array(pk, 0);
+	pgc_pack_kv_nil(pk, "left_alone");
+	pgc_pack_kv_nil(pk, "remaining");
+	pgc_pack_kv_str(pk, "reason", why);
+	pgc_pack_kv_nil(pk, "now_at");
+	req_done(req);
+}
+
+static int cmp_permit_rows(const void *a, const void *b, void *arg)
+{
+	const PGresult *res = arg;
+	int x = *(const int *)a, y = *(const int *)b;
+	int c = strcmp(PQgetvalue(res, x, RV_RECORD + RS_PERMIT),
+		       PQgetvalue(res, y, RV_RECORD + RS_PERMIT));
+	return c ? c : (x > y) - (x < y);
+}
+
+static bool same_permit(const PGresult *res, int x, int y)
+{
+	return strcmp(PQgetvalue(res, x, RV_RECORD + RS_PERMIT),
+		      PQgetvalue(res, y, RV_RECORD + RS_PERMIT)) == 0;
+}
+
+/* The distinct permits of the adopted records, as {id, state, phase, token,
+ * owner_session, uncertain_reason} as they are after the recovery. */
+static bool pack_permits(msgpack_packer *pk, const PGresult *res, int nrecords)
+{
+	int *rows = malloc(sizeof(int) * (size_t)(nrecords ? nrecords : 1));
+	int n = 0, distinct = 0;
+	if (!rows)
+		return false;
+	for (int i = 0; i < nrecords; i++)
+		if (!pgrow_null(res, i, RV_RECORD + RS_PERMIT))
+			rows[n++] = i;
+	qsort_r(rows, (size_t)n, sizeof(int), cmp_permit_rows, (void *)res);
+	for (int i = 0; i < n; i++)
+		distinct += i == 0 || !same_permit(res, rows[i - 1], rows[i]);
+	msgpack_pack_array(pk, (size_t)distinct);
+	for (int i = 0; i < n; i++) {
+		int row = rows[i];
+		if (i > 0 && same_permit(res, rows[i - 1], row))
+			continue;
+		msgpack_pack_map(pk, 6);
+		pgrow_kv_str(pk, "id", res, row, RV_RECORD + RS_PERMIT);
+		pgrow_kv_str(pk, "state", res, row, RV_P_STATE);
+		pgrow_kv_str(pk, "phase", res, row, RV_P_PHASE);
+		pgrow_kv_int(pk, "token", res, row, RV_P_TOKEN);
+		pgrow_kv_int(pk, "owner_session", res, row, RV_P_OWNER);
+		pgrow_kv_str(pk, "uncertain_reason", res, row, RV_P_REASON);
+	}
+	free(rows);
+	return true;
+}
+
+static void recovered(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct record_call *call = take_call(req);
+	const PGresult *res = r->res;
+	int n, count = 0;
+
+	if (!r->ok) {
+		if (r->refusal) {
+			/* the caller's own session is not live: that is its error */
+			req_fail_db(req, r);
+		} else if (r->outcome_unknown && !call->dry_run) {
+			req_fail(req, r->error,
+				 "%s; the recovery may have committed: the records it adopted "
+				 "then belong to session %" PRId64 " (record.list {owner: %" PRId64
+				 "}), and calling "
+				 "record.recover again is safe",
+				 r->message, call->session, call->session);
+		} else {
+			reply_unread(req, call->dry_run, r->message);
+		}
+		goto out;
+	}
+	n = PQntuples(res);
+	if (n < 1 || PQnfields(res) != RV__COUNT) {
+		req_fail(req, PGC_E_INTERNAL, "record recovery returned %d rows of %d columns", n,
+			 PQnfields(res));
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		count += !pgrow_null(res, i, RV_RECORD + RS_KIND);
+	if (count > 0 && !call->dry_run) {
+		char kv[48];
+		snprintf(kv, sizeof(kv), "session=%" PRId64, call->session);
+		log_write(&req->ag->log, LOG_LEVEL_INFO, "records", kv,
+			  "recovered %d record(s) of dead owners; left %s alone (live owners)",
+			  count, PQgetvalue(res, 0, RV_LEFT_ALONE));
+	}
+	msgpack_packer *pk = req_result(req);
+	msgpack_pack_map(pk, 8);
+	pgc_pack_kv_bool(pk, "liveness_read", true);
+	pgc_pack_kv_bool(pk, "dry_run", call->dry_run);
+	pgc_pack_cstr(pk, "adopted");
+	msgpack_pack_array(pk, (size_t)count);
+	for (int i = 0; i < count; i++)
+		pack_record(pk, res, i, RV_RECORD);
+	pgc_pack_cstr(pk, "permits");
+	if (!pack_permits(pk, res, count))
+		msgpack_pack_array(pk, 0); /* out of memory: the records say which */
+	pgrow_kv_int(pk, "left_alone", res, 0, RV_LEFT_ALONE);
+	pgrow_kv_int(pk, "remaining", res, 0, RV_REMAINING);
+	pgc_pack_kv_nil(pk, "reason");
+	pgrow_kv_int(pk, "now_at", res, 0, RV_NOW);
+	req_done(req);
+out:
+	call_free(call);
+}
+
+void rpc_record_recover(struct request *req)
+{
+	struct agent *ag = req->ag;
+	struct record_call *call = call_new(req);
+	char *kinds = NULL;
+	int64_t limit = RECORD_RECOVER_DEFAULT;
+	bool dry_run = false;
+	char session[24], limit_s[24], actor[256];
+
+	if (!call)
+		return;
+	if (!param_kinds(req, &kinds) ||
+	    !req_param_int(req, "limit", false, 1, RECORD_RECOVER_MAX, &limit, NULL) ||
+	    !req_param_bool(req, "dry_run", false, &dry_run, NULL))
+		goto fail;
+	call->dry_run = dry_run;
+	/* adopting makes the caller's session the owner: it needs one (a dry
+	 * run only looks) */
+	if (!dry_run && !req_need_session(req))
+		goto fail;
+	call->session = req->conn->session ? req->conn->session->id : 0;
+	if (!ag->id.registered || !db_lane_up(ag->db, DB_LANE_REQUESTS)) {
+		reply_unread(req, dry_run, "the agent has no connection to the database");
+		goto fail;
+	}
+	snprintf(session, sizeof(session), "%" PRId64, call->session);
+	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit);
+	session_actor(req, call->session, actor, sizeof(actor));
+	req->ctx = call;
+	if (dry_run) {
+		const char *params[3] = {call->session ? session : NULL, kinds, limit_s};
+		if (!db_query(ag->db, DB_LANE_REQUESTS,
+			      "SELECT * FROM pgcoord.record_recover_preview($1, $2::text[], $3)", 3,
+			      params, recovered, req))
+			goto unqueued;
+	} else {
+		const char *params[4] = {session, kinds, limit_s, actor};
+		/* guarantee 8: the whole recovery is this one function call */
+		if (!db_query(ag->db, DB_LANE_REQUESTS,
+			      "SELECT * FROM pgcoord.record_recover($1, $2::text[], $3, $4)", 4,
+			      params, recovered, req))
+			goto unqueued;
+	}
+	free(kinds);
+	return;
+unqueued:
+	req->ctx = NULL;
+	reply_unread(req, dry_run, "the database is unreachable (or its queue is full)");
+fail:
+	call_free(call);
+	free(kinds);
+}
