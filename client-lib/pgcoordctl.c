@@ -63,6 +63,13 @@ struct ctl {
 	const char *evidence;
 	const char *reason;
 	bool gone, running, override;
+	/* records and recover */
+	const char *kind;
+	const char *owner;
+	bool dead;
+	const char *kinds;
+	const char *limit;
+	bool dry_run;
 	pgcoord *conn;
 };
 
@@ -99,6 +106,12 @@ enum ctl_opt_id {
 	OPT_EVIDENCE,
 	OPT_OVERRIDE,
 	OPT_REASON,
+	OPT_KIND,
+	OPT_OWNER,
+	OPT_DEAD,
+	OPT_KINDS,
+	OPT_LIMIT,
+	OPT_DRY_RUN,
 };
 
 struct ctl_option {
@@ -119,6 +132,8 @@ static int cmd_quotas(struct ctl *ctx, int argc, char **argv);
 static int cmd_quota(struct ctl *ctx, int argc, char **argv);
 static int cmd_permits(struct ctl *ctx, int argc, char **argv);
 static int cmd_check(struct ctl *ctx, int argc, char **argv);
+static int cmd_records(struct ctl *ctx, int argc, char **argv);
+static int cmd_recover(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
@@ -139,6 +154,12 @@ static const struct ctl_command commands[] = {
     {"check", cmd_check, 0, "",
      "verify the permit ledger in one snapshot: every in_flight equals its permits' "
      "weights and audit trail, none over its limit (exit 1 and the rows if not)"},
+    {"records", cmd_records, 3, "[show KIND KEY]",
+     "list records with owner, liveness, token and permit (--kind, --owner, --dead); or "
+     "show one"},
+    {"recover", cmd_recover, 0, "--dry-run [--kinds K1,K2] [--limit N]",
+     "what a recovery would adopt right now: the open records of dead owners (exit 1 if "
+     "liveness cannot be read); recovering itself is for a replica's own session"},
 };
 
 static const struct ctl_option options[] = {
@@ -165,6 +186,14 @@ static const struct ctl_option options[] = {
     {"override", no_argument, OPT_OVERRIDE, "permits", NULL,
      "release: operator override, audited with your uid"},
     {"reason", required_argument, OPT_REASON, "permits", "TEXT", "release: why (audited)"},
+    {"kind", required_argument, OPT_KIND, "records", "K", "only records of kind K"},
+    {"owner", required_argument, OPT_OWNER, "records", "S", "only records owned by session S"},
+    {"dead", no_argument, OPT_DEAD, "records", NULL,
+     "only open records whose owner session is not live (what recovery adopts)"},
+    {"kinds", required_argument, OPT_KINDS, "recover", "K1,K2", "only records of these kinds"},
+    {"limit", required_argument, OPT_LIMIT, "recover", "N",
+     "at most N records (default: the agent's, 1000)"},
+    {"dry-run", no_argument, OPT_DRY_RUN, "recover", NULL, "change nothing (required)"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -828,6 +857,186 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 	return ok ? CTL_EXIT_OK : CTL_EXIT_FAILED;
 }
 
+/* --- records and recovery ------------------------------------------------- */
+
+/*
+ * Record rows, reshaped for a table: the owner as "session@replica", the
+ * other fields as the agent sent them.
+ */
+static void print_records(const msgpack_object *rows, int64_t now_ms)
+{
+	static const char *const keep[] = {"kind",	 "key",	       "state",
+					   "owner_live", "token",      "permit",
+					   "updated_at", "settled_at", "adopted_from"};
+	static const struct ctl_column cols[] = {
+	    {"KIND", "kind", CTL_FMT_AUTO},	    {"KEY", "key", CTL_FMT_AUTO},
+	    {"STATE", "state", CTL_FMT_AUTO},	    {"OWNER", "owner", CTL_FMT_AUTO},
+	    {"LIVE", "owner_live", CTL_FMT_YESNO},  {"TOKEN", "token", CTL_FMT_AUTO},
+	    {"PERMIT", "permit", CTL_FMT_AUTO},	    {"UPDATED", "updated_at", CTL_FMT_AGE},
+	    {"SETTLED", "settled_at", CTL_FMT_AGE}, {"ADOPTED_FROM", "adopted_from", CTL_FMT_AUTO},
+	};
+	struct ctl_params p;
+	msgpack_unpacked u;
+	size_t off = 0;
+
+	params_init(&p);
+	msgpack_pack_array(&p.pk, rows->via.array.size);
+	for (uint32_t i = 0; i < rows->via.array.size; i++) {
+		const msgpack_object *row = &rows->via.array.ptr[i];
+		const char *rep = "?";
+		size_t replen = 1;
+		int64_t sid = 0;
+		char who[300];
+
+		msgpack_pack_map(&p.pk, sizeof(keep) / sizeof(keep[0]) + 1);
+		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
+			const msgpack_object *v = pgc_map_get(row, keep[k]);
+			pgc_pack_cstr(&p.pk, keep[k]);
+			if (v)
+				msgpack_pack_object(&p.pk, *v);
+			else
+				msgpack_pack_nil(&p.pk);
+		}
+		pgc_obj_int64(pgc_map_get(row, "owner_session"), &sid);
+		pgc_obj_str(pgc_map_get(row, "owner_replica"), &rep, &replen);
+		snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
+		pgc_pack_kv_str(&p.pk, "owner", who);
+	}
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, p.sb.data, p.sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
+		ctl_print_table(stdout, &u.data, cols, sizeof(cols) / sizeof(cols[0]), now_ms);
+	msgpack_unpacked_destroy(&u);
+	msgpack_sbuffer_destroy(&p.sb);
+}
+
+static int cmd_records(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	long owner = 0;
+	bool truncated = false;
+	int rc;
+
+	if (argc) {
+		if (argc != 3 || strcmp(argv[0], "show") != 0)
+			return usage_error(
+			    "records: expected `records` or `records show KIND KEY`");
+		if (ctx->kind || ctx->owner || ctx->dead)
+			return usage_error("--kind, --owner and --dead go with the `records` list");
+		params_init(&p);
+		msgpack_pack_map(&p.pk, 2);
+		pgc_pack_kv_str(&p.pk, "kind", argv[1]);
+		pgc_pack_kv_str(&p.pk, "key", argv[2]);
+		rc = call_with(ctx, "record.get", &p, &r);
+		if (rc != CTL_EXIT_OK)
+			return rc;
+		print_map(ctx, &r, "record");
+		result_free(&r);
+		return CTL_EXIT_OK;
+	}
+	if (ctx->owner && (!parse_nonneg(ctx->owner, LONG_MAX, &owner) || owner == 0))
+		return usage_error("--owner needs a session id (a whole number >= 1), not \"%s\"",
+				   ctx->owner);
+	params_init(&p);
+	msgpack_pack_map(&p.pk, (ctx->kind != NULL) + (owner > 0) + 2 * ctx->dead);
+	if (ctx->kind)
+		pgc_pack_kv_str(&p.pk, "kind", ctx->kind);
+	if (owner > 0)
+		pgc_pack_kv_int(&p.pk, "owner", owner);
+	if (ctx->dead) {
+		/* what a recovery would take: open records of owners not live */
+		pgc_pack_kv_bool(&p.pk, "live_owner", false);
+		pgc_pack_kv_bool(&p.pk, "terminal", false);
+	}
+	rc = call_with(ctx, "record.list", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	const msgpack_object *rows = pgc_map_get(r.obj, "records");
+	if (ctx->json) {
+		ctl_print_json(stdout, r.obj);
+	} else if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
+		fprintf(stderr, "pgcoordctl: record.list: the result has no \"records\" list\n");
+		rc = CTL_EXIT_IO;
+	} else {
+		print_records(rows, ctl_now_ms(r.obj));
+		pgc_obj_bool(pgc_map_get(r.obj, "truncated"), &truncated);
+		if (truncated)
+			printf(
+			    "(more records than shown; narrow with --kind, --owner or --dead)\n");
+	}
+	result_free(&r);
+	return rc;
+}
+
+static int cmd_recover(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	long limit = 0;
+	bool read = false;
+	int64_t left = 0, remaining = 0;
+	int rc;
+
+	if (!ctx->dry_run)
+		return usage_error("recover: a recovery adopts records for the session that runs "
+				   "it, and pgcoordctl holds none; add --dry-run to see what a "
+				   "recovery would adopt now");
+	if (ctx->limit && (!parse_nonneg(ctx->limit, 10000, &limit) || limit == 0))
+		return usage_error("--limit needs a whole number 1..10000, not \"%s\"", ctx->limit);
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 1 + (ctx->kinds != NULL) + (limit > 0));
+	pgc_pack_kv_bool(&p.pk, "dry_run", true);
+	if (ctx->kinds) {
+		size_t n = 1;
+		for (const char *s = ctx->kinds; *s; s++)
+			n += *s == ',';
+		pgc_pack_cstr(&p.pk, "kinds");
+		msgpack_pack_array(&p.pk, n);
+		for (const char *s = ctx->kinds;; s++) {
+			const char *end = strchr(s, ',');
+			size_t len = end ? (size_t)(end - s) : strlen(s);
+			pgc_pack_strn(&p.pk, s, len);
+			if (!end)
+				break;
+			s = end;
+		}
+	}
+	if (limit > 0)
+		pgc_pack_kv_int(&p.pk, "limit", limit);
+	rc = call_with(ctx, "record.recover", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	const msgpack_object *rows = pgc_map_get(r.obj, "adopted");
+	if (!pgc_obj_bool(pgc_map_get(r.obj, "liveness_read"), &read) || !rows ||
+	    rows->type != MSGPACK_OBJECT_ARRAY) {
+		fprintf(stderr, "pgcoordctl: record.recover: the result is not well-formed\n");
+		result_free(&r);
+		return CTL_EXIT_IO;
+	}
+	if (ctx->json) {
+		ctl_print_json(stdout, r.obj);
+	} else if (!read) {
+		const char *why = "";
+		size_t len = 0;
+		pgc_obj_str(pgc_map_get(r.obj, "reason"), &why, &len);
+		printf("liveness could not be read (%.*s): a recovery would adopt nothing now\n",
+		       (int)len, why);
+	} else {
+		pgc_obj_int64(pgc_map_get(r.obj, "left_alone"), &left);
+		pgc_obj_int64(pgc_map_get(r.obj, "remaining"), &remaining);
+		print_records(rows, ctl_now_ms(r.obj));
+		printf("a recovery would adopt %u record%s of dead owners; %lld left alone (live "
+		       "owners)",
+		       (unsigned)rows->via.array.size, rows->via.array.size == 1 ? "" : "s",
+		       (long long)left);
+		if (remaining > 0)
+			printf("; %lld more past the limit", (long long)remaining);
+		printf("\n");
+	}
+	result_free(&r);
+	return read ? CTL_EXIT_OK : CTL_EXIT_FAILED;
+}
+
 /* --- main ----------------------------------------------------------------- */
 
 static const struct ctl_command *find_command(const char *name)
@@ -934,6 +1143,24 @@ int main(int argc, char **argv)
 			break;
 		case OPT_REASON:
 			ctx.reason = optarg;
+			break;
+		case OPT_KIND:
+			ctx.kind = optarg;
+			break;
+		case OPT_OWNER:
+			ctx.owner = optarg;
+			break;
+		case OPT_DEAD:
+			ctx.dead = true;
+			break;
+		case OPT_KINDS:
+			ctx.kinds = optarg;
+			break;
+		case OPT_LIMIT:
+			ctx.limit = optarg;
+			break;
+		case OPT_DRY_RUN:
+			ctx.dry_run = true;
 			break;
 		}
 	}

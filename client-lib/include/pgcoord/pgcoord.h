@@ -255,6 +255,134 @@ pgcoord_err pgcoord_quota_set(pgcoord *c, const char *key, int32_t limit, int32_
 pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64_t *limit,
 			      int64_t *in_flight, int64_t *held, int64_t *uncertain);
 
+/* --- records and recovery (PROTOCOL.md, "Records and recovery") ---------- */
+
+/*
+ * A record is a unit of work the caller drives, named by (kind, key): each
+ * 1..200 bytes. It belongs to the session that put it; the agent stamps the
+ * owner from the connection, no call names one. Only the owner changes it,
+ * and only while its session is live. When an owner session dies, any live
+ * session's recovery adopts the record (and the permit its work holds),
+ * which draws a new fencing token: the former owner's later writes get
+ * PGCOORD_E_FENCED. Calls marked "owner" need an open session.
+ */
+
+/* A record as the agent returned it (opaque); read it with the
+ * pgcoord_record_get_* accessors, free it with pgcoord_record_free. */
+typedef struct pgcoord_record pgcoord_record;
+
+/*
+ * Owner. Creates record (kind, key) in state (1..64 bytes) owned by this
+ * handle's session, with data (may be NULL; up to 64 KiB) and the permit
+ * its work holds (may be NULL; a permit of this session that still counts).
+ * A retry with the same content answers the record (*created false); any
+ * other put of an existing record is PGCOORD_E_CONFLICT (PGCOORD_E_FENCED
+ * when it was adopted away from this session). *created and *token may be
+ * NULL; *token is the record's fencing token.
+ */
+pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, const char *state,
+			       const void *data, size_t data_len, const char *permit,
+			       int timeout_ms, bool *created, int64_t *token);
+
+/*
+ * Owner. Changes the state (NULL keeps it) and/or data (NULL keeps it; give
+ * at least one). token > 0 also requires it to be the record's current
+ * token. PGCOORD_E_FENCED: the record was adopted from this session (the
+ * message says by whom and when) — stop its work. PGCOORD_E_CONFLICT: it
+ * is settled. PGCOORD_E_SESSION_EXPIRED: this session is no longer live.
+ */
+pgcoord_err pgcoord_record_update(pgcoord *c, const char *kind, const char *key, const char *state,
+				  const void *data, size_t data_len, int64_t token, int timeout_ms);
+
+/* Owner. Ends the record in state (terminal: recovery never adopts it, and
+ * nothing changes it again). Errors as for pgcoord_record_update. */
+pgcoord_err pgcoord_record_settle(pgcoord *c, const char *kind, const char *key, const char *state,
+				  int64_t token, int timeout_ms);
+
+/* One record; PGCOORD_E_NOT_FOUND when there is none. On PGCOORD_OK *out
+ * owns it. */
+pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, int timeout_ms,
+			       pgcoord_record **out);
+
+const char *pgcoord_record_get_kind(const pgcoord_record *r);
+const char *pgcoord_record_get_key(const pgcoord_record *r);
+const char *pgcoord_record_get_state(const pgcoord_record *r);
+bool pgcoord_record_get_terminal(const pgcoord_record *r);
+/* The data (*len its size), or NULL when the record has none. */
+const void *pgcoord_record_get_data(const pgcoord_record *r, size_t *len);
+/* The permit the record's work holds, or NULL. */
+const char *pgcoord_record_get_permit(const pgcoord_record *r);
+int64_t pgcoord_record_get_owner_session(const pgcoord_record *r);
+/* Whether the owner session was live when the agent answered. */
+bool pgcoord_record_get_owner_live(const pgcoord_record *r);
+int64_t pgcoord_record_get_token(const pgcoord_record *r);
+/* The dead session the record was last adopted from, or 0. */
+int64_t pgcoord_record_get_adopted_from(const pgcoord_record *r);
+/* Accepts NULL. */
+void pgcoord_record_free(pgcoord_record *r);
+
+/* pgcoord_record_list flags. */
+#define PGCOORD_RECORDS_OPEN 0x1u	/* only records not settled */
+#define PGCOORD_RECORDS_DEAD_OWNER 0x2u /* only records whose owner is not live */
+#define PGCOORD_RECORDS_LIVE_OWNER 0x4u /* only records whose owner is live */
+
+/* Records of kind (NULL: all) and owner session (0: any), filtered by
+ * flags, ordered by kind and key: *result receives record.list's result map
+ * {records: [...], truncated, now_at} (free with pgcoord_free). */
+pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
+				int timeout_ms, void **result, size_t *result_len);
+
+/* The outcome of a recovery (opaque); read it with pgcoord_recovery_*. */
+typedef struct pgcoord_recovery pgcoord_recovery;
+
+/* pgcoord_record_recover flag: only say what a recovery would adopt now;
+ * changes nothing and needs no session. */
+#define PGCOORD_RECOVER_DRY_RUN 0x1u
+
+/*
+ * Owner (unless PGCOORD_RECOVER_DRY_RUN). Adopts for this handle's session
+ * up to limit (0: the agent's default, 1000) open records of the given
+ * kinds (kinds NULL or nkinds 0: every kind) whose owner session is not
+ * live by the database clock, with the permits their work holds (they stay
+ * uncertain until resolved with pgcoord_permit_resolve). Records of live
+ * owners are left alone, whatever the state of their clients or agents.
+ * Safe to run on every replica at once: each record is adopted exactly once.
+ *
+ * When liveness cannot be read (the database is down, the query failed),
+ * nothing is adopted and the call still returns PGCOORD_OK:
+ * pgcoord_recovery_liveness_read() is false and _reason() says why — treat
+ * it as "nothing recovered yet" and try again later. An error return means
+ * the call was refused (PGCOORD_E_SESSION_EXPIRED: this session is not
+ * live) or its outcome is unknown (PGCOORD_E_TIMEOUT, PGCOORD_E_CALL_TIMEOUT:
+ * what it adopted, if it committed, belongs to this session — see
+ * pgcoord_record_list with this session as owner; recovering again is safe).
+ * On PGCOORD_OK *out owns the outcome.
+ */
+pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t nkinds,
+				   int32_t limit, unsigned flags, int timeout_ms,
+				   pgcoord_recovery **out);
+
+bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv);
+/* Why liveness could not be read, or NULL when it was. */
+const char *pgcoord_recovery_reason(const pgcoord_recovery *rv);
+/* How many records were adopted (with PGCOORD_RECOVER_DRY_RUN: would be). */
+size_t pgcoord_recovery_count(const pgcoord_recovery *rv);
+/* The i-th of them, as it is after the recovery (owned by rv; NULL past the
+ * end). */
+const pgcoord_record *pgcoord_recovery_record(const pgcoord_recovery *rv, size_t i);
+/* Open records of those kinds left alone because their (other) owner is
+ * live; -1 when liveness was not read. */
+int64_t pgcoord_recovery_left_alone(const pgcoord_recovery *rv);
+/* Open records of dead owners not taken by this call (past the limit, or
+ * being taken by a concurrent recovery): recover again while > 0. -1 when
+ * liveness was not read. */
+int64_t pgcoord_recovery_remaining(const pgcoord_recovery *rv);
+/* The agent's whole result map, MessagePack-encoded (owned by rv), for what
+ * the accessors do not give (the permits and their states). */
+const void *pgcoord_recovery_result(const pgcoord_recovery *rv, size_t *len);
+/* Accepts NULL. */
+void pgcoord_recovery_free(pgcoord_recovery *rv);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,527 @@
+/*
+ * records.c — typed helpers over pgcoord_call for the record.* methods
+ * (PROTOCOL.md, "Records and recovery"): put, update, settle, get and list,
+ * and recovery with its opaque outcome.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "proto/codec.h"
+#include "handle.h"
+
+struct pgcoord_record {
+	char *kind;
+	char *key;
+	char *state;
+	bool terminal;
+	void *data; /* NULL when the record has none */
+	size_t data_len;
+	char *permit;
+	int64_t owner_session;
+	bool owner_live;
+	int64_t token;
+	int64_t adopted_from;
+};
+
+struct pgcoord_recovery {
+	bool liveness_read;
+	char *reason;
+	int64_t left_alone, remaining;
+	struct pgcoord_record *records;
+	size_t count;
+	void *raw;
+	size_t raw_len;
+};
+
+/* Sends the params packed in w (consumed); on PGCOORD_OK decodes the result
+ * map into u, which the caller destroys, and leaves its bytes in *raw. */
+static pgcoord_err call_decoded(pgcoord *c, const char *method, struct pgcoord_writer *w,
+				int timeout_ms, msgpack_unpacked *u, void **raw, size_t *raw_len)
+{
+	size_t plen, off = 0;
+	char *params = pgcoord__writer_release(w, &plen);
+	if (!params) {
+		pgcoord__set_message(c, "out of memory encoding %s", method);
+		return PGCOORD_E_NOMEM;
+	}
+	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, raw, raw_len);
+	free(params);
+	if (err != PGCOORD_OK)
+		return err;
+	msgpack_unpacked_init(u);
+	if (msgpack_unpack_next(u, *raw, *raw_len, &off) != MSGPACK_UNPACK_SUCCESS ||
+	    u->data.type != MSGPACK_OBJECT_MAP) {
+		msgpack_unpacked_destroy(u);
+		pgcoord_free(*raw);
+		*raw = NULL;
+		pgcoord__set_message(c, "the %s result is not a map", method);
+		return PGCOORD_E_PROTOCOL;
+	}
+	return PGCOORD_OK;
+}
+
+static bool check_name(pgcoord *c, const char *what, const char *s)
+{
+	if (!s || !*s) {
+		pgcoord__set_message(c, "%s is empty", what);
+		return false;
+	}
+	return true;
+}
+
+static void record_clear(struct pgcoord_record *r)
+{
+	free(r->kind);
+	free(r->key);
+	free(r->state);
+	free(r->data);
+	free(r->permit);
+	memset(r, 0, sizeof(*r));
+}
+
+/* An integer field that may be nil (0 then). */
+static bool opt_int(const msgpack_object *m, const char *key, int64_t *out)
+{
+	const msgpack_object *o = pgc_map_get(m, key);
+	*out = 0;
+	return !o || o->type == MSGPACK_OBJECT_NIL || pgc_obj_int64(o, out);
+}
+
+/* Reads a record map the agent sent into r (cleared first). False when a
+ * field is missing or of the wrong type, or on out of memory. */
+static bool record_read(const msgpack_object *m, struct pgcoord_record *r)
+{
+	const msgpack_object *data, *permit;
+	memset(r, 0, sizeof(*r));
+	if (!m || m->type != MSGPACK_OBJECT_MAP)
+		return false;
+	r->kind = pgc_obj_strdup(pgc_map_get(m, "kind"));
+	r->key = pgc_obj_strdup(pgc_map_get(m, "key"));
+	r->state = pgc_obj_strdup(pgc_map_get(m, "state"));
+	if (!r->kind || !r->key || !r->state ||
+	    !pgc_obj_bool(pgc_map_get(m, "terminal"), &r->terminal) ||
+	    !pgc_obj_bool(pgc_map_get(m, "owner_live"), &r->owner_live) ||
+	    !pgc_obj_int64(pgc_map_get(m, "owner_session"), &r->owner_session) ||
+	    !pgc_obj_int64(pgc_map_get(m, "token"), &r->token) ||
+	    !opt_int(m, "adopted_from", &r->adopted_from))
+		goto bad;
+	data = pgc_map_get(m, "data");
+	if (data && data->type == MSGPACK_OBJECT_BIN) {
+		r->data_len = data->via.bin.size;
+		r->data = malloc(r->data_len ? r->data_len : 1);
+		if (!r->data)
+			goto bad;
+		memcpy(r->data, data->via.bin.ptr, r->data_len);
+	} else if (data && data->type != MSGPACK_OBJECT_NIL) {
+		goto bad;
+	}
+	permit = pgc_map_get(m, "permit");
+	if (permit && permit->type != MSGPACK_OBJECT_NIL && !(r->permit = pgc_obj_strdup(permit)))
+		goto bad;
+	return true;
+bad:
+	record_clear(r);
+	return false;
+}
+
+/* --- put, update, settle ------------------------------------------------- */
+
+pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, const char *state,
+			       const void *data, size_t data_len, const char *permit,
+			       int timeout_ms, bool *created, int64_t *token)
+{
+	struct pgcoord_writer w;
+	struct pgcoord_record r;
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+	bool was_created = false;
+
+	if (created)
+		*created = false;
+	if (token)
+		*token = 0;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!check_name(c, "the record kind", kind) || !check_name(c, "the record key", key) ||
+	    !check_name(c, "the state", state))
+		return PGCOORD_E_ARG;
+	if (data_len && !data) {
+		pgcoord__set_message(c, "data is NULL but data_len is %zu", data_len);
+		return PGCOORD_E_ARG;
+	}
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 3 + (data != NULL) + (permit != NULL));
+	pgc_pack_kv_str(&w.pk, "kind", kind);
+	pgc_pack_kv_str(&w.pk, "key", key);
+	pgc_pack_kv_str(&w.pk, "state", state);
+	if (data) {
+		pgc_pack_cstr(&w.pk, "data");
+		msgpack_pack_bin(&w.pk, data_len);
+		msgpack_pack_bin_body(&w.pk, data, data_len);
+	}
+	if (permit)
+		pgc_pack_kv_str(&w.pk, "permit", permit);
+	pgcoord_err err = call_decoded(c, "record.put", &w, timeout_ms, &u, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	if (!pgc_obj_bool(pgc_map_get(&u.data, "created"), &was_created) ||
+	    !record_read(pgc_map_get(&u.data, "record"), &r)) {
+		pgcoord__set_message(c, "the record.put result lacks created or a record");
+		err = PGCOORD_E_PROTOCOL;
+	} else {
+		if (created)
+			*created = was_created;
+		if (token)
+			*token = r.token;
+		record_clear(&r);
+	}
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	return err;
+}
+
+/* Sends w and ignores the result. */
+static pgcoord_err call_plain(pgcoord *c, const char *method, struct pgcoord_writer *w,
+			      int timeout_ms)
+{
+	size_t plen;
+	char *params = pgcoord__writer_release(w, &plen);
+	if (!params) {
+		pgcoord__set_message(c, "out of memory encoding %s", method);
+		return PGCOORD_E_NOMEM;
+	}
+	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, NULL, NULL);
+	free(params);
+	return err;
+}
+
+pgcoord_err pgcoord_record_update(pgcoord *c, const char *kind, const char *key, const char *state,
+				  const void *data, size_t data_len, int64_t token, int timeout_ms)
+{
+	struct pgcoord_writer w;
+
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!check_name(c, "the record kind", kind) || !check_name(c, "the record key", key))
+		return PGCOORD_E_ARG;
+	if ((!state && !data) || (data_len && !data) || token < 0) {
+		pgcoord__set_message(c, "an update needs a state, data or both (and token >= 0)");
+		return PGCOORD_E_ARG;
+	}
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 2 + (state != NULL) + (data != NULL) + (token > 0));
+	pgc_pack_kv_str(&w.pk, "kind", kind);
+	pgc_pack_kv_str(&w.pk, "key", key);
+	if (state)
+		pgc_pack_kv_str(&w.pk, "state", state);
+	if (data) {
+		pgc_pack_cstr(&w.pk, "data");
+		msgpack_pack_bin(&w.pk, data_len);
+		msgpack_pack_bin_body(&w.pk, data, data_len);
+	}
+	if (token > 0)
+		pgc_pack_kv_int(&w.pk, "token", token);
+	return call_plain(c, "record.update", &w, timeout_ms);
+}
+
+pgcoord_err pgcoord_record_settle(pgcoord *c, const char *kind, const char *key, const char *state,
+				  int64_t token, int timeout_ms)
+{
+	struct pgcoord_writer w;
+
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!check_name(c, "the record kind", kind) || !check_name(c, "the record key", key) ||
+	    !check_name(c, "the state", state))
+		return PGCOORD_E_ARG;
+	if (token < 0) {
+		pgcoord__set_message(c, "token must be >= 0 (0: any)");
+		return PGCOORD_E_ARG;
+	}
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 3 + (token > 0));
+	pgc_pack_kv_str(&w.pk, "kind", kind);
+	pgc_pack_kv_str(&w.pk, "key", key);
+	pgc_pack_kv_str(&w.pk, "state", state);
+	if (token > 0)
+		pgc_pack_kv_int(&w.pk, "token", token);
+	return call_plain(c, "record.settle", &w, timeout_ms);
+}
+
+/* --- get, list, accessors ------------------------------------------------- */
+
+pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, int timeout_ms,
+			       pgcoord_record **out)
+{
+	struct pgcoord_writer w;
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	if (!check_name(c, "the record kind", kind) || !check_name(c, "the record key", key))
+		return PGCOORD_E_ARG;
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 2);
+	pgc_pack_kv_str(&w.pk, "kind", kind);
+	pgc_pack_kv_str(&w.pk, "key", key);
+	pgcoord_err err = call_decoded(c, "record.get", &w, timeout_ms, &u, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	struct pgcoord_record *r = malloc(sizeof(*r));
+	if (!r) {
+		pgcoord__set_message(c, "out of memory");
+		err = PGCOORD_E_NOMEM;
+	} else if (!record_read(pgc_map_get(&u.data, "record"), r)) {
+		free(r);
+		pgcoord__set_message(c, "the record.get result has no well-formed record");
+		err = PGCOORD_E_PROTOCOL;
+	} else {
+		*out = r;
+	}
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	return err;
+}
+
+pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
+				int timeout_ms, void **result, size_t *result_len)
+{
+	const unsigned known =
+	    PGCOORD_RECORDS_OPEN | PGCOORD_RECORDS_DEAD_OWNER | PGCOORD_RECORDS_LIVE_OWNER;
+	const unsigned both = PGCOORD_RECORDS_DEAD_OWNER | PGCOORD_RECORDS_LIVE_OWNER;
+	bool by_live = (flags & both) != 0;
+	struct pgcoord_writer w;
+	size_t plen;
+
+	if (result)
+		*result = NULL;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (flags & ~known || (flags & both) == both || owner < 0) {
+		pgcoord__set_message(c,
+				     "unknown flags, both DEAD_OWNER and LIVE_OWNER, or owner < 0");
+		return PGCOORD_E_ARG;
+	}
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, (kind != NULL) + (owner > 0) + by_live +
+				    ((flags & PGCOORD_RECORDS_OPEN) != 0));
+	if (kind)
+		pgc_pack_kv_str(&w.pk, "kind", kind);
+	if (owner > 0)
+		pgc_pack_kv_int(&w.pk, "owner", owner);
+	if (by_live)
+		pgc_pack_kv_bool(&w.pk, "live_owner", flags & PGCOORD_RECORDS_LIVE_OWNER);
+	if (flags & PGCOORD_RECORDS_OPEN)
+		pgc_pack_kv_bool(&w.pk, "terminal", false);
+	char *params = pgcoord__writer_release(&w, &plen);
+	if (!params) {
+		pgcoord__set_message(c, "out of memory encoding record.list");
+		return PGCOORD_E_NOMEM;
+	}
+	pgcoord_err err =
+	    pgcoord_call(c, "record.list", params, plen, timeout_ms, result, result_len);
+	free(params);
+	return err;
+}
+
+const char *pgcoord_record_get_kind(const pgcoord_record *r)
+{
+	return r ? r->kind : NULL;
+}
+
+const char *pgcoord_record_get_key(const pgcoord_record *r)
+{
+	return r ? r->key : NULL;
+}
+
+const char *pgcoord_record_get_state(const pgcoord_record *r)
+{
+	return r ? r->state : NULL;
+}
+
+bool pgcoord_record_get_terminal(const pgcoord_record *r)
+{
+	return r && r->terminal;
+}
+
+const void *pgcoord_record_get_data(const pgcoord_record *r, size_t *len)
+{
+	if (len)
+		*len = r && r->data ? r->data_len : 0;
+	return r ? r->data : NULL;
+}
+
+const char *pgcoord_record_get_permit(const pgcoord_record *r)
+{
+	return r ? r->permit : NULL;
+}
+
+int64_t pgcoord_record_get_owner_session(const pgcoord_record *r)
+{
+	return r ? r->owner_session : 0;
+}
+
+bool pgcoord_record_get_owner_live(const pgcoord_record *r)
+{
+	return r && r->owner_live;
+}
+
+int64_t pgcoord_record_get_token(const pgcoord_record *r)
+{
+	return r ? r->token : 0;
+}
+
+int64_t pgcoord_record_get_adopted_from(const pgcoord_record *r)
+{
+	return r ? r->adopted_from : 0;
+}
+
+void pgcoord_record_free(pgcoord_record *r)
+{
+	if (!r)
+		return;
+	record_clear(r);
+	free(r);
+}
+
+/* --- recover --------------------------------------------------------------- */
+
+/* Reads record.recover's result map into rv. */
+static bool recovery_read(const msgpack_object *m, struct pgcoord_recovery *rv)
+{
+	const msgpack_object *adopted = pgc_map_get(m, "adopted"), *reason;
+
+	if (!pgc_obj_bool(pgc_map_get(m, "liveness_read"), &rv->liveness_read) || !adopted ||
+	    adopted->type != MSGPACK_OBJECT_ARRAY)
+		return false;
+	rv->left_alone = rv->remaining = -1;
+	if (!rv->liveness_read) {
+		reason = pgc_map_get(m, "reason");
+		rv->reason = pgc_obj_strdup(reason);
+		return rv->reason && adopted->via.array.size == 0;
+	}
+	if (!pgc_obj_int64(pgc_map_get(m, "left_alone"), &rv->left_alone) ||
+	    !pgc_obj_int64(pgc_map_get(m, "remaining"), &rv->remaining))
+		return false;
+	rv->records =
+	    calloc(adopted->via.array.size ? adopted->via.array.size : 1, sizeof(*rv->records));
+	if (!rv->records)
+		return false;
+	for (uint32_t i = 0; i < adopted->via.array.size; i++) {
+		if (!record_read(&adopted->via.array.ptr[i], &rv->records[i]))
+			return false;
+		rv->count++;
+	}
+	return true;
+}
+
+pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t nkinds,
+				   int32_t limit, unsigned flags, int timeout_ms,
+				   pgcoord_recovery **out)
+{
+	struct pgcoord_writer w;
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	if ((nkinds && !kinds) || limit < 0 || flags & ~PGCOORD_RECOVER_DRY_RUN) {
+		pgcoord__set_message(c,
+				     "kinds is NULL with nkinds > 0, limit < 0, or unknown flags");
+		return PGCOORD_E_ARG;
+	}
+	for (size_t i = 0; i < nkinds; i++)
+		if (!check_name(c, "a kind", kinds[i]))
+			return PGCOORD_E_ARG;
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 1 + (nkinds > 0) + (limit > 0));
+	pgc_pack_kv_bool(&w.pk, "dry_run", flags & PGCOORD_RECOVER_DRY_RUN);
+	if (nkinds) {
+		pgc_pack_cstr(&w.pk, "kinds");
+		msgpack_pack_array(&w.pk, nkinds);
+		for (size_t i = 0; i < nkinds; i++)
+			pgc_pack_cstr(&w.pk, kinds[i]);
+	}
+	if (limit > 0)
+		pgc_pack_kv_int(&w.pk, "limit", limit);
+	pgcoord_err err = call_decoded(c, "record.recover", &w, timeout_ms, &u, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	struct pgcoord_recovery *rv = calloc(1, sizeof(*rv));
+	if (!rv) {
+		pgcoord__set_message(c, "out of memory");
+		err = PGCOORD_E_NOMEM;
+	} else if (!recovery_read(&u.data, rv)) {
+		pgcoord__set_message(c, "the record.recover result is not well-formed");
+		err = PGCOORD_E_PROTOCOL;
+	} else {
+		rv->raw = raw;
+		rv->raw_len = raw_len;
+		raw = NULL;
+		*out = rv;
+		rv = NULL;
+	}
+	pgcoord_recovery_free(rv);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	return err;
+}
+
+bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv)
+{
+	return rv && rv->liveness_read;
+}
+
+const char *pgcoord_recovery_reason(const pgcoord_recovery *rv)
+{
+	return rv ? rv->reason : NULL;
+}
+
+size_t pgcoord_recovery_count(const pgcoord_recovery *rv)
+{
+	return rv ? rv->count : 0;
+}
+
+const pgcoord_record *pgcoord_recovery_record(const pgcoord_recovery *rv, size_t i)
+{
+	return rv && i < rv->count ? &rv->records[i] : NULL;
+}
+
+int64_t pgcoord_recovery_left_alone(const pgcoord_recovery *rv)
+{
+	return rv ? rv->left_alone : -1;
+}
+
+int64_t pgcoord_recovery_remaining(const pgcoord_recovery *rv)
+{
+	return rv ? rv->remaining : -1;
+}
+
+const void *pgcoord_recovery_result(const pgcoord_recovery *rv, size_t *len)
+{
+	if (len)
+		*len = rv ? rv->raw_len : 0;
+	return rv ? rv->raw : NULL;
+}
+
+void pgcoord_recovery_free(pgcoord_recovery *rv)
+{
+	if (!rv)
+		return;
+	for (size_t i = 0; i < rv->count; i++)
+		record_clear(&rv->records[i]);
+	free(rv->records);
+	free(rv->reason);
+	pgcoord_free(rv->raw);
+	free(rv);
+}
