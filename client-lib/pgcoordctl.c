@@ -35,6 +35,7 @@
 #include "proto/codec.h"
 #include "agent/migrate.h"
 #include "ctl_print.h"
+#include "ctl_top.h"
 
 #ifndef PGCOORD_VERSION
 #define PGCOORD_VERSION "unknown"
@@ -70,6 +71,9 @@ struct ctl {
 	const char *kinds;
 	const char *limit;
 	bool dry_run;
+	/* top */
+	const char *interval;
+	const char *count;
 	pgcoord *conn;
 };
 
@@ -106,6 +110,8 @@ enum ctl_opt_id {
 	OPT_EVIDENCE,
 	OPT_OVERRIDE,
 	OPT_REASON,
+	OPT_INTERVAL,
+	OPT_COUNT,
 	OPT_KIND,
 	OPT_OWNER,
 	OPT_DEAD,
@@ -132,6 +138,7 @@ static int cmd_quotas(struct ctl *ctx, int argc, char **argv);
 static int cmd_quota(struct ctl *ctx, int argc, char **argv);
 static int cmd_permits(struct ctl *ctx, int argc, char **argv);
 static int cmd_check(struct ctl *ctx, int argc, char **argv);
+static int cmd_top(struct ctl *ctx, int argc, char **argv);
 static int cmd_records(struct ctl *ctx, int argc, char **argv);
 static int cmd_recover(struct ctl *ctx, int argc, char **argv);
 
@@ -154,6 +161,9 @@ static const struct ctl_command commands[] = {
     {"check", cmd_check, 0, "",
      "verify the permit ledger in one snapshot: every in_flight equals its permits' "
      "weights and audit trail, none over its limit (exit 1 and the rows if not)"},
+    {"top", cmd_top, 0, "[--interval MS] [--count N]",
+     "a compact live view: this agent, the fleet, leases, the quotas nearest their limit and "
+     "uncertain permits, redrawn every second until Ctrl-C (--json: one object per frame)"},
     {"records", cmd_records, 3, "[show KIND KEY]",
      "list records with owner, liveness, token and permit (--kind, --owner, --dead); or "
      "show one"},
@@ -186,6 +196,10 @@ static const struct ctl_option options[] = {
     {"override", no_argument, OPT_OVERRIDE, "permits", NULL,
      "release: operator override, audited with your uid"},
     {"reason", required_argument, OPT_REASON, "permits", "TEXT", "release: why (audited)"},
+    {"interval", required_argument, OPT_INTERVAL, "top", "MS",
+     "time between frames (default 1000)"},
+    {"count", required_argument, OPT_COUNT, "top", "N",
+     "stop after N frames (default: run until Ctrl-C)"},
     {"kind", required_argument, OPT_KIND, "records", "K", "only records of kind K"},
     {"owner", required_argument, OPT_OWNER, "records", "S", "only records owned by session S"},
     {"dead", no_argument, OPT_DEAD, "records", NULL,
@@ -1037,6 +1051,37 @@ static int cmd_recover(struct ctl *ctx, int argc, char **argv)
 	return read ? CTL_EXIT_OK : CTL_EXIT_FAILED;
 }
 
+/* --- top ------------------------------------------------------------------ */
+
+static int cmd_top(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_top_options opt = {
+	    .socket_path = ctx->socket_path,
+	    .timeout_ms = ctx->timeout_ms,
+	    .interval_ms = 1000,
+	    .json = ctx->json,
+	};
+	char *end;
+
+	if (ctx->interval) {
+		errno = 0;
+		long v = strtol(ctx->interval, &end, 10);
+		if (errno || end == ctx->interval || *end || v < 100 || v > 3600000)
+			return usage_error("--interval needs 100..3600000 ms, not \"%s\"",
+					   ctx->interval);
+		opt.interval_ms = (int)v;
+	}
+	if (ctx->count) {
+		errno = 0;
+		long v = strtol(ctx->count, &end, 10);
+		if (errno || end == ctx->count || *end || v < 1 || v > INT_MAX)
+			return usage_error("--count needs a number of frames >= 1, not \"%s\"",
+					   ctx->count);
+		opt.count = (int)v;
+	}
+	return ctl_top(&opt);
+}
+
 /* --- main ----------------------------------------------------------------- */
 
 static const struct ctl_command *find_command(const char *name)
@@ -1143,6 +1188,12 @@ int main(int argc, char **argv)
 			break;
 		case OPT_REASON:
 			ctx.reason = optarg;
+			break;
+		case OPT_INTERVAL:
+			ctx.interval = optarg;
+			break;
+		case OPT_COUNT:
+			ctx.count = optarg;
 			break;
 		case OPT_KIND:
 			ctx.kind = optarg;

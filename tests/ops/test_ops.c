@@ -867,3 +867,55 @@ Test(ops, database_passwords_never_reach_logs_or_check_config)
 	free(uri);
 	hdb_drop(db);
 }
+
+/* --- pgcoordctl top ----------------------------------------------------- */
+
+Test(ops, top_draws_the_agent_fleet_leases_fullest_quotas_and_uncertain_permits)
+{
+	struct harness_db *db = migrated_db();
+	struct hagent *a = hagent_start(db, "top-1", NULL);
+	const char *ctl = henv("PGCOORD_TEST_CTL_BIN");
+	int fds[2];
+	char *out = NULL;
+
+	populate(a, fds);
+	const char *text[] = {
+	    ctl, "--socket", hagent_socket(a), "top", "--count", "2", "--interval", "200", NULL};
+	int64_t t0 = hnow_ms();
+	cr_assert_eq(hrun(text, &out), 0, "%s", out);
+	cr_assert_geq(hnow_ms() - t0, 200, "two frames came faster than the interval");
+	const char *first = strstr(out, "pgcoordctl top");
+	cr_assert(first && strstr(first + 1, "pgcoordctl top"), "not two frames:\n%s", out);
+	static const char *const want[] = {
+	    "agent   top-1 serving, database up",
+	    "connections, 3 sessions, 2 leases held, the fleet's janitor",
+	    "fleet   1 agent (1 live), 3 live sessions",
+	    "billing.leader",
+	    "gpu-pool",
+	    "50%",
+	    "UNCERTAIN PERMITS (oldest first)",
+	    "vm-<42>",
+	    "connector lost \"mid-flight\"",
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		cr_assert(strstr(out, want[i]), "top lacks %s:\n%s", want[i], out);
+	free(out);
+
+	const char *json[] = {ctl, "--socket", hagent_socket(a), "--json", "top", "--count",
+			      "1", NULL};
+	cr_assert_eq(hrun(json, &out), 0, "%s", out);
+	cr_assert(out[0] == '{' && strstr(out, "\"status\": {") && strstr(out, "\"leases\": {") &&
+		      strstr(out, "\"permits\": {"),
+		  "%s", out);
+	free(out);
+
+	close(fds[0]);
+	close(fds[1]);
+	cr_assert_eq(hagent_stop(a), 0);
+	const char *gone[] = {ctl, "--socket", hagent_socket(a), "top", "--count", "1", NULL};
+	cr_assert_eq(hrun(gone, &out), 3, "%s", out);
+	cr_assert(strstr(out, "unreachable"), "%s", out);
+	free(out);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
