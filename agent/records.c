@@ -578,7 +578,7 @@ static bool same_permit(const PGresult *res, int x, int y)
  * owner_session, uncertain_reason} as they are after the recovery. */
 static bool pack_permits(msgpack_packer *pk, const PGresult *res, int nrecords)
 {
-	int *rows = malloc(sizeof(int) * (size_t)(nrecords ? nrecords : 1));
+	int *rows = calloc(nrecords > 0 ? (size_t)nrecords : 1, sizeof(*rows));
 	int n = 0, distinct = 0;
 	if (!rows)
 		return false;
