@@ -672,17 +672,21 @@ static void poll_done(const struct db_result *r, void *arg)
 			w->epoch = epoch;
 			w->holder = holder;
 			struct session *s = sessions_find(ag, w->session_id);
-			if (!changed || !s || !s->conn)
-				continue;
 			/* a watcher that holds the lease hears of its own belief
-			 * from belief_start/belief_end; this is for the others */
+			 * from belief_start/belief_end; this is for the others
+			 * (tmp has no deadline: it would say leader, valid_ms 0) */
+			if (!changed || !s || !s->conn || leases_believes(ag, name, w->session_id))
+				continue;
 			struct lease tmp = {.name = (char *)name,
 					    .epoch = epoch,
 					    .session_id = w->session_id,
 					    .ag = ag};
-			struct change_note note = {
-			    &tmp,   leases_believes(ag, name, w->session_id), "holder changed",
-			    holder, held ? PQgetvalue(r->res, i, 3) : NULL,   false};
+			struct change_note note = {&tmp,
+						   false,
+						   "holder changed",
+						   holder,
+						   held ? PQgetvalue(r->res, i, 3) : NULL,
+						   false};
 			conn_notify(s->conn, "lease.changed", fill_change, &note);
 		}
 	}
