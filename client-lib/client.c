@@ -37,6 +37,8 @@ void pgcoord__disconnect(pgcoord *c)
 		close(c->fd);
 		c->fd = -1;
 	}
+	/* No lease.changed can reach us any more: stop believing now. */
+	pgcoord__beliefs_end(c);
 }
 
 static int writer_write(void *data, const char *buf, size_t len)
@@ -114,6 +116,8 @@ pgcoord_err pgcoord_connect(const char *socket_path, int timeout_ms, pgcoord **o
 	c->next_msgid = 1;
 
 	const char *path = socket_path ? socket_path : default_socket_path();
+	/* The agent cannot have sent anything before the socket existed. */
+	c->quiet_ms = c->rstamp_ms = c->reply_stamp_ms = pgcoord__now_ms();
 	pgcoord_err err = pgcoord__sock_connect(path, pgcoord__deadline(timeout_ms), &c->fd,
 						c->message, sizeof(c->message));
 	if (err != PGCOORD_OK) {

@@ -2,7 +2,8 @@
  * handle.h — libpgcoord's private view of a `pgcoord` handle, shared by the
  * files that make up the library (client.c: handle and calls; inbound.c:
  * reading and dispatching frames; notify.c: the notification queue;
- * transport.c: the socket; session.c: the typed helpers). Nothing here is
+ * transport.c: the socket; session.c, permits.c: the typed helpers;
+ * leases.c: lease calls and the local leadership belief). Nothing here is
  * exported: the version script keeps everything but pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
@@ -36,6 +37,21 @@ struct pgcoord_note {
 	size_t params_len;
 };
 
+/*
+ * What this handle believes about one lease it campaigns for or leads.
+ * Deadlines are CLOCK_MONOTONIC ms, counted from the moment the agent's
+ * message was provably not yet in our socket (see pgcoord.quiet_ms), so
+ * they are never later than the agent's own.
+ */
+struct pgcoord_belief {
+	struct pgcoord_belief *next;
+	char *name;
+	bool leader;	  /* the last lease.changed (or acquire result) said so */
+	int64_t epoch;	  /* of that belief */
+	int64_t until_ms; /* belief ends here unless renewed */
+	int64_t ttl_ms;	  /* as the last acquire result said; 0 before one */
+};
+
 /* The call waiting for its response while frames are read. */
 struct pgcoord_pending {
 	uint32_t msgid;
@@ -55,9 +71,20 @@ struct pgcoord {
 	char *rbuf;
 	size_t rpos, rlen, rcap;
 
+	/*
+	 * Receive times, for lease deadlines (leases.c). quiet_ms: a moment
+	 * at which the socket's receive queue was known to be empty, so every
+	 * byte read later was sent after it. rstamp_ms: that bound for the
+	 * oldest unconsumed byte in rbuf; reply_stamp_ms: for the last
+	 * response taken.
+	 */
+	int64_t quiet_ms, rstamp_ms, reply_stamp_ms;
+
 	struct pgcoord_note *nq_head, *nq_tail;
 	pgcoord_notify_fn notify_fn;
 	void *notify_user;
+
+	struct pgcoord_belief *beliefs;
 
 	char message[512];
 };
@@ -89,6 +116,9 @@ void pgcoord__writer_destroy(struct pgcoord_writer *w);
 PGCOORD_WUR pgcoord_err pgcoord__encode(const msgpack_object *o, char **out, size_t *len);
 
 /* --- time (transport.c) --- */
+
+/* CLOCK_MONOTONIC in ms. */
+int64_t pgcoord__now_ms(void);
 
 /* A CLOCK_MONOTONIC deadline in ms; -1 means none (wait forever). */
 int64_t pgcoord__deadline(int timeout_ms);
@@ -142,5 +172,32 @@ PGCOORD_WUR pgcoord_err pgcoord__drain_frames(pgcoord *c, struct pgcoord_pending
 PGCOORD_WUR pgcoord_err pgcoord__note_push(pgcoord *c, const char *method, size_t method_len,
 					   const char *params, size_t params_len);
 void pgcoord__note_free_all(pgcoord *c);
+
+/* --- leases.c --- */
+
+/*
+ * While the handle tracks a lease, waits for input are cut into slices of
+ * this many ms so quiet_ms stays fresh: a lease message that arrives in the
+ * middle of a long wait is dated at most this much too early.
+ */
+#define PGCOORD_QUIET_SLICE_MS 50
+
+/* True when some lease is tracked (the waits above are sliced). */
+bool pgcoord__tracking_leases(const pgcoord *c);
+
+/*
+ * Applies a notification to the lease beliefs, called for every
+ * notification as it is read (before it is queued for the callback):
+ * lease.changed and lease.renewed move a deadline, session.lost and
+ * session.suspended of this handle's session end or cap every belief.
+ * stamp_ms dates the message (rstamp_ms). Malformed lease messages are
+ * ignored: the belief they would have touched keeps its deadline.
+ */
+void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
+			 const msgpack_object *params, int64_t stamp_ms);
+
+/* Every belief ends and is forgotten (the connection is gone, or the
+ * session is). */
+void pgcoord__beliefs_end(pgcoord *c);
 
 #endif

@@ -64,15 +64,35 @@ pgcoord_err pgcoord__read_more(pgcoord *c, int64_t deadline)
 	if (err != PGCOORD_OK)
 		return err;
 	for (;;) {
-		err = pgcoord__sock_wait_readable(c->fd, deadline);
-		if (err == PGCOORD_E_CALL_TIMEOUT)
-			return err;
+		int64_t before = pgcoord__now_ms(), until = deadline;
+		/* A long wait in slices, so quiet_ms dates a lease message that
+		 * comes in the middle of it to within one slice. */
+		if (pgcoord__tracking_leases(c) &&
+		    (deadline < 0 || deadline - before > PGCOORD_QUIET_SLICE_MS))
+			until = before + PGCOORD_QUIET_SLICE_MS;
+		err = pgcoord__sock_wait_readable(c->fd, until);
+		if (err == PGCOORD_E_CALL_TIMEOUT) {
+			/* nothing was queued when the wait gave up, after `before` */
+			c->quiet_ms = before;
+			if (until == deadline)
+				return err;
+			continue;
+		}
 		if (err != PGCOORD_OK) {
 			pgcoord__set_message(c, "waiting for the agent: %s", strerror(errno));
 			return io_error(c);
 		}
-		ssize_t n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+		size_t room = c->rcap - c->rlen;
+		bool was_empty = c->rpos == c->rlen;
+		before = pgcoord__now_ms();
+		ssize_t n = recv(c->fd, c->rbuf + c->rlen, room, 0);
 		if (n > 0) {
+			if (was_empty)
+				c->rstamp_ms = c->quiet_ms;
+			/* A stream recv stops short of room only when it emptied
+			 * the queue, which it did after `before`. */
+			if ((size_t)n < room)
+				c->quiet_ms = before;
 			c->rlen += (size_t)n;
 			return PGCOORD_OK;
 		}
@@ -82,7 +102,9 @@ pgcoord_err pgcoord__read_more(pgcoord *c, int64_t deadline)
 							       : "");
 			return io_error(c);
 		}
-		if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			c->quiet_ms = before;
+		else if (errno != EINTR) {
 			pgcoord__set_message(c, "reading from the agent: %s", strerror(errno));
 			return io_error(c);
 		}
@@ -128,6 +150,7 @@ static pgcoord_err take_response(pgcoord *c, const struct pgc_message *m, struct
 		return PGCOORD_OK;
 	}
 
+	c->reply_stamp_ms = c->rstamp_ms;
 	if (p->want_result) {
 		static const msgpack_object nil = {.type = MSGPACK_OBJECT_NIL};
 		if (pgcoord__encode(m->result ? m->result : &nil, &p->result, &p->result_len) !=
@@ -158,9 +181,11 @@ static pgcoord_err queue_notification(pgcoord *c, const struct pgc_message *m)
 		}
 	}
 	/*
-	 * A lost session is gone for this handle the moment the agent says
-	 * so, not when the application gets round to polling.
+	 * A lost session, or a lease belief that ended, is gone for this
+	 * handle the moment the agent says so, not when the application gets
+	 * round to polling.
 	 */
+	pgcoord__lease_note(c, m->method, m->method_len, m->params, c->rstamp_ms);
 	int64_t lost;
 	if (str_is(m->method, m->method_len, "session.lost") && m->params &&
 	    pgc_obj_int64(pgc_map_get(m->params, "session"), &lost) && lost == c->session_id)

@@ -105,6 +105,9 @@ pgcoord_err pgcoord_session_close(pgcoord *c, int timeout_ms)
 {
 	if (!c)
 		return PGCOORD_E_ARG;
+	/* The agent ends the session's beliefs before it hands leases back;
+	 * this side ends them before even asking. */
+	pgcoord__beliefs_end(c);
 	pgcoord_err err = pgcoord_call(c, "session.close", NULL, 0, timeout_ms, NULL, NULL);
 	/* Whichever way, the agent holds no session for this connection now. */
 	if (err == PGCOORD_OK || err == PGCOORD_E_NO_SESSION || err == PGCOORD_E_SESSION_EXPIRED)

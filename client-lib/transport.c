@@ -14,7 +14,7 @@
 
 #include "handle.h"
 
-static int64_t now_ms(void)
+int64_t pgcoord__now_ms(void)
 {
 	struct timespec ts;
 
@@ -26,14 +26,14 @@ int64_t pgcoord__deadline(int timeout_ms)
 {
 	if (timeout_ms < 0)
 		return -1;
-	return now_ms() + timeout_ms;
+	return pgcoord__now_ms() + timeout_ms;
 }
 
 int pgcoord__remaining(int64_t deadline)
 {
 	if (deadline < 0)
 		return -1;
-	int64_t left = deadline - now_ms();
+	int64_t left = deadline - pgcoord__now_ms();
 	if (left <= 0)
 		return 0;
 	return left > 0x7fffffff ? 0x7fffffff : (int)left;

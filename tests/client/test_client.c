@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -838,4 +839,449 @@ Test(connect, null_handles_are_harmless)
 	cr_assert_eq(pgcoord_ping(NULL, 10), PGCOORD_E_ARG);
 	cr_assert_eq(pgcoord_poll(NULL, 0, NULL), PGCOORD_E_ARG);
 	cr_assert_eq(pgcoord_connect(NULL, 10, NULL), PGCOORD_E_ARG);
+}
+
+/* --- leases --------------------------------------------------------------- */
+
+static void reply_acquire(struct fake *f, uint32_t msgid, bool leader, int64_t epoch,
+			  int64_t valid_ms)
+{
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, msgid);
+	msgpack_pack_map(&o.pk, 8);
+	pgc_pack_kv_str(&o.pk, "name", "job");
+	pgc_pack_kv_bool(&o.pk, "leader", leader);
+	pgc_pack_kv_int(&o.pk, "epoch", epoch);
+	pgc_pack_kv_int(&o.pk, "valid_ms", valid_ms);
+	pgc_pack_kv_bool(&o.pk, "campaigning", !leader);
+	pgc_pack_kv_int(&o.pk, "ttl_ms", 3000);
+	pgc_pack_cstr(&o.pk, "holder");
+	msgpack_pack_nil(&o.pk);
+	pgc_pack_kv_int(&o.pk, "expires_in_ms", 0);
+	out_send(f, &o);
+}
+
+static void notify_changed(struct fake *f, const char *name, int64_t epoch, bool leader,
+			   int64_t valid_ms, int64_t session)
+{
+	struct out o;
+	out_init(&o);
+	pgc_pack_notify_begin(&o.pk, "lease.changed");
+	msgpack_pack_map(&o.pk, 7);
+	pgc_pack_kv_str(&o.pk, "name", name);
+	pgc_pack_kv_int(&o.pk, "epoch", epoch);
+	pgc_pack_kv_bool(&o.pk, "leader", leader);
+	pgc_pack_kv_int(&o.pk, "valid_ms", valid_ms);
+	pgc_pack_kv_int(&o.pk, "session", session);
+	pgc_pack_cstr(&o.pk, "holder");
+	msgpack_pack_nil(&o.pk);
+	pgc_pack_kv_str(&o.pk, "reason", leader ? "acquired" : "released by its holder");
+	out_send(f, &o);
+}
+
+static void notify_renewed(struct fake *f, const char *name, int64_t epoch, int64_t valid_ms)
+{
+	struct out o;
+	out_init(&o);
+	pgc_pack_notify_begin(&o.pk, "lease.renewed");
+	msgpack_pack_map(&o.pk, 4);
+	pgc_pack_kv_str(&o.pk, "name", name);
+	pgc_pack_kv_int(&o.pk, "epoch", epoch);
+	pgc_pack_kv_bool(&o.pk, "leader", true);
+	pgc_pack_kv_int(&o.pk, "valid_ms", valid_ms);
+	out_send(f, &o);
+}
+
+/* session.open answered 42, then lease.acquire of "job" won with epoch 7 and
+ * valid_ms as the agent does it: lease.changed first, then the result. */
+static bool fake_open_and_win(struct fake *f, int64_t valid_ms)
+{
+	struct req r;
+	if (!fake_expect(f, &r, "session.open"))
+		return false;
+	reply_session(f, r.msgid, 42, false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return false;
+	notify_changed(f, "job", 7, true, valid_ms, 42);
+	reply_acquire(f, r.msgid, true, 7, valid_ms);
+	req_free(&r);
+	return true;
+}
+
+static void open_and_win(pgcoord *c)
+{
+	bool leader = false;
+	int64_t epoch = 0;
+	cr_assert_eq(pgcoord_session_open(c, "leader", 2000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, false, 2000, &leader, &epoch), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	cr_assert(leader);
+	cr_assert_eq(epoch, 7);
+}
+
+static void script_acquire_then_silence(struct fake *f)
+{
+	struct req r;
+	int64_t ttl = 0;
+	bool wait = false;
+	if (!fake_expect(f, &r, "session.open"))
+		return;
+	reply_session(f, r.msgid, 42, false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "name"), "job") ||
+	    !pgc_obj_int64(pgc_map_get(r.params, "ttl_ms"), &ttl) || ttl != 3000 ||
+	    !pgc_obj_bool(pgc_map_get(r.params, "wait"), &wait) || !wait)
+		fake_failf(f, "lease.acquire did not send {name: job, ttl_ms: 3000, wait: true}");
+	notify_changed(f, "job", 7, true, 300, 42);
+	reply_acquire(f, r.msgid, true, 7, 300);
+	req_free(&r);
+	/* then nothing at all, as from an agent frozen by SIGSTOP */
+	fake_wait_hangup(f);
+}
+
+Test(lease, belief_ends_at_the_local_deadline_without_any_message, .timeout = 10)
+{
+	struct seen_notes seen = {0};
+	bool leader = false;
+	int64_t epoch = 0;
+	int delivered = 0;
+
+	fake_start(script_acquire_then_silence);
+	pgcoord *c = connect_fake();
+	pgcoord_set_notify(c, on_notify, &seen);
+	cr_assert_eq(pgcoord_session_open(c, NULL, 2000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 3000, true, 2000, &leader, &epoch), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	cr_assert(leader);
+	cr_assert_eq(epoch, 7);
+	cr_assert(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_eq(pgcoord_lease_epoch(c, "job"), 7);
+	cr_assert_eq(pgcoord_lease_ttl_ms(c, "job"), 3000, "the ttl from the acquire result");
+	int64_t left = pgcoord_lease_valid_ms(c, "job");
+	cr_assert(left > 0 && left <= 300, "valid_ms %lld", (long long)left);
+	cr_assert_not(pgcoord_lease_is_leader(c, "other"));
+
+	usleep(350 * 1000);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"), "the deadline passed in silence");
+	cr_assert_eq(pgcoord_lease_valid_ms(c, "job"), 0);
+	cr_assert_eq(pgcoord_lease_epoch(c, "job"), 0);
+
+	/* The library read the notification, and the application still gets it. */
+	cr_assert_eq(pgcoord_poll(c, 0, &delivered), PGCOORD_OK);
+	cr_assert_eq(delivered, 1);
+	cr_assert_str_eq(seen.method, "lease.changed");
+	pgcoord_close(c);
+	fake_stop();
+}
+
+static void script_campaign_renew_and_lose(struct fake *f)
+{
+	struct req r;
+	if (!fake_expect(f, &r, "session.open"))
+		return;
+	reply_session(f, r.msgid, 42, false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return;
+	reply_acquire(f, r.msgid, false, 3, 0); /* campaigning: someone else holds epoch 3 */
+	req_free(&r);
+
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	/* Not ours: another session's win must not make this handle lead. */
+	notify_changed(f, "job", 8, true, 5000, 99);
+	notify_changed(f, "job", 9, true, 400, 42);
+	reply_pong(f, r.msgid);
+	req_free(&r);
+
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	notify_renewed(f, "job", 9, 1500);
+	notify_renewed(f, "job", 8, 60000); /* another epoch: ignored */
+	reply_pong(f, r.msgid);
+	req_free(&r);
+
+	/* The client now waits for the push below without calling. */
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	reply_pong(f, r.msgid);
+	req_free(&r);
+	usleep(100 * 1000);
+	notify_changed(f, "job", 9, false, 0, 42);
+	fake_wait_hangup(f);
+}
+
+Test(lease, renewals_extend_belief_and_a_pushed_end_counts_without_poll, .timeout = 10)
+{
+	struct seen_notes seen = {0};
+	bool leader = true;
+	int64_t epoch = 0;
+	int delivered = 0;
+
+	fake_start(script_campaign_renew_and_lose);
+	pgcoord *c = connect_fake();
+	pgcoord_set_notify(c, on_notify, &seen);
+	cr_assert_eq(pgcoord_session_open(c, NULL, 2000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, true, 2000, &leader, &epoch), PGCOORD_OK);
+	cr_assert_not(leader);
+	cr_assert_eq(epoch, 3, "the holder's epoch");
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	cr_assert(pgcoord_lease_is_leader(c, "job"), "lease.changed leader=true, read by a call");
+	cr_assert_eq(pgcoord_lease_epoch(c, "job"), 9, "our own win, not session 99's");
+	cr_assert_leq(pgcoord_lease_valid_ms(c, "job"), 400);
+
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	int64_t left = pgcoord_lease_valid_ms(c, "job");
+	cr_assert(left > 400 && left <= 1500, "renewed to %lld ms", (long long)left);
+
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	int64_t t0 = 0;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	t0 = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	while (pgcoord_lease_is_leader(c, "job")) {
+		usleep(5 * 1000);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		cr_assert_lt((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 - t0, 1000,
+			     "the pushed lease.changed leader=false was not taken in");
+	}
+	cr_assert_eq(seen.count, 0, "callbacks still run only from pgcoord_poll");
+	cr_assert_eq(pgcoord_poll(c, 0, &delivered), PGCOORD_OK);
+	cr_assert_eq(delivered, 5, "every lease notification reaches the application too");
+	cr_assert_str_eq(seen.method, "lease.changed");
+	cr_assert_str_eq(seen.reason, "released by its holder");
+	pgcoord_close(c);
+	fake_stop();
+}
+
+static void script_renewal_left_unread(struct fake *f)
+{
+	struct req r;
+	if (!fake_open_and_win(f, 5000))
+		return;
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	reply_pong(f, r.msgid);
+	req_free(&r);
+	/* After the pong, in a read of its own: the client is not reading. */
+	usleep(30 * 1000);
+	notify_renewed(f, "job", 7, 300);
+	fake_wait_hangup(f);
+}
+
+Test(lease, deadline_counts_from_when_the_socket_was_last_seen_empty, .timeout = 10)
+{
+	fake_start(script_renewal_left_unread);
+	pgcoord *c = connect_fake();
+	open_and_win(c);
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	/* The renewal (300 ms) waits unread in the socket for 400 ms: dating it
+	 * by when it was read would believe for 300 ms more. */
+	usleep(400 * 1000);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+	pgcoord_close(c);
+	fake_stop();
+}
+
+static void script_lost_then_hang_up(struct fake *f)
+{
+	struct req r;
+	if (!fake_open_and_win(f, 60000))
+		return;
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	notify_session_lost(f, 42);
+	reply_pong(f, r.msgid);
+	req_free(&r);
+
+	if (!fake_expect(f, &r, "session.open"))
+		return;
+	reply_session(f, r.msgid, 43, false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return;
+	notify_changed(f, "job", 10, true, 60000, 43);
+	reply_acquire(f, r.msgid, true, 10, 60000);
+	req_free(&r);
+	/* then the agent dies */
+}
+
+Test(lease, session_loss_and_a_broken_connection_end_belief_at_once, .timeout = 10)
+{
+	bool leader = false;
+	fake_start(script_lost_then_hang_up);
+	pgcoord *c = connect_fake();
+	open_and_win(c);
+	cr_assert(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"), "session.lost ends every belief");
+
+	cr_assert_eq(pgcoord_session_open(c, NULL, 2000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, false, 2000, &leader, NULL), PGCOORD_OK);
+	cr_assert(leader);
+	fake_stop(); /* the fake agent hangs up */
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"), "no agent, no belief");
+	cr_assert_eq(pgcoord_fd(c), -1);
+	pgcoord_close(c);
+}
+
+static void script_release_unanswered(struct fake *f)
+{
+	struct req r;
+	if (!fake_open_and_win(f, 60000))
+		return;
+	if (!fake_expect(f, &r, "lease.release"))
+		return;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "name"), "job"))
+		fake_failf(f, "lease.release without name \"job\"");
+	req_free(&r); /* never answered */
+	if (!fake_expect(f, &r, "lease.release"))
+		return;
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 1);
+	pgc_pack_kv_bool(&o.pk, "released", true);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(lease, release_ends_belief_before_the_agent_answers, .timeout = 10)
+{
+	bool released = false;
+	fake_start(script_release_unanswered);
+	pgcoord *c = connect_fake();
+	open_and_win(c);
+	cr_assert_eq(pgcoord_lease_release(c, "job", 100, &released), PGCOORD_E_CALL_TIMEOUT);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_eq(pgcoord_lease_release(c, "job", 2000, &released), PGCOORD_OK);
+	cr_assert(released);
+	pgcoord_close(c);
+	fake_stop();
+}
+
+static void script_suspended(struct fake *f)
+{
+	struct req r;
+	struct out o;
+	if (!fake_open_and_win(f, 60000))
+		return;
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	out_init(&o);
+	pgc_pack_notify_begin(&o.pk, "session.suspended");
+	msgpack_pack_map(&o.pk, 2);
+	pgc_pack_kv_int(&o.pk, "session", 42);
+	pgc_pack_kv_int(&o.pk, "safe_ms", 200);
+	out_send(f, &o);
+	reply_pong(f, r.msgid);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(lease, session_suspended_caps_belief_at_safe_ms, .timeout = 10)
+{
+	fake_start(script_suspended);
+	pgcoord *c = connect_fake();
+	open_and_win(c);
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_OK);
+	cr_assert(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_leq(pgcoord_lease_valid_ms(c, "job"), 200);
+	usleep(250 * 1000);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+	pgcoord_close(c);
+	fake_stop();
+}
+
+static void script_status_and_list(struct fake *f)
+{
+	struct req r;
+	struct out o;
+	if (!fake_expect(f, &r, "lease.status"))
+		return;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "name"), "job"))
+		fake_failf(f, "lease.status without name \"job\"");
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 2);
+	pgc_pack_kv_str(&o.pk, "name", "job");
+	pgc_pack_kv_int(&o.pk, "epoch", 12);
+	out_send(f, &o);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.status"))
+		return;
+	reply_error(f, r.msgid, "not_found", "no lease named \"nope\" was ever acquired", false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.list"))
+		return;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 1);
+	pgc_pack_cstr(&o.pk, "leases");
+	msgpack_pack_array(&o.pk, 0);
+	out_send(f, &o);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return;
+	reply_error(f, r.msgid, "no_session", "call session.open first", false);
+	req_free(&r);
+}
+
+Test(lease, status_and_list_hand_back_the_result_map, .timeout = 10)
+{
+	void *res = NULL;
+	size_t len = 0;
+	int64_t epoch = -1;
+	bool leader = true;
+
+	fake_start(script_status_and_list);
+	pgcoord *c = connect_fake();
+	cr_assert_eq(pgcoord_lease_status(c, "job", 2000, &res, &len), PGCOORD_OK);
+	msgpack_unpacked u;
+	size_t off = 0;
+	msgpack_unpacked_init(&u);
+	cr_assert_eq(msgpack_unpack_next(&u, res, len, &off), MSGPACK_UNPACK_SUCCESS);
+	cr_assert(pgc_obj_int64(pgc_map_get(&u.data, "epoch"), &epoch));
+	cr_assert_eq(epoch, 12);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(res);
+
+	cr_assert_eq(pgcoord_lease_status(c, "nope", 2000, &res, &len), PGCOORD_E_NOT_FOUND);
+	cr_assert_null(res);
+	cr_assert_eq(pgcoord_lease_list(c, 2000, &res, &len), PGCOORD_OK);
+	cr_assert_not_null(res);
+	pgcoord_free(res);
+
+	/* Refused locally: nothing is sent. */
+	cr_assert_eq(pgcoord_lease_acquire(c, "", 0, false, 2000, &leader, &epoch), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", -1, false, 2000, NULL, NULL), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_release(c, NULL, 2000, NULL), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_status(c, "", 2000, NULL, NULL), PGCOORD_E_ARG);
+
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, true, 2000, &leader, &epoch),
+		     PGCOORD_E_NO_SESSION);
+	cr_assert_not(leader);
+	cr_assert_eq(epoch, 0);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+	pgcoord_close(c);
+	fake_stop();
+}
+
+Test(lease, null_arguments_are_harmless)
+{
+	cr_assert_not(pgcoord_lease_is_leader(NULL, "job"));
+	cr_assert_eq(pgcoord_lease_valid_ms(NULL, "job"), 0);
+	cr_assert_eq(pgcoord_lease_epoch(NULL, "job"), 0);
+	cr_assert_eq(pgcoord_lease_ttl_ms(NULL, "job"), 0);
+	cr_assert_eq(pgcoord_lease_acquire(NULL, "job", 0, false, 10, NULL, NULL), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_release(NULL, "job", 10, NULL), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_status(NULL, "job", 10, NULL, NULL), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_lease_list(NULL, 10, NULL, NULL), PGCOORD_E_ARG);
 }

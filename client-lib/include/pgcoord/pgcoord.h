@@ -7,6 +7,16 @@
  * (lease.changed, session.suspended, session.lost, …) are queued while a call
  * waits and handed to the notification callback by pgcoord_poll().
  *
+ * Timeouts: every timeout_ms is in milliseconds of CLOCK_MONOTONIC; a
+ * negative value waits forever, 0 does not wait (a call then nearly always
+ * ends in PGCOORD_E_CALL_TIMEOUT).
+ *
+ * Event loops: wait for pgcoord_fd() to become readable, then call
+ * pgcoord_poll(c, 0, NULL). Notifications that arrive while a call (or
+ * pgcoord_lease_is_leader and its siblings) reads the socket are queued
+ * inside the library and do NOT make pgcoord_fd() readable again, so also
+ * call pgcoord_poll(c, 0, NULL) after each of those.
+ *
  * ABI rules: the handle is opaque, only pgcoord_* symbols are exported, the
  * error enum is append-only, and no struct crosses the boundary by value.
  */
@@ -60,13 +70,25 @@ typedef enum pgcoord_err {
 /* A static, human-readable description of err. Never NULL. */
 const char *pgcoord_strerror(pgcoord_err err);
 
-/* True for errors where retrying the same call (same ids) is the right move. */
+/*
+ * True for errors where retrying the same call with the same ids is the
+ * right move: the agent's unavailable, timeout, busy and shutting_down, and
+ * the library's PGCOORD_E_CALL_TIMEOUT (no reply in time; the outcome is
+ * unknown, retry on the same handle) and PGCOORD_E_IO (the connection
+ * failed and the handle is closed: connect a new handle, resume the session
+ * with pgcoord_session_resume() within its grace period, then retry).
+ */
 bool pgcoord_err_retryable(pgcoord_err err);
 
 /*
  * Connects to the agent at socket_path (NULL = PGCOORD_DEFAULT_SOCKET, or
  * $PGCOORD_SOCKET_PATH when set) within timeout_ms. On success *out owns a
- * new handle; release it with pgcoord_close().
+ * new handle; release it with pgcoord_close(). On failure *out is NULL, the
+ * return says what failed (PGCOORD_E_CONNECT; PGCOORD_E_ARG for a path that
+ * does not fit a socket address; PGCOORD_E_NOMEM) and errno holds the cause
+ * (ENOENT: no socket there, ECONNREFUSED: no agent listens, EACCES: this
+ * user may not connect, ETIMEDOUT, …). There is no handle to ask
+ * pgcoord_last_message() of.
  */
 pgcoord_err pgcoord_connect(const char *socket_path, int timeout_ms, pgcoord **out);
 
@@ -77,7 +99,9 @@ void pgcoord_close(pgcoord *c);
 /* The agent's (or library's) message for the last failed call on c; "" if none. */
 const char *pgcoord_last_message(const pgcoord *c);
 
-/* The socket's file descriptor, to wait for readability in an event loop. */
+/* The socket's file descriptor, to wait for readability in an event loop
+ * (see "Event loops" above: queued notifications do not make it readable);
+ * -1 once the connection is closed. Do not read from it or close it. */
 int pgcoord_fd(const pgcoord *c);
 
 /*
@@ -96,7 +120,10 @@ void pgcoord_free(void *p);
 
 /*
  * Called once per pushed notification, from pgcoord_poll() only. params is
- * the MessagePack-encoded params map, valid during the call.
+ * the MessagePack-encoded params map, valid during the call. The callback
+ * may make calls on the handle (notifications those queue are delivered in
+ * the same pgcoord_poll), but must not pgcoord_close() it: close after
+ * pgcoord_poll returns.
  */
 typedef void (*pgcoord_notify_fn)(void *user, const char *method, const void *params,
 				  size_t params_len);
@@ -105,9 +132,10 @@ void pgcoord_set_notify(pgcoord *c, pgcoord_notify_fn fn, void *user);
 
 /*
  * Delivers queued notifications, then waits up to timeout_ms (0 = do not
- * wait, -1 = forever) for more and delivers those. Returns the number
+ * wait, negative = forever) for more and delivers those. Returns the number
  * delivered in *delivered (may be NULL). PGCOORD_E_IO when the agent closed
- * the connection.
+ * the connection (everything it sent before is delivered first),
+ * PGCOORD_E_CLOSED when it was closed already.
  */
 pgcoord_err pgcoord_poll(pgcoord *c, int timeout_ms, int *delivered);
 
@@ -254,6 +282,92 @@ pgcoord_err pgcoord_quota_set(pgcoord *c, const char *key, int32_t limit, int32_
 /* A quota's numbers by one database snapshot; each out-param may be NULL. */
 pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64_t *limit,
 			      int64_t *in_flight, int64_t *held, int64_t *uncertain);
+
+/* --- leader leases (PROTOCOL.md, "Leases") ----------------------------- */
+
+/*
+ * A lease names a singleton job; one session at a time leads it, and each
+ * change of leader draws a new epoch (use it as a fencing token). The agent
+ * renews a lease it won every ttl/3 and believes its session leads only
+ * until send time of the last confirmed renewal + ttl − ttl/3, which is
+ * before the row can expire for anyone else.
+ *
+ * This handle keeps its own copy of that belief: a deadline per lease on
+ * CLOCK_MONOTONIC, set from the agent's lease.changed and lease.renewed
+ * notifications (consumed here and still handed to the notification
+ * callback) and from acquire results, each dated by when the message was
+ * provably not yet in this process's socket — so the local deadline is never
+ * later than the agent's, however late the application reads. The belief
+ * ends at that deadline even when nothing arrives (an agent frozen by
+ * SIGSTOP, a database that stopped answering), and at once on lease.changed
+ * leader=false, lease release, session close or loss, or a broken
+ * connection. pgcoord_lease_is_leader() is the question to ask before every
+ * step of leader-only work; stop the work when it says false.
+ */
+
+/*
+ * Needs a session. Takes lease `name` (1..200 bytes, not starting with
+ * "pgcoord.") or, when the session holds it, answers the current belief.
+ * ttl_ms: 1000..600000, or 0 for the agent's lease_ttl_ms. Without wait, one
+ * attempt. With wait, the agent keeps campaigning for the session every
+ * lease_retry_ms until it wins (a lease.changed leader=true arrives; ask
+ * pgcoord_lease_is_leader) or pgcoord_lease_release() is called; the call
+ * itself returns at once. *leader (may be NULL): leading now. *epoch (may
+ * be NULL): the lease's epoch as the agent saw it — this session's fencing
+ * token when *leader, the current holder's otherwise. Both are zeroed on
+ * failure. PGCOORD_E_INVALID_PARAMS for a bad or reserved name or ttl.
+ */
+pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool wait,
+				  int timeout_ms, bool *leader, int64_t *epoch);
+
+/*
+ * Needs a session. Ends the local belief at once, before anything is sent,
+ * then stops any campaign and hands the lease back so a campaigner wins on
+ * its next try. *released (may be NULL) is true when the session held the
+ * row. Safe to retry.
+ */
+pgcoord_err pgcoord_lease_release(pgcoord *c, const char *name, int timeout_ms, bool *released);
+
+/*
+ * Reads, no session needed: on PGCOORD_OK *result (may be NULL) receives the
+ * MessagePack-encoded result map (free with pgcoord_free): lease.status's
+ * {name, epoch, holder: {session, replica_id} | nil, expires_in_ms, ttl_ms,
+ * acquired_at, renewed_at, leader, valid_ms} (leader/valid_ms: the agent's
+ * belief for this handle's session), and lease.list's {leases: [...]}.
+ * lease.status answers PGCOORD_E_NOT_FOUND for a name never acquired.
+ * Decisions belong to pgcoord_lease_is_leader, not to these snapshots.
+ */
+pgcoord_err pgcoord_lease_status(pgcoord *c, const char *name, int timeout_ms, void **result,
+				 size_t *result_len);
+pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
+
+/*
+ * True only while the last lease.changed (or acquire result) for name said
+ * this session leads and the local deadline lies ahead on CLOCK_MONOTONIC.
+ * Never waits: it takes in what the agent has already sent (so a pushed
+ * end of leadership counts even if you have not polled; the notifications
+ * are queued for pgcoord_poll) and compares the deadline with the clock.
+ * False for NULL arguments and on a closed handle. A connection failure
+ * found here closes the handle (pgcoord_last_message says why).
+ */
+bool pgcoord_lease_is_leader(pgcoord *c, const char *name);
+
+/* The belief left, in ms (0 when not leading), as pgcoord_lease_is_leader
+ * would judge it: the longest a step may take that must end while leading. */
+int64_t pgcoord_lease_valid_ms(pgcoord *c, const char *name);
+
+/* The epoch (fencing token) of the current belief; 0 when not leading. */
+int64_t pgcoord_lease_epoch(pgcoord *c, const char *name);
+
+/*
+ * The ttl the agent holds name with for this session, as the last
+ * pgcoord_lease_acquire result said (the agent's default when ttl_ms was 0);
+ * 0 before one, or after the lease was released or the session ended. The
+ * agent renews every ttl/3 and its belief ends ttl/3 before the row can
+ * expire: work that must stop before anyone else can lead has that long
+ * after pgcoord_lease_is_leader turns false.
+ */
+int64_t pgcoord_lease_ttl_ms(const pgcoord *c, const char *name);
 
 /* --- records and recovery (PROTOCOL.md, "Records and recovery") ---------- */
 
