@@ -15,6 +15,18 @@
  *   3  cannot connect to the agent
  *   4  timeout or I/O error talking to the agent
  *
+ * `run --lease NAME -- CMD [ARGS…]` has its own (ctl_run.h):
+ *   CMD's exit status   CMD ended by itself while leading, or after
+ *                       pgcoordctl passed SIGTERM/SIGINT/SIGHUP on to it;
+ *                       128+n when signal n ended CMD
+ *   1  the agent refused the lease (a reserved name, say) or CMD could not
+ *      be forked (a CMD that cannot be executed exits 127, or 126)
+ *   2  usage error, also a --kill-grace that does not fit the margin
+ *   3  cannot reach the agent, or the connection failed before leading
+ *   4  a call timed out or failed before leadership was won
+ *   5  leadership was lost (CMD was stopped), or the campaigning session
+ *   128+n  pgcoordctl got signal n before CMD was started
+ *
  * Adding a command: write `static int cmd_x(struct ctl *ctx, int argc,
  * char **argv)`, add a row to `commands`, and any flags of its own to
  * `options` with `.command = "x"`.
@@ -36,6 +48,7 @@
 #include "agent/migrate.h"
 #include "ctl_print.h"
 #include "ctl_top.h"
+#include "ctl_run.h"
 
 #ifndef PGCOORD_VERSION
 #define PGCOORD_VERSION "unknown"
@@ -71,6 +84,10 @@ struct ctl {
 	const char *kinds;
 	const char *limit;
 	bool dry_run;
+	/* leases and run */
+	const char *lease;
+	const char *ttl;
+	const char *kill_grace;
 	/* top */
 	const char *interval;
 	const char *count;
@@ -118,6 +135,9 @@ enum ctl_opt_id {
 	OPT_KINDS,
 	OPT_LIMIT,
 	OPT_DRY_RUN,
+	OPT_LEASE,
+	OPT_TTL,
+	OPT_KILL_GRACE,
 };
 
 struct ctl_option {
@@ -141,6 +161,9 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv);
 static int cmd_top(struct ctl *ctx, int argc, char **argv);
 static int cmd_records(struct ctl *ctx, int argc, char **argv);
 static int cmd_recover(struct ctl *ctx, int argc, char **argv);
+static int cmd_leases(struct ctl *ctx, int argc, char **argv);
+static int cmd_lease(struct ctl *ctx, int argc, char **argv);
+static int cmd_run(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
@@ -170,6 +193,13 @@ static const struct ctl_command commands[] = {
     {"recover", cmd_recover, 0, "--dry-run [--kinds K1,K2] [--limit N]",
      "what a recovery would adopt right now: the open records of dead owners (exit 1 if "
      "liveness cannot be read); recovering itself is for a replica's own session"},
+    {"leases", cmd_leases, 0, "", "every lease: holder, epoch, when it expires"},
+    {"lease", cmd_lease, 2, "status NAME", "one lease as the database and this agent see it"},
+    {"run", cmd_run, INT_MAX, "--lease NAME [--ttl MS] [--kill-grace MS] -- CMD [ARGS...]",
+     "run CMD only while this host leads lease NAME (it waits to lead); when leadership "
+     "ends CMD's process group gets SIGTERM, then SIGKILL after the grace, before any other "
+     "host can lead. CMD gets PGCOORD_LEASE and PGCOORD_LEASE_EPOCH (the fencing token). "
+     "Exit status below"},
 };
 
 static const struct ctl_option options[] = {
@@ -208,6 +238,12 @@ static const struct ctl_option options[] = {
     {"limit", required_argument, OPT_LIMIT, "recover", "N",
      "at most N records (default: the agent's, 1000)"},
     {"dry-run", no_argument, OPT_DRY_RUN, "recover", NULL, "change nothing (required)"},
+    {"lease", required_argument, OPT_LEASE, "run", "NAME", "the lease to lead (required)"},
+    {"ttl", required_argument, OPT_TTL, "run", "MS",
+     "lease ttl, 1000..600000 (default: the agent's lease_ttl_ms); leadership ends ttl/3 "
+     "before the lease can expire for another host: that is the safety margin"},
+    {"kill-grace", required_argument, OPT_KILL_GRACE, "run", "MS",
+     "SIGTERM to SIGKILL; must be below the margin (default: half of it)"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -253,7 +289,20 @@ static void usage(FILE *out)
 		     "     or a check found a problem\n"
 		     "  2  usage error\n"
 		     "  3  cannot connect to the agent\n"
-		     "  4  timeout or I/O error talking to the agent\n");
+		     "  4  timeout or I/O error talking to the agent\n"
+		     "\n"
+		     "Exit status of run:\n"
+		     "  CMD's status  CMD ended by itself while leading, or after a SIGTERM,\n"
+		     "                SIGINT or SIGHUP to pgcoordctl was passed on to it;\n"
+		     "                128+n when signal n ended CMD\n"
+		     "  1  the agent refused the lease, or CMD could not be forked\n"
+		     "     (a CMD that cannot be executed exits 127, or 126)\n"
+		     "  2  usage error, also a --kill-grace not below the safety margin\n"
+		     "  3  cannot reach the agent, or the connection failed before leading\n"
+		     "  4  a call timed out or failed before leadership was won\n"
+		     "  5  leadership was lost and CMD stopped, or the campaigning session\n"
+		     "     was lost\n"
+		     "  128+n  pgcoordctl got signal n before CMD started\n");
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -871,6 +920,142 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 	return ok ? CTL_EXIT_OK : CTL_EXIT_FAILED;
 }
 
+/* --- leases ---------------------------------------------------------------- */
+
+/*
+ * lease.list rows, reshaped for a table: the holder as "session@replica"
+ * (or "-" when free), the other fields as the agent sent them.
+ */
+static int print_leases(const msgpack_object *result)
+{
+	static const char *const keep[] = {"name",   "epoch",	    "expires_in_ms",
+					   "ttl_ms", "acquired_at", "renewed_at"};
+	static const struct ctl_column cols[] = {
+	    {"NAME", "name", CTL_FMT_AUTO},
+	    {"HOLDER", "holder", CTL_FMT_AUTO},
+	    {"EPOCH", "epoch", CTL_FMT_AUTO},
+	    {"EXPIRES_IN", "expires_in_ms", CTL_FMT_DURATION},
+	    {"TTL", "ttl_ms", CTL_FMT_DURATION},
+	    {"ACQUIRED", "acquired_at", CTL_FMT_AGE},
+	    {"RENEWED", "renewed_at", CTL_FMT_AGE},
+	};
+	const msgpack_object *rows = pgc_map_get(result, "leases");
+	struct ctl_params p;
+	msgpack_unpacked u;
+	size_t off = 0;
+
+	if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
+		fprintf(stderr, "pgcoordctl: lease.list: the result has no \"leases\" list\n");
+		return CTL_EXIT_IO;
+	}
+	params_init(&p);
+	msgpack_pack_array(&p.pk, rows->via.array.size);
+	for (uint32_t i = 0; i < rows->via.array.size; i++) {
+		const msgpack_object *row = &rows->via.array.ptr[i];
+		const msgpack_object *holder = pgc_map_get(row, "holder");
+		int64_t sid;
+		const char *rep = "?";
+		size_t replen = 1;
+		char who[300];
+
+		msgpack_pack_map(&p.pk, 7);
+		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
+			const msgpack_object *v = pgc_map_get(row, keep[k]);
+			pgc_pack_cstr(&p.pk, keep[k]);
+			if (v)
+				msgpack_pack_object(&p.pk, *v);
+			else
+				msgpack_pack_nil(&p.pk);
+		}
+		pgc_pack_cstr(&p.pk, "holder");
+		if (holder && holder->type == MSGPACK_OBJECT_MAP &&
+		    pgc_obj_int64(pgc_map_get(holder, "session"), &sid)) {
+			pgc_obj_str(pgc_map_get(holder, "replica_id"), &rep, &replen);
+			snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
+			pgc_pack_cstr(&p.pk, who);
+		} else {
+			msgpack_pack_nil(&p.pk);
+		}
+	}
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, p.sb.data, p.sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
+		ctl_print_table(stdout, &u.data, cols, sizeof(cols) / sizeof(cols[0]),
+				ctl_now_ms(result));
+	msgpack_unpacked_destroy(&u);
+	msgpack_sbuffer_destroy(&p.sb);
+	return CTL_EXIT_OK;
+}
+
+static int cmd_leases(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_result r;
+	int rc = ctl_call(ctx, "lease.list", NULL, 0, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	if (ctx->json)
+		ctl_print_json(stdout, r.obj);
+	else
+		rc = print_leases(r.obj);
+	result_free(&r);
+	return rc;
+}
+
+static int cmd_lease(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_params p;
+	struct ctl_result r;
+	int rc;
+
+	if (argc != 2 || strcmp(argv[0], "status") != 0)
+		return usage_error("lease: expected `lease status NAME`");
+	params_init(&p);
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "name", argv[1]);
+	rc = call_with(ctx, "lease.status", &p, &r);
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	print_map(ctx, &r, NULL);
+	result_free(&r);
+	return CTL_EXIT_OK;
+}
+
+static int cmd_run(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_run_opts o = {.socket_path = ctx->socket_path,
+				 .timeout_ms = ctx->timeout_ms,
+				 .lease = ctx->lease,
+				 .kill_grace_ms = -1};
+	long v;
+
+	if (!ctx->lease || !*ctx->lease)
+		return usage_error("run: --lease NAME is required");
+	if (argc == 0)
+		return usage_error("run: no command given (run --lease NAME -- CMD [ARGS...])");
+	if (ctx->json)
+		return usage_error("run: --json does not apply");
+	if (ctx->ttl) {
+		if (!parse_nonneg(ctx->ttl, 600000, &v) || v < 1000)
+			return usage_error("--ttl needs milliseconds between 1000 and 600000, not "
+					   "\"%s\"",
+					   ctx->ttl);
+		o.ttl_ms = (int)v;
+	}
+	if (ctx->kill_grace) {
+		if (!parse_nonneg(ctx->kill_grace, INT_MAX, &v))
+			return usage_error("--kill-grace needs milliseconds >= 0, not \"%s\"",
+					   ctx->kill_grace);
+		/* the margin is known here only with --ttl; else after acquire */
+		if (o.ttl_ms && v >= o.ttl_ms / 3)
+			return usage_error(
+			    "--kill-grace %ld ms does not fit the safety margin: with --ttl %d, "
+			    "leadership ends %d ms before another host can take over and CMD "
+			    "must be dead by then",
+			    v, o.ttl_ms, o.ttl_ms / 3);
+		o.kill_grace_ms = (int)v;
+	}
+	return ctl_run(&o, argv);
+}
+
 /* --- records and recovery ------------------------------------------------- */
 
 /*
@@ -1212,6 +1397,15 @@ int main(int argc, char **argv)
 			break;
 		case OPT_DRY_RUN:
 			ctx.dry_run = true;
+			break;
+		case OPT_LEASE:
+			ctx.lease = optarg;
+			break;
+		case OPT_TTL:
+			ctx.ttl = optarg;
+			break;
+		case OPT_KILL_GRACE:
+			ctx.kill_grace = optarg;
 			break;
 		}
 	}
