@@ -68,8 +68,9 @@ CREATE VIEW pgcoord.record_status AS
 	       pgcoord.ms(r.adopted_at) AS adopted_at
 	FROM pgcoord.records r;
 
+-- An instant as UTC ISO 8601 with milliseconds, for messages people read.
 CREATE FUNCTION pgcoord.iso_ms(ts timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
 	SELECT to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
 $$;
 
