@@ -28,6 +28,8 @@ for key in ("bindir", "sbindir", "libdir", "includedir", "datadir", "mandir"):
     v = opts[key]
     print("%s=%s" % (key, v if v.startswith("/") else prefix.rstrip("/") + "/" + v))
 print("prefix=%s" % prefix)
+san = opts.get("b_sanitize", "none")
+print("sanitize=%s" % ("" if san in ("none", "", []) else "-fsanitize=" + (",".join(san) if isinstance(san, list) else san)))
 ')"
 
 need() { # need TEST PATH...
@@ -80,7 +82,8 @@ C
 	export PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_LIBDIR=$dest$libdir/pkgconfig
 	if ! flags=$(pkg-config --cflags --libs pgcoord); then
 		bad "pkg-config does not find pgcoord.pc"
-	elif ! cc -o "$dest/client" "$dest/client.c" $flags 2>"$dest/cc.log"; then
+	# a sanitized library needs a sanitized program (the runtime comes first)
+	elif ! cc $sanitize -o "$dest/client" "$dest/client.c" $flags 2>"$dest/cc.log"; then
 		bad "a client does not build with \`pkg-config --cflags --libs pgcoord\`: $(cat "$dest/cc.log")"
 	elif ! LD_LIBRARY_PATH=$dest$libdir "$dest/client" >/dev/null; then
 		bad "a client linked against the installed library does not run"
