@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <grp.h>
+#include <libpq-fe.h>
 #include <limits.h>
 #include <pwd.h>
 #include <stdlib.h>
@@ -398,6 +399,45 @@ bool config_load(struct config *cfg, const char *path, bool path_required, int a
 	return resolve_admins(cfg, err, errlen);
 }
 
+/*
+ * Parses database_url as libpq will, so a malformed one stops the agent at
+ * start rather than failing every connection attempt later. libpq's message
+ * may quote a fragment of the string (`missing "=" after "b"`), which can be
+ * part of an unquoted password: when the string holds a password, the
+ * message is withheld and only a hint given.
+ */
+static bool check_database_url(const char *url, char *err, size_t errlen)
+{
+	char *pqerr = NULL, *redacted;
+	PQconninfoOption *opts;
+	bool secret;
+
+	if (!url[0])
+		return true;
+	opts = PQconninfoParse(url, &pqerr);
+	if (opts) {
+		PQconninfoFree(opts);
+		return true;
+	}
+	redacted = config_redact_conninfo(url);
+	secret = !redacted || strcmp(redacted, url) != 0;
+	free(redacted);
+	if (pqerr) {
+		for (char *p = pqerr; *p; p++)
+			if (*p == '\n')
+				*p = p[1] ? ' ' : '\0';
+	}
+	if (secret || !pqerr)
+		snprintf(err, errlen,
+			 "database_url: libpq cannot parse it (its message is withheld: it may "
+			 "quote the password); check the key=value pairs, and quote values "
+			 "with spaces in single quotes, or the URI's percent-encoding");
+	else
+		snprintf(err, errlen, "database_url: libpq cannot parse it: %s", pqerr);
+	PQfreemem(pqerr);
+	return false;
+}
+
 bool config_validate(const struct config *cfg, char *err, size_t errlen)
 {
 	if (strlen(cfg->replica_id) > 200) {
@@ -414,6 +454,8 @@ bool config_validate(const struct config *cfg, char *err, size_t errlen)
 			 "socket_path: longer than a Unix socket path may be (107 bytes)");
 		return false;
 	}
+	if (!check_database_url(cfg->database_url, err, errlen))
+		return false;
 	if (cfg->metrics_listen[0]) {
 		struct sockaddr_storage ss;
 		socklen_t sslen;

@@ -155,6 +155,28 @@ Test(config, cross_checks_say_what_to_change)
 	config_free(&cfg);
 }
 
+Test(config, a_malformed_database_url_is_refused_without_quoting_its_password)
+{
+	struct config cfg;
+	char err[512];
+	char *leaky[] = {"--database-url", "host=db password=s3cret tail user=u"};
+	cr_assert(!load(&cfg, NULL, 2, leaky, err, sizeof(err)));
+	cr_assert(strstr(err, "database_url: libpq cannot parse it"), "%s", err);
+	cr_assert(!strstr(err, "tail") && !strstr(err, "s3cret"), "%s", err);
+	cr_assert(strstr(err, "single quotes"), "%s", err);
+	config_free(&cfg);
+
+	char *plain[] = {"--database-url", "postgresql://db/pgcoord?sslmode=require&bogus=1"};
+	cr_assert(!load(&cfg, NULL, 2, plain, err, sizeof(err)));
+	cr_assert(strstr(err, "invalid URI query parameter: \"bogus\""), "%s", err);
+	config_free(&cfg);
+
+	char *good[] = {"--database-url", "postgresql://u:p%20w@db1,db2/pgcoord"
+					  "?target_session_attrs=read-write"};
+	cr_assert(load(&cfg, NULL, 2, good, err, sizeof(err)), "%s", err);
+	config_free(&cfg);
+}
+
 Test(config, metrics_listen_is_loopback_only)
 {
 	struct sockaddr_storage ss;
