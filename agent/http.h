@@ -25,7 +25,8 @@ struct http;
 /* Listens on ag->cfg.metrics_listen. NULL with err set on failure (address
  * in use, …). Logs the address it listens on (with the port the kernel
  * chose when the option asked for port 0). */
-struct http *http_create(struct agent *ag, char *err, size_t errlen);
+__attribute__((warn_unused_result)) struct http *http_create(struct agent *ag, char *err,
+							     size_t errlen);
 
 /* Answers what is still pending with 503 and closes the listener. Call
  * after db_destroy (whose callbacks may still answer requests). Accepts

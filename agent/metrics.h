@@ -34,7 +34,8 @@ struct metrics;
 
 /* Counters sized for the method table: nmethods methods whose names
  * method_name(i) gives (static strings). NULL when out of memory. */
-struct metrics *metrics_create(size_t nmethods, const char *(*method_name)(size_t i));
+__attribute__((warn_unused_result)) struct metrics *
+metrics_create(size_t nmethods, const char *(*method_name)(size_t i));
 /* Accepts NULL. */
 void metrics_destroy(struct metrics *m);
 
