@@ -37,6 +37,13 @@ struct lease {
 	struct event *belief_timer; /* belief deadline */
 	struct request *pending;    /* a lease.acquire waiting for this attempt */
 	void (*on_change)(struct agent *ag, bool leader); /* internal leases */
+	struct parked *parked; /* dead: requests to run once its statement returns */
+};
+
+/* A request for a lease whose previous statement still runs. */
+struct parked {
+	struct parked *next;
+	struct request *req;
 };
 
 struct lease_watch {
@@ -50,6 +57,19 @@ struct lease_watch {
 
 struct lease_registry {
 	struct lease *leases;
+	/*
+	 * Dropped leases whose statement still runs (an attempt, or the
+	 * lease.release itself). Statements of one session's lease go to the
+	 * database one at a time: the pool would let a later one overtake an
+	 * earlier one, so a renewal sent before a release could take the
+	 * lease back after the hand-back committed, and a release sent before
+	 * an acquire could free the row the acquire just renewed. Requests
+	 * that find their lease here are parked on it and run again (`ready`,
+	 * from the `rerun` event) when it returns.
+	 */
+	struct lease *dying;
+	struct parked *ready;
+	struct event *rerun;
 	struct lease_watch *watches;
 	struct event *poll_timer;
 	bool poll_in_flight;
@@ -80,10 +100,12 @@ static void lease_free(struct lease *l)
 	free(l);
 }
 
-/* Unlinks l; frees it now, or when its running statement returns. */
+/* Unlinks l; frees it now, or (on the dying list) when its running
+ * statement returns. */
 static void lease_drop(struct lease *l)
 {
-	struct lease **pp = &reg(l->ag)->leases;
+	struct lease_registry *rg = reg(l->ag);
+	struct lease **pp = &rg->leases;
 	while (*pp && *pp != l)
 		pp = &(*pp)->next;
 	if (*pp)
@@ -91,8 +113,77 @@ static void lease_drop(struct lease *l)
 	evtimer_del(l->timer);
 	evtimer_del(l->belief_timer);
 	l->dead = true;
-	if (!l->in_flight)
+	if (!l->in_flight) {
 		lease_free(l);
+		return;
+	}
+	l->next = rg->dying;
+	rg->dying = l;
+}
+
+/* A dying lease of session_id named name (any name when NULL). */
+static struct lease *dying_for(struct agent *ag, int64_t session_id, const char *name)
+{
+	for (struct lease *l = reg(ag)->dying; l; l = l->next)
+		if (l->session_id == session_id && (!name || strcmp(l->name, name) == 0))
+			return l;
+	return NULL;
+}
+
+/* A dying lease's statement returned: its parked requests run again. */
+static void lease_settled(struct lease *l)
+{
+	struct lease_registry *rg = reg(l->ag);
+	struct lease **pp = &rg->dying;
+	while (*pp && *pp != l)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = l->next;
+	if (l->parked) {
+		struct parked **tail = &rg->ready;
+		while (*tail)
+			tail = &(*tail)->next;
+		*tail = l->parked;
+		/* from the loop, never inside the database callback that got here */
+		event_active(rg->rerun, EV_TIMEOUT, 1);
+	}
+	lease_free(l);
+}
+
+static void rerun_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct lease_registry *rg = reg(arg);
+	(void)fd;
+	(void)what;
+	while (rg->ready) {
+		struct parked *p = rg->ready;
+		struct request *req = p->req;
+		rg->ready = p->next;
+		free(p);
+		/* the session may have ended while the request waited */
+		if ((req->method->flags & M_SESSION) && !req_need_session(req))
+			continue;
+		req->method->fn(req);
+	}
+}
+
+bool leases_busy(struct agent *ag, int64_t session_id, const char *name)
+{
+	return ag->leases && dying_for(ag, session_id, name) != NULL;
+}
+
+bool leases_park_if_busy(struct agent *ag, int64_t session_id, const char *name,
+			 struct request *req)
+{
+	struct lease *l = ag->leases ? dying_for(ag, session_id, name) : NULL;
+	struct parked *p, **tail;
+	if (!l || !(p = calloc(1, sizeof(*p))))
+		return false;
+	p->req = req;
+	for (tail = &l->parked; *tail; tail = &(*tail)->next)
+		;
+	*tail = p;
+	return true;
 }
 
 static void after_ms(struct event *ev, uint64_t ms)
@@ -245,7 +336,7 @@ static void attempt_done(const struct db_result *r, void *arg)
 	if (l->dead) {
 		if (req)
 			req_fail(req, PGC_E_CONFLICT, "the lease was released meanwhile");
-		lease_free(l);
+		lease_settled(l);
 		return;
 	}
 	if (!r->ok || PQntuples(r->res) != 1) {
@@ -462,6 +553,10 @@ void rpc_lease_acquire(struct request *req)
 		free(name);
 		return;
 	}
+	if (leases_park_if_busy(ag, session_id, name, req)) {
+		free(name);
+		return;
+	}
 	if (!has_renew)
 		renew = ttl / 3;
 	/* renewing at least twice per ttl leaves room for one lost renewal;
@@ -502,14 +597,17 @@ void rpc_lease_acquire(struct request *req)
 static void released(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
+	struct lease *tomb = req->ctx;
 	if (!r->ok) {
 		req_fail_db(req, r);
-		return;
+	} else {
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 1);
+		pgc_pack_kv_bool(pk, "released", strcmp(PQgetvalue(r->res, 0, 0), "t") == 0);
+		req_done(req);
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_kv_bool(pk, "released", strcmp(PQgetvalue(r->res, 0, 0), "t") == 0);
-	req_done(req);
+	if (tomb)
+		lease_settled(tomb);
 }
 
 void rpc_lease_release(struct request *req)
@@ -527,10 +625,30 @@ void rpc_lease_release(struct request *req)
 		belief_end(l, "released by its holder", 0, NULL);
 		lease_drop(l);
 	}
+	/* ...which goes after the lease's statement still running */
+	if (leases_park_if_busy(ag, session_id, name, req)) {
+		free(name);
+		return;
+	}
+	/* a dying lease of its own holds the name while the release runs */
+	struct lease *tomb = calloc(1, sizeof(*tomb));
+	if (tomb && (tomb->name = strdup(name)) != NULL) {
+		tomb->ag = ag;
+		tomb->session_id = session_id;
+		tomb->dead = tomb->in_flight = true;
+		tomb->next = reg(ag)->dying;
+		reg(ag)->dying = tomb;
+	} else {
+		free(tomb);
+		tomb = NULL;
+	}
+	req->ctx = tomb;
 	snprintf(session, sizeof(session), "%" PRId64, session_id);
 	const char *params[3] = {name, session, "released by holder"};
-	req_query(req, "SELECT released FROM pgcoord.lease_release($1, $2, $3)", 3, params,
-		  released);
+	if (!req_query(req, "SELECT released FROM pgcoord.lease_release($1, $2, $3)", 3, params,
+		       released) &&
+	    tomb)
+		lease_settled(tomb);
 	free(name);
 }
 
@@ -735,7 +853,10 @@ bool leases_start(struct agent *ag)
 	if (!rg)
 		return false;
 	rg->poll_timer = event_new(ag->base, -1, EV_PERSIST, poll_cb, ag);
-	if (!rg->poll_timer) {
+	rg->rerun = event_new(ag->base, -1, 0, rerun_cb, ag);
+	if (!rg->poll_timer || !rg->rerun) {
+		if (rg->poll_timer)
+			event_free(rg->poll_timer);
 		free(rg);
 		return false;
 	}
@@ -762,6 +883,16 @@ void leases_finish(struct agent *ag)
 		l->in_flight = false;
 		lease_free(l);
 	}
+	/* what waited for those statements finds the agent gone */
+	while (rg->dying)
+		lease_settled(rg->dying);
+	while (rg->ready) {
+		struct parked *p = rg->ready;
+		rg->ready = p->next;
+		req_fail(p->req, PGC_E_SHUTTING_DOWN, "the agent is shutting down");
+		free(p);
+	}
+	event_free(rg->rerun);
 	while (rg->watches) {
 		struct lease_watch *w = rg->watches;
 		rg->watches = w->next;

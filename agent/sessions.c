@@ -190,8 +190,11 @@ void sessions_expire_grace(struct agent *ag)
 		if (s->conn || s->busy || s->closing || s->internal ||
 		    now - s->detached_ms < (uint64_t)ag->cfg.session_grace_ms)
 			continue;
-		s->closing = true;
 		leases_session_ending(ag, s->id, "the session's resume grace expired");
+		/* closed at a later tick, once its last lease statement returned */
+		if (leases_busy(ag, s->id, NULL))
+			continue;
+		s->closing = true;
 		n += (size_t)snprintf(ids + n, cap - n, "%s%" PRId64, count ? "," : "", s->id);
 		count++;
 	}
@@ -405,6 +408,9 @@ void rpc_session_close(struct request *req)
 	}
 	/* beliefs end before the hand-back is sent */
 	leases_session_ending(ag, s->id, "the session was closed");
+	/* ...which goes after any statement of its leases still running */
+	if (leases_park_if_busy(ag, s->id, NULL, req))
+		return;
 	snprintf(ids, sizeof(ids), "{%" PRId64 "}", s->id);
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	const char *params[3] = {ids, inc, "closed by client"};
