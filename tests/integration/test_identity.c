@@ -1,0 +1,246 @@
+/*
+ * test_identity.c — guarantee 9: one live agent per replica_id. A second
+ * agent refuses naming the holder, a clean stop frees the replica_id, and a
+ * crashed agent's successor on the same host takes over at once and keeps
+ * the predecessor's sessions resumable.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+TestSuite(identity, .timeout = 60);
+
+static long db_incarnation(struct harness_db *db, const char *replica)
+{
+	return hdb_query_long(db, "SELECT incarnation FROM pgcoord.agents WHERE replica_id = '%s'",
+			      replica);
+}
+
+Test(identity, second_agent_with_live_replica_id_refuses_naming_host_and_pid)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *first = hagent_start(db, "id-dup", NULL);
+	int64_t incarnation = istatus_int(first, "incarnation");
+	char pid_text[32], *log = NULL;
+
+	int rc = hagent_start_expect_exit(db, "id-dup", NULL, &log);
+	cr_assert_eq(rc, 1, "the second agent exited %d:\n%s", rc, log);
+	snprintf(pid_text, sizeof(pid_text), "pid %d", (int)hagent_pid(first));
+	cr_assert(strstr(log, ihostname()), "the refusal does not name host %s:\n%s", ihostname(),
+		  log);
+	cr_assert(strstr(log, pid_text), "the refusal does not name %s:\n%s", pid_text, log);
+	free(log);
+
+	/* the database still holds the first one's incarnation, untouched */
+	cr_assert_eq(db_incarnation(db, "id-dup"), incarnation);
+	cr_assert_eq(
+	    hdb_query_long(db, "SELECT pid FROM pgcoord.agents WHERE replica_id = 'id-dup'"),
+	    hagent_pid(first));
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
+					"'id-dup' AND stopped_at IS NULL AND expires_at > now()"),
+		     1);
+	cr_assert(hagent_running(first));
+	cr_assert_eq(istatus_int(first, "incarnation"), incarnation);
+	hagent_destroy(first);
+	hdb_drop(db);
+}
+
+Test(identity, replica_id_is_free_again_once_its_agent_stopped_cleanly)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *first = hagent_start(db, "id-stop", NULL);
+	int64_t first_inc = istatus_int(first, "incarnation");
+
+	cr_assert_eq(hagent_stop(first), 0, "%s", hagent_log(first));
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
+				    "'id-stop' AND incarnation = %lld AND stopped_at IS NOT NULL",
+				    (long long)first_inc),
+		     1, "SIGTERM did not record stopped_at");
+
+	/* a long ttl: only the recorded stop can explain an immediate start */
+	const char *const slow[] = {"--session-ttl-ms", "60000", NULL};
+	struct hagent *second = hagent_start(db, "id-stop", slow);
+	int64_t second_inc = istatus_int(second, "incarnation");
+	cr_assert_neq(second_inc, first_inc);
+	cr_assert_eq(db_incarnation(db, "id-stop"), second_inc);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
+				    "'id-stop' AND stopped_at IS NULL AND pid = %d",
+				    (int)hagent_pid(second)),
+		     1);
+	hagent_destroy(first);
+	hagent_destroy(second);
+	hdb_drop(db);
+}
+
+/*
+ * kill -9 leaves the row live for session_ttl_ms (here 20 s): the successor
+ * must not wait that out, because the holder's pid on this host is dead.
+ */
+Test(identity, restarted_agent_takes_over_from_a_killed_predecessor_and_resumes_its_sessions)
+{
+	struct harness_db *db = idb_migrated();
+	const char *const args[] = {"--heartbeat-interval-ms",
+				    "200",
+				    "--session-ttl-ms",
+				    "20000",
+				    "--session-grace-ms",
+				    "10000",
+				    NULL};
+	struct hagent *first = hagent_start(db, "id-crash", args);
+	int64_t first_inc = istatus_int(first, "incarnation");
+	int fd1 = iconnect(hagent_socket(first)), fd2 = iconnect(hagent_socket(first));
+	int64_t s1 = isession_open(fd1, "crash-a"), s2 = isession_open(fd2, "crash-b");
+
+	hagent_kill(first, SIGKILL);
+	cr_assert_eq(hagent_wait(first, 5000), 128 + SIGKILL);
+	close(fd1);
+	close(fd2);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
+				    "'id-crash' AND stopped_at IS NULL AND expires_at > now() + "
+				    "interval '10 seconds'"),
+		     1, "the killed agent's row should still look live for a long while");
+
+	int64_t t0 = hnow_ms();
+	struct hagent *second = hagent_start(db, "id-crash", args);
+	int64_t took = hnow_ms() - t0;
+	int64_t second_inc = istatus_int(second, "incarnation");
+	cr_assert_lt(took, 5000, "the successor waited %lld ms instead of taking over at once",
+		     (long long)took);
+	cr_assert_neq(second_inc, first_inc);
+	cr_assert_eq(db_incarnation(db, "id-crash"), second_inc);
+	cr_assert(strstr(hagent_log(second), "taking over"), "%s", hagent_log(second));
+
+	/* the predecessor's sessions moved to the successor, still open */
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.sessions WHERE id IN (%lld, %lld) "
+			   "AND incarnation = %lld AND closed_at IS NULL",
+			   (long long)s1, (long long)s2, (long long)second_inc),
+	    2);
+
+	/* and each resumes on the new agent under its old id */
+	int64_t ids[2] = {s1, s2};
+	for (int i = 0; i < 2; i++) {
+		int fd = iconnect(hagent_socket(second));
+		struct iparams p;
+		struct ireply r;
+		const msgpack_object *res;
+
+		pgc_pack_kv_int(iparams_begin(&p, 1), "resume", ids[i]);
+		res = icall_ok(fd, "session.open", &p, &r);
+		cr_assert_eq(iint(res, "session"), ids[i]);
+		cr_assert(ibool(res, "resumed"));
+		ireply_destroy(&r);
+		iparams_destroy(&p);
+		res = icall_ok(fd, "session.keepalive", NULL, &r);
+		cr_assert_eq(iint(res, "session"), ids[i]);
+		cr_assert(ibool(res, "live"));
+		ireply_destroy(&r);
+		close(fd);
+	}
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.sessions WHERE id IN (%lld, %lld) "
+			   "AND closed_at IS NULL AND expires_at > now()",
+			   (long long)s1, (long long)s2),
+	    2);
+	hagent_destroy(first);
+	hagent_destroy(second);
+	hdb_drop(db);
+}
+
+/*
+ * The takeover is only for a dead pid on this host: a live holder, even one
+ * frozen so it cannot heartbeat, keeps its replica_id until its row lapses.
+ */
+Test(identity, frozen_agent_keeps_its_replica_id_until_its_heartbeat_lapses)
+{
+	struct harness_db *db = idb_migrated();
+	const char *const args[] = {"--heartbeat-interval-ms", "100", "--session-ttl-ms", "1500",
+				    NULL};
+	struct hagent *first = hagent_start(db, "id-frozen", args);
+	int64_t first_inc = istatus_int(first, "incarnation");
+	char *log = NULL;
+
+	hagent_kill(first, SIGSTOP);
+	int rc = hagent_start_expect_exit(db, "id-frozen", args, &log);
+	cr_assert_eq(rc, 1, "exit %d:\n%s", rc, log);
+	free(log);
+	cr_assert_eq(db_incarnation(db, "id-frozen"), first_inc);
+
+	/* once the frozen agent's row has lapsed, the replica_id is free */
+	cr_assert(iwait_sql(db, 10000,
+			    "SELECT count(*) FROM pgcoord.agents WHERE replica_id = 'id-frozen' "
+			    "AND expires_at <= now()"));
+	struct hagent *second = hagent_start(db, "id-frozen", args);
+	int64_t second_inc = istatus_int(second, "incarnation");
+	cr_assert_eq(db_incarnation(db, "id-frozen"), second_inc);
+
+	/* the frozen agent learns it was superseded when it wakes, and exits 1 */
+	hagent_kill(first, SIGCONT);
+	rc = hagent_wait(first, 10000);
+	cr_assert_eq(rc, 1, "the superseded agent exited %d:\n%s", rc, hagent_log(first));
+	cr_assert(hagent_running(second));
+	cr_assert_eq(db_incarnation(db, "id-frozen"), second_inc);
+	hagent_destroy(first);
+	hagent_destroy(second);
+	hdb_drop(db);
+}
+
+/* A taken-over session nobody resumes is closed when its grace runs out on
+ * the successor, like any detached session; one that is resumed stays. */
+Test(identity, taken_over_session_not_resumed_within_grace_is_closed_by_the_successor)
+{
+	struct harness_db *db = idb_migrated();
+	const char *const args[] = {"--heartbeat-interval-ms",
+				    "100",
+				    "--session-ttl-ms",
+				    "20000",
+				    "--session-grace-ms",
+				    "800",
+				    NULL};
+	struct hagent *first = hagent_start(db, "id-grace", args);
+	int fd1 = iconnect(hagent_socket(first)), fd2 = iconnect(hagent_socket(first));
+	int64_t kept = isession_open(fd1, "kept"), dropped = isession_open(fd2, "dropped");
+
+	hagent_kill(first, SIGKILL);
+	cr_assert_eq(hagent_wait(first, 5000), 128 + SIGKILL);
+	close(fd1);
+	close(fd2);
+	struct hagent *second = hagent_start(db, "id-grace", args);
+	int fd = iconnect(hagent_socket(second));
+	struct iparams p;
+	struct ireply r;
+
+	pgc_pack_kv_int(iparams_begin(&p, 1), "resume", kept);
+	cr_assert_eq(iint(icall_ok(fd, "session.open", &p, &r), "session"), kept);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	cr_assert(iwait_sql(db, 5000,
+			    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
+			    "close_reason = 'resume grace expired'",
+			    (long long)dropped),
+		  "the unresumed session was never closed; log:\n%s", hagent_log(second));
+	/* well past the grace: the resumed one is live and renewed */
+	hsleep_ms(300);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
+				    "closed_at IS NULL AND expires_at > now() + interval '19 s'",
+				    (long long)kept),
+		     1);
+	cr_assert_eq(iint(icall_ok(fd, "session.keepalive", NULL, &r), "session"), kept);
+	ireply_destroy(&r);
+	close(fd);
+	hagent_destroy(first);
+	hagent_destroy(second);
+	hdb_drop(db);
+}
