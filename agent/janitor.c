@@ -114,7 +114,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 		snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
 		const char *params[4] = {ag->cfg.replica_id, inc, "pgcoord-agent", ttl};
 		if (db_query(ag->db, DB_LANE_HEARTBEAT,
-			     "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4)", 4,
+			     "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, true)", 4,
 			     params, opened, j))
 			j->opening = true;
 		return;

@@ -41,7 +41,9 @@ CREATE TABLE pgcoord.sessions (
 	opened_at    timestamptz NOT NULL DEFAULT now(),
 	expires_at   timestamptz NOT NULL,
 	closed_at    timestamptz,
-	close_reason text
+	close_reason text,
+	-- the agent's own session (its janitor candidacy), never a client's
+	internal     boolean NOT NULL DEFAULT false
 );
 CREATE INDEX sessions_open_by_agent ON pgcoord.sessions (replica_id, incarnation)
 	WHERE closed_at IS NULL;
@@ -57,6 +59,7 @@ RETURNS TABLE (ok boolean, holder_host text, holder_pid integer,
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_taken bigint[];
+	v_dead bigint[];
 BEGIN
 	INSERT INTO pgcoord.agents AS a (replica_id, incarnation, host, pid, version, expires_at)
 	VALUES (p_replica_id, p_incarnation, p_host, p_pid, p_version,
@@ -73,16 +76,29 @@ BEGIN
 		FROM pgcoord.agents a WHERE a.replica_id = p_replica_id;
 		RETURN;
 	END IF;
-	-- A predecessor's sessions that are still live move to this
+	-- A predecessor's client sessions that are still live move to this
 	-- incarnation, which keeps them for their resume grace. Lapsed ones
 	-- are left to the janitor, which closes them through the session-end
 	-- hook like every other expired session.
 	WITH moved AS (
 		UPDATE pgcoord.sessions s SET incarnation = p_incarnation
 		WHERE s.replica_id = p_replica_id AND s.incarnation <> p_incarnation
-		  AND s.closed_at IS NULL AND s.expires_at > now()
+		  AND s.closed_at IS NULL AND s.expires_at > now() AND NOT s.internal
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_taken FROM moved;
+	-- The predecessor's own session died with it (nobody can resume it):
+	-- close it now so its janitor lease is handed back at once.
+	WITH dead AS (
+		UPDATE pgcoord.sessions s SET closed_at = now(),
+			close_reason = 'its agent was replaced by a new incarnation'
+		WHERE s.replica_id = p_replica_id AND s.incarnation <> p_incarnation
+		  AND s.closed_at IS NULL AND s.internal
+		RETURNING s.id)
+	SELECT coalesce(array_agg(id), '{}') INTO v_dead FROM dead;
+	IF cardinality(v_dead) > 0 THEN
+		-- defined by a later migration; PL/pgSQL resolves it at run time
+		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced');
+	END IF;
 	RETURN QUERY SELECT true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken;
 END $$;
 
@@ -119,11 +135,12 @@ END $$;
 -- Opens a session for a current incarnation; no row when the incarnation
 -- was superseded.
 CREATE FUNCTION pgcoord.session_open(p_replica_id text, p_incarnation bigint, p_name text,
-	p_ttl_ms bigint)
+	p_ttl_ms bigint, p_internal boolean DEFAULT false)
 RETURNS TABLE (session_id bigint)
 LANGUAGE sql AS $$
-	INSERT INTO pgcoord.sessions (replica_id, incarnation, name, expires_at)
-	SELECT p_replica_id, p_incarnation, p_name, now() + pgcoord.ms_interval(p_ttl_ms)
+	INSERT INTO pgcoord.sessions (replica_id, incarnation, name, expires_at, internal)
+	SELECT p_replica_id, p_incarnation, p_name, now() + pgcoord.ms_interval(p_ttl_ms),
+	       p_internal
 	WHERE EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
 			AND a.stopped_at IS NULL)
@@ -137,7 +154,7 @@ RETURNS TABLE (session_id bigint, name text)
 LANGUAGE sql AS $$
 	UPDATE pgcoord.sessions s
 	SET incarnation = p_incarnation, expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
-	WHERE s.id = p_id AND s.replica_id = p_replica_id
+	WHERE s.id = p_id AND s.replica_id = p_replica_id AND NOT s.internal
 	  AND s.closed_at IS NULL AND s.expires_at > now()
 	  AND EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation

@@ -244,3 +244,58 @@ Test(identity, taken_over_session_not_resumed_within_grace_is_closed_by_the_succ
 	hagent_destroy(second);
 	hdb_drop(db);
 }
+
+Test(identity, successor_closes_a_killed_predecessors_own_session_and_frees_its_janitor_lease)
+{
+	struct harness_db *db = idb_migrated();
+	/* a 20 s session ttl and the default 15 s lease ttl: only the
+	 * successor's hand-back explains a janitor within a few seconds */
+	const char *const args[] = {"--heartbeat-interval-ms", "200", "--session-ttl-ms", "20000",
+				    NULL};
+	struct hagent *first = hagent_start(db, "id-janitor", args);
+	iwait_janitor(first);
+	int64_t deadline;
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases l JOIN "
+					"pgcoord.sessions s ON s.id = l.holder_session "
+					"WHERE l.name = 'pgcoord.janitor' AND s.internal"),
+		     1, "the first agent should hold the janitor lease with its own session");
+	long internal = hdb_query_long(db, "SELECT holder_session FROM pgcoord.leases "
+					   "WHERE name = 'pgcoord.janitor'");
+
+	hagent_kill(first, SIGKILL);
+	cr_assert_eq(hagent_wait(first, 5000), 128 + SIGKILL);
+	int64_t t0 = hnow_ms();
+	struct hagent *second = hagent_start(db, "id-janitor", args);
+
+	/* the dead agent's own session is closed, never offered for resume */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %ld AND "
+				    "closed_at IS NOT NULL AND close_reason = 'its agent was "
+				    "replaced by a new incarnation'",
+				    internal),
+		     1);
+	int fd = iconnect(hagent_socket(second));
+	struct iparams p;
+	struct ireply r;
+	pgc_pack_kv_int(iparams_begin(&p, 1), "resume", internal);
+	icall(fd, "session.open", &p, &r);
+	ierr(&r, "session_expired", false, NULL);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	close(fd);
+
+	/* and the janitor lease went back at once, so the successor wins it
+	 * long before the 15 s lease could have lapsed */
+	deadline = t0 + 8000;
+	while (!istatus_bool(second, "janitor") && hnow_ms() < deadline)
+		hsleep_ms(50);
+	int64_t took = hnow_ms() - t0;
+	cr_assert_lt(took, 8000, "no janitor %lld ms after the takeover", (long long)took);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_events WHERE name = "
+					"'pgcoord.janitor' AND event = 'released' AND reason = "
+					"'its agent was replaced'"),
+		     1);
+	hagent_destroy(first);
+	hagent_destroy(second);
+	hdb_drop(db);
+}

@@ -1,0 +1,20 @@
+-- BROKEN ON PURPOSE (test builds only): the claim's counter arm is not
+-- guarded on the permit's absence. A retry of an id that already has a
+-- permit (a lost reply, a duplicate delivery) answers the original grant
+-- but counts it again: the permanent phantom of the seed's pre-fix shape
+-- (guarantees 2 and 3). The soak checker must report admitted_once.
+-- @function pgcoord.permit_claim
+-- @replace
+		v_inserted := FOUND;
+		IF v_inserted THEN
+-- @with
+		v_inserted := FOUND;
+		IF true THEN
+-- @end
+-- @replace
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				VALUES (p_id, v_key, v_w);
+-- @with
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				VALUES (p_id, v_key, v_w) ON CONFLICT DO NOTHING;
+-- @end

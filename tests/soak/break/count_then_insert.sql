@@ -1,0 +1,22 @@
+-- BROKEN ON PURPOSE (test builds only): admission by count-then-insert.
+-- The claim counts the weights of the quota's open permits in its own
+-- snapshot and then adds its weight unconditionally: two claims that count
+-- at the same time both see room and both go in (guarantee 1). The soak
+-- checker must report quota_limit.
+-- @function pgcoord.permit_claim
+-- @replace
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+				WHERE q.key = v_key AND q.in_flight + v_w <= q."limit";
+				IF NOT FOUND THEN
+-- @with
+				IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
+				    JOIN pgcoord.permits p ON p.id = pq.permit_id
+				    WHERE pq.key = v_key AND p.state <> 'released') + v_w
+				   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = v_key) THEN
+					UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+					WHERE q.key = v_key;
+				ELSE
+					PERFORM 1 WHERE false; -- FOUND := false: denied
+				END IF;
+				IF NOT FOUND THEN
+-- @end

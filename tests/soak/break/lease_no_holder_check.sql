@@ -1,0 +1,15 @@
+-- BROKEN ON PURPOSE (test builds only): lease acquisition ignores the
+-- holder. Any campaigner takes the lease at once, whoever holds it and
+-- however long it has left (guarantee 7): two sessions lead at the same
+-- time. The soak checker must report one_leader.
+-- @function pgcoord.lease_acquire
+-- @replace
+	IF FOUND AND v_prev_session IS DISTINCT FROM p_session AND v_prev_session IS NOT NULL
+	   AND v_prev_expires > now() THEN
+-- @with
+	IF false THEN
+-- @end
+-- @replace
+	WHERE l.holder_session = p_session OR l.holder_session IS NULL OR l.expires_at <= now()
+-- @with
+-- @end

@@ -1,0 +1,19 @@
+-- BROKEN ON PURPOSE (test builds only): release without the presence guard.
+-- Releasing a permit that is already released decrements its quotas again
+-- (guarantees 2 and 3): a duplicate or retried release frees a slot that
+-- another permit holds. The soak checker must report admitted_once.
+-- @function pgcoord.permits_release_locked
+-- @replace
+		WHERE p.id = ANY (p_ids) AND p.state <> 'released'
+-- @with
+		WHERE p.id = ANY (p_ids)
+-- @end
+-- @function pgcoord.permit_release
+-- @replace
+	IF v_p.state = 'released' THEN
+		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.released_at),
+			pgcoord.ms(now());
+		RETURN;
+	END IF;
+-- @with
+-- @end
