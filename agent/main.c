@@ -32,13 +32,6 @@
 #include "agent/reload.h"
 #include "agent/sessions.h"
 
-uint64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static void usage(FILE *out)
 {
 	fprintf(out,
@@ -61,14 +54,6 @@ static void usage(FILE *out)
 	}
 	fprintf(out, "\nExit status: 0 clean stop, 1 refused to start or lost its identity,\n"
 		     "2 bad configuration or usage.\n");
-}
-
-void agent_exit(struct agent *ag, int code)
-{
-	struct timeval tv = {0, 100 * 1000};
-	ag->exit_code = code;
-	/* a short delay lets replies and notifications reach clients */
-	event_base_loopexit(ag->base, &tv);
 }
 
 static void db_state_changed(bool up, void *arg)

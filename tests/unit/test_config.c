@@ -14,19 +14,6 @@
 #include "agent/config.h"
 #include "agent/reload.h"
 
-/* main.c defines these for the real agent; agent_core leaves them out */
-uint64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-void agent_exit(struct agent *ag, int code)
-{
-	ag->exit_code = code;
-}
-
 static char *write_conf(const char *text)
 {
 	char *path = strdup("/tmp/pgcoord-test-conf.XXXXXX");
