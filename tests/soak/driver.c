@@ -556,7 +556,7 @@ static void usage(void)
 		"                    [--seed N] [--pgbouncer] [--no-faults] [--faults k1,k2]\n"
 		"                    [--lease-workers 2] [--record-workers N] [--think-ms 60]\n"
 		"                    [--faketime-monotonic] [--break NAME] [--agent-bin PATH]\n"
-		"                    [--lease-ttl-ms 7500] [--session-ttl-ms 4000]\n"
+		"                    [--lease-ttl-ms 7500] [--session-ttl-ms 4000] [--plan-only]\n"
 		"Run it under tests/harness/with-postgres; tests/soak/run does all of it.\n");
 	exit(2);
 }
@@ -657,6 +657,7 @@ int main(int argc, char **argv)
 	    {"agent-bin", required_argument, NULL, 'A'},
 	    {"lease-ttl-ms", required_argument, NULL, 'L'},
 	    {"session-ttl-ms", required_argument, NULL, 'S'},
+	    {"plan-only", no_argument, NULL, 'P'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -664,7 +665,7 @@ int main(int argc, char **argv)
 	struct hist h;
 	struct fault *faults = NULL;
 	size_t nfaults;
-	bool seeded = false;
+	bool seeded = false, plan_only = false;
 	int opt;
 	char path[768];
 
@@ -719,6 +720,9 @@ int main(int argc, char **argv)
 		case 'S':
 			cfg.session_ttl_ms = atoi(optarg);
 			break;
+		case 'P':
+			plan_only = true;
+			break;
 		default:
 			usage();
 		}
@@ -758,6 +762,8 @@ int main(int argc, char **argv)
 	cfg.lease_renew_ms = cfg.lease_ttl_ms / 3;
 
 	const char *tmp = getenv("PGCOORD_TEST_TMP");
+	if (!tmp && plan_only)
+		tmp = "/tmp";
 	if (!tmp)
 		die("PGCOORD_TEST_TMP is not set: run under tests/harness/with-postgres");
 	for (int i = 0; i < cfg.agents; i++)
@@ -791,6 +797,8 @@ int main(int argc, char **argv)
 			fault_kind_name(faults[i].kind), what);
 	}
 
+	if (plan_only)
+		return 0;
 	if (cfg.faketime_file[0]) {
 		FILE *f = fopen(cfg.faketime_file, "we");
 

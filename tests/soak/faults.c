@@ -162,17 +162,15 @@ size_t faults_plan(const struct soak_cfg *cfg, struct fault **out)
 			plan_one(cfg, &r, &f[i]);
 			holds += f[i].hold_ms;
 		}
-		if (round == 0) {
-			gap = (span - holds) / nkinds;
-			if (gap < 1500)
-				gap = 1500;
-		} else {
-			gap = span / nkinds;
-			if (gap > 30000)
-				gap = 30000;
-			if (gap > 8000 * nkinds) /* a run of one or two kinds still sees many */
-				gap = 8000 * nkinds;
-		}
+		gap = span / nkinds;
+		if (gap > 30000)
+			gap = 30000;
+		if (gap > 8000 * nkinds) /* a run of one or two kinds still sees many */
+			gap = 8000 * nkinds;
+		if (round == 0 && gap > (span - holds) / nkinds)
+			gap = (span - holds) / nkinds; /* the first round fits */
+		if (gap < 1500)
+			gap = 1500;
 		for (int i = 0; i < nkinds; i++) {
 			if (round > 0 && t + f[i].hold_ms > warmup + span)
 				goto done;
