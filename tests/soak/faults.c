@@ -182,6 +182,15 @@ size_t faults_plan(const struct soak_cfg *cfg, struct fault **out)
 				cap *= 2;
 			}
 			f[i].at_ms = t;
+			if (f[i].kind == FAULT_CLOCK_JUMP) {
+				/* a jump, not a stay: never the offset already in force */
+				for (size_t k = n; k-- > 0;)
+					if (list[k].kind == FAULT_CLOCK_JUMP) {
+						if (list[k].param == f[i].param)
+							f[i].param = f[i].param == 0 ? 7200 : 0;
+						break;
+					}
+			}
 			list[n++] = f[i];
 			t += f[i].hold_ms + soak_rand_range(&r, gap * 6 / 10, gap * 14 / 10);
 		}
