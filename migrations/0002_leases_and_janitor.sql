@@ -35,10 +35,26 @@ LANGUAGE sql STABLE AS $$
 		       WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now())
 $$;
 
+-- Liveness for a write on behalf of p_session: the row is read under FOR
+-- SHARE, so a concurrent close (agent stop, session.close, grace end)
+-- either commits first and is seen here, or waits until this transaction
+-- committed and then applies its consequences to what it wrote. Without
+-- the lock a close could slip between the check and the write, leaving a
+-- lease, permit or record taken by a session already closed. Session rows
+-- are always locked before lease, quota, permit or record rows.
+CREATE FUNCTION pgcoord.session_lock_live(p_session bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+	FOR SHARE;
+	RETURN FOUND;
+END $$;
+
 -- Acquires or renews, in one atomic upsert. The WHERE admits only the
 -- current holder or a free/expired row, judged by the database clock, so
 -- two agents' clocks can never elect two leaders. A session that is not
--- live cannot acquire.
+-- live cannot acquire (checked under the session row's lock).
 CREATE FUNCTION pgcoord.lease_acquire(p_name text, p_session bigint, p_replica text,
 	p_incarnation bigint, p_ttl_ms bigint)
 RETURNS TABLE (leader boolean, epoch bigint, holder_session bigint, holder_replica text,
@@ -50,7 +66,7 @@ DECLARE
 	v_prev_session bigint;
 	v_prev_expires timestamptz;
 BEGIN
-	IF NOT pgcoord.session_is_live(p_session) THEN
+	IF NOT pgcoord.session_lock_live(p_session) THEN
 		RETURN QUERY SELECT false, l.epoch, l.holder_session, l.holder_replica,
 			greatest(pgcoord.ms(l.expires_at) - pgcoord.ms(now()), 0)
 		FROM pgcoord.leases l WHERE l.name = p_name;

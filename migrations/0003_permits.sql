@@ -4,7 +4,9 @@
 -- on one or more quotas. Every RPC is one call of one function below, so each
 -- is its own transaction and nothing stays open across a client round trip.
 --
--- Lock order, everywhere, so no two of these functions can deadlock: quota
+-- Lock order, everywhere, so no two of these functions can deadlock: session
+-- rows first (a claim holds its own FOR SHARE, see session_lock_live; a
+-- session's end updates it before any consequence), then quota
 -- rows in key order (keys collate "C", bytewise, as the agent sorts them),
 -- then existing permit rows in id order. A claim locks the permit row it
 -- inserts before its quota rows; nobody else can wait on that new row except
@@ -256,7 +258,7 @@ BEGIN
 			pgcoord.ms(now());
 		RETURN;
 	END IF;
-	IF NOT pgcoord.session_is_live(p_session) THEN
+	IF NOT pgcoord.session_lock_live(p_session) THEN
 		RETURN QUERY SELECT 'session_expired', NULL::bigint, NULL, NULL, NULL::bigint,
 			NULL, NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
 			NULL, pgcoord.ms(now());

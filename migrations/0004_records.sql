@@ -140,7 +140,7 @@ DECLARE
 	v_r pgcoord.records;
 	v_e pgcoord.record_events;
 BEGIN
-	IF NOT pgcoord.session_is_live(p_session) THEN
+	IF NOT pgcoord.session_lock_live(p_session) THEN
 		RAISE EXCEPTION 'session % is no longer live; open a new one', p_session
 		USING ERRCODE = 'PCSEX';
 	END IF;

@@ -340,20 +340,20 @@ Test(leases, reserved_names_are_refused)
 /*
  * A renewal the agent sent before the client let go must not take the lease
  * back once the hand-back committed. The window is the renewal's round
- * trip; the test widens it by making pgcoord.session_is_live, which
- * lease_acquire checks before it locks the lease row, sleep for the
+ * trip; the test widens it by making pgcoord.session_lock_live, which
+ * lease_acquire calls before it locks the lease row, sleep for the
  * holder's session (its own database: nothing else sees the change).
  */
 static void slow_renewals_of(struct harness_db *db, int64_t session)
 {
 	hdb_exec(db,
-		 "CREATE OR REPLACE FUNCTION pgcoord.session_is_live(p_session bigint) "
-		 "RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$ "
+		 "CREATE OR REPLACE FUNCTION pgcoord.session_lock_live(p_session bigint) "
+		 "RETURNS boolean LANGUAGE plpgsql AS $$ "
 		 "DECLARE v boolean; BEGIN "
-		 "v := EXISTS (SELECT 1 FROM pgcoord.sessions s WHERE s.id = p_session AND "
-		 "s.closed_at IS NULL AND s.expires_at > now()); "
 		 "IF p_session = %lld THEN PERFORM pg_sleep(0.4); END IF; "
-		 "RETURN v; END $$",
+		 "PERFORM 1 FROM pgcoord.sessions s WHERE s.id = p_session AND "
+		 "s.closed_at IS NULL AND s.expires_at > now() FOR SHARE; "
+		 "v := FOUND; RETURN v; END $$",
 		 (long long)session);
 }
 
