@@ -205,13 +205,16 @@ static void fill_change(msgpack_packer *pk, void *arg)
 {
 	const struct change_note *n = arg;
 	uint64_t now = mono_ms();
-	msgpack_pack_map(pk, n->renewed ? 4 : 7);
+	bool valid = n->leader && n->l->belief_until > now;
+	msgpack_pack_map(pk, n->renewed ? 5 : 8);
 	pgc_pack_kv_str(pk, "name", n->l->name);
 	pgc_pack_kv_int(pk, "epoch", n->l->epoch);
 	pgc_pack_kv_bool(pk, "leader", n->leader);
-	pgc_pack_kv_int(pk, "valid_ms",
-			n->leader && n->l->belief_until > now ? (int64_t)(n->l->belief_until - now)
-							      : 0);
+	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
+	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
+	 * this host shares: it bounds the client's belief even when this
+	 * message waited in our output after valid_ms was computed */
+	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
 	if (n->renewed)
 		return;
 	pgc_pack_kv_int(pk, "session", n->l->session_id);
@@ -298,12 +301,13 @@ static void reply_acquire(struct request *req, struct lease *l, const struct db_
 {
 	uint64_t now = mono_ms();
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 8);
+	bool valid = l->leader && l->belief_until > now;
+	msgpack_pack_map(pk, 9);
 	pgc_pack_kv_str(pk, "name", l->name);
 	pgc_pack_kv_bool(pk, "leader", l->leader);
 	pgc_pack_kv_int(pk, "epoch", l->epoch);
-	pgc_pack_kv_int(pk, "valid_ms",
-			l->leader && l->belief_until > now ? (int64_t)(l->belief_until - now) : 0);
+	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
+	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
 	pgc_pack_kv_bool(pk, "campaigning", !l->leader && l->wait);
 	pgc_pack_kv_int(pk, "ttl_ms", l->ttl_ms);
 	pgc_pack_cstr(pk, "holder");

@@ -11,7 +11,12 @@
  * for as long as the application did not read it. So a message is dated by
  * the last moment our receive queue was seen empty before it was read
  * (pgcoord.quiet_ms, kept by inbound.c): it was sent after that, so the
- * deadline we derive is never later than the agent's.
+ * deadline we derive is never later than the agent's — unless the agent
+ * itself stalled between computing valid_ms and writing the message. For
+ * that, the agent also sends its deadline on CLOCK_MONOTONIC
+ * (valid_until_mono_ms), which a client on its host shares, and the
+ * earlier of the two counts. Where the clocks are not shared (another time
+ * namespace) the minimum can only shorten the belief, never lengthen it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +68,17 @@ static void belief_drop(pgcoord *c, const char *name)
 	}
 }
 
+/* The deadline a message grants: stamp + valid_ms, capped by the agent's
+ * own monotonic deadline when it sent one. */
+static int64_t deadline_of(const msgpack_object *params, int64_t stamp_ms, int64_t valid_ms)
+{
+	int64_t until = stamp_ms + valid_ms, mono = 0;
+	if (params && pgc_obj_int64(pgc_map_get(params, "valid_until_mono_ms"), &mono) &&
+	    mono > 0 && mono < until)
+		until = mono;
+	return until;
+}
+
 static bool belief_live(const struct pgcoord_belief *b, int64_t now)
 {
 	return b && b->leader && now < b->until_ms;
@@ -70,7 +86,7 @@ static bool belief_live(const struct pgcoord_belief *b, int64_t now)
 
 /* Belief starts or ends, as a lease.changed or an acquire result says. */
 static void belief_set(pgcoord *c, const char *name, size_t len, bool leader, int64_t epoch,
-		       int64_t valid_ms, int64_t stamp_ms)
+		       int64_t until_ms)
 {
 	struct pgcoord_belief *b;
 
@@ -88,7 +104,7 @@ static void belief_set(pgcoord *c, const char *name, size_t len, bool leader, in
 		return;
 	b->leader = true;
 	b->epoch = epoch;
-	b->until_ms = stamp_ms + valid_ms;
+	b->until_ms = until_ms;
 }
 
 bool pgcoord__tracking_leases(const pgcoord *c)
@@ -147,7 +163,8 @@ void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
 				session != c->session_id)))
 			return;
 		/* Anything but a well-formed "leader: true" ends the belief. */
-		belief_set(c, name, name_len, leader, epoch, valid_ms, stamp_ms);
+		belief_set(c, name, name_len, leader, epoch,
+			   deadline_of(params, stamp_ms, valid_ms));
 	} else if (method_is(method, method_len, "lease.renewed")) {
 		if (!read_belief(params, &name, &name_len, &leader, &epoch, &valid_ms) || !leader)
 			return;
@@ -155,7 +172,7 @@ void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
 		 * under the same epoch; the newest word of the agent wins. */
 		struct pgcoord_belief *b = belief_find(c, name, name_len);
 		if (b && b->leader && b->epoch == epoch)
-			b->until_ms = stamp_ms + valid_ms;
+			b->until_ms = deadline_of(params, stamp_ms, valid_ms);
 	} else if (method_is(method, method_len, "session.lost")) {
 		if (pgc_obj_int64(pgc_map_get(params, "session"), &session) &&
 		    session == c->session_id)
@@ -225,7 +242,7 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 	void *raw = NULL;
 	size_t raw_len = 0, off = 0;
 	bool said = false;
-	int64_t ep = 0, valid_ms = 0, ttl = 0;
+	int64_t ep = 0, valid_ms = 0, ttl = 0, until = 0;
 
 	if (leader)
 		*leader = false;
@@ -276,13 +293,14 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 		said = false;
 	} else {
 		pgc_obj_int64(pgc_map_get(&u.data, "ttl_ms"), &ttl);
+		until = deadline_of(&u.data, c->reply_stamp_ms, valid_ms);
 	}
 	msgpack_unpacked_destroy(&u);
 	pgcoord_free(raw);
 
 	/* The result is the agent's belief when it answered, in stream order
 	 * with its notifications. */
-	belief_set(c, name, strlen(name), said, ep, valid_ms, c->reply_stamp_ms);
+	belief_set(c, name, strlen(name), said, ep, until);
 	if ((b = belief_find(c, name, strlen(name))) && ttl > 0)
 		b->ttl_ms = ttl;
 	if (!said && !wait) /* the agent keeps nothing for a lost one-shot try */

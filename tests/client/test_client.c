@@ -1285,3 +1285,51 @@ Test(lease, null_arguments_are_harmless)
 	cr_assert_eq(pgcoord_lease_status(NULL, "job", 10, NULL, NULL), PGCOORD_E_ARG);
 	cr_assert_eq(pgcoord_lease_list(NULL, 10, NULL, NULL), PGCOORD_E_ARG);
 }
+
+/* An agent that computed valid_ms, then stalled before writing: its
+ * monotonic deadline (shared on one host) is earlier than receipt +
+ * valid_ms, and that earlier deadline is the one that counts. */
+static void script_win_with_stale_valid_ms(struct fake *f)
+{
+	struct req r;
+	struct timespec ts;
+	if (!fake_expect(f, &r, "session.open"))
+		return;
+	reply_session(f, r.msgid, 42, false);
+	req_free(&r);
+	if (!fake_expect(f, &r, "lease.acquire"))
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 5);
+	pgc_pack_kv_str(&o.pk, "name", "job");
+	pgc_pack_kv_bool(&o.pk, "leader", true);
+	pgc_pack_kv_int(&o.pk, "epoch", 7);
+	pgc_pack_kv_int(&o.pk, "valid_ms", 5000);
+	pgc_pack_kv_int(&o.pk, "valid_until_mono_ms", now + 200);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(lease, the_agents_monotonic_deadline_caps_a_stale_valid_ms, .timeout = 10)
+{
+	bool leader = false;
+	int64_t epoch = 0;
+
+	fake_start(script_win_with_stale_valid_ms);
+	pgcoord *c = connect_fake();
+	cr_assert_eq(pgcoord_session_open(c, NULL, 2000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, false, 2000, &leader, &epoch), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	cr_assert(leader);
+	int64_t left = pgcoord_lease_valid_ms(c, "job");
+	cr_assert(left > 0 && left <= 200, "valid_ms %lld, not capped at 200", (long long)left);
+	usleep(250 * 1000);
+	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
+	pgcoord_close(c);
+	fake_stop();
+}
