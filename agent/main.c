@@ -217,7 +217,7 @@ out:
 	sessions_lose_all(ag, "the agent exited");
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
-	db_destroy(ag->db); /* fails what is still running: callbacks run now */
+	db_destroy(ag->db);	/* fails what is still running: callbacks run now */
 	http_destroy(ag->http); /* after the database: its callbacks may answer pages */
 	ag->http = NULL;
 	leases_finish(ag);

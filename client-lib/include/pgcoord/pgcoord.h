@@ -58,13 +58,13 @@ typedef enum pgcoord_err {
 	PGCOORD_E_INTERNAL = 15,
 	PGCOORD_E_TOO_LARGE = 16,
 
-	PGCOORD_E_CONNECT = 100,  /* could not connect to the agent's socket */
-	PGCOORD_E_IO = 101,       /* the connection failed or was closed mid-call */
+	PGCOORD_E_CONNECT = 100,      /* could not connect to the agent's socket */
+	PGCOORD_E_IO = 101,	      /* the connection failed or was closed mid-call */
 	PGCOORD_E_CALL_TIMEOUT = 102, /* no reply within the call's timeout; outcome unknown */
-	PGCOORD_E_PROTOCOL = 103, /* the agent sent something that is not MessagePack-RPC */
+	PGCOORD_E_PROTOCOL = 103,     /* the agent sent something that is not MessagePack-RPC */
 	PGCOORD_E_NOMEM = 104,
-	PGCOORD_E_ARG = 105,      /* a bad argument to a library function */
-	PGCOORD_E_CLOSED = 106,   /* the handle's connection is already closed */
+	PGCOORD_E_ARG = 105,	/* a bad argument to a library function */
+	PGCOORD_E_CLOSED = 106, /* the handle's connection is already closed */
 } pgcoord_err;
 
 /* A static, human-readable description of err. Never NULL. */
@@ -144,8 +144,7 @@ pgcoord_err pgcoord_poll(pgcoord *c, int timeout_ms, int *delivered);
 pgcoord_err pgcoord_ping(pgcoord *c, int timeout_ms);
 
 /* Opens a session named name (free text, for operators). *session_id may be NULL. */
-pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms,
-				 int64_t *session_id);
+pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms, int64_t *session_id);
 
 /* Re-attaches a session this agent still holds in its grace period. */
 pgcoord_err pgcoord_session_resume(pgcoord *c, int64_t session_id, int timeout_ms);
