@@ -328,3 +328,36 @@ pgcoord_err pgcoord_call(pgcoord *c, const char *method, const void *params, siz
 	free(p.result);
 	return err;
 }
+
+pgcoord_err pgcoord__call_packed(pgcoord *c, const char *method, struct pgcoord_writer *w,
+				 int timeout_ms, void **result, size_t *result_len)
+{
+	size_t plen;
+	char *params = pgcoord__writer_release(w, &plen);
+	if (!params) {
+		pgcoord__set_message(c, "out of memory encoding %s", method);
+		return PGCOORD_E_NOMEM;
+	}
+	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, result, result_len);
+	free(params);
+	return err;
+}
+
+pgcoord_err pgcoord__call_decoded(pgcoord *c, const char *method, struct pgcoord_writer *w,
+				  int timeout_ms, msgpack_unpacked *u, void **raw, size_t *raw_len)
+{
+	size_t off = 0;
+	pgcoord_err err = pgcoord__call_packed(c, method, w, timeout_ms, raw, raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	msgpack_unpacked_init(u);
+	if (msgpack_unpack_next(u, *raw, *raw_len, &off) != MSGPACK_UNPACK_SUCCESS ||
+	    u->data.type != MSGPACK_OBJECT_MAP) {
+		msgpack_unpacked_destroy(u);
+		pgcoord_free(*raw);
+		*raw = NULL;
+		pgcoord__set_message(c, "the %s result is not a map", method);
+		return PGCOORD_E_PROTOCOL;
+	}
+	return PGCOORD_OK;
+}

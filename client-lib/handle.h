@@ -115,6 +115,18 @@ void pgcoord__writer_destroy(struct pgcoord_writer *w);
 /* Re-encodes o into a malloc'd buffer. PGCOORD_E_NOMEM on failure. */
 PGCOORD_WUR pgcoord_err pgcoord__encode(const msgpack_object *o, char **out, size_t *len);
 
+/* pgcoord_call with the params packed in w (consumed, also on failure);
+ * the raw result when result is non-NULL. */
+PGCOORD_WUR pgcoord_err pgcoord__call_packed(pgcoord *c, const char *method,
+					     struct pgcoord_writer *w, int timeout_ms,
+					     void **result, size_t *result_len);
+
+/* pgcoord__call_packed, then decodes the result, which must be a map, into
+ * u (the caller destroys u and frees *raw when this returns OK). */
+PGCOORD_WUR pgcoord_err pgcoord__call_decoded(pgcoord *c, const char *method,
+					      struct pgcoord_writer *w, int timeout_ms,
+					      msgpack_unpacked *u, void **raw, size_t *raw_len);
+
 /* --- time (transport.c) --- */
 
 /* CLOCK_MONOTONIC in ms. */

@@ -219,21 +219,6 @@ static bool check_name(pgcoord *c, const char *name)
 	return true;
 }
 
-/* Sends the params packed in w (consumed); the raw result when asked. */
-static pgcoord_err call_packed(pgcoord *c, const char *method, struct pgcoord_writer *w,
-			       int timeout_ms, void **result, size_t *result_len)
-{
-	size_t plen;
-	char *params = pgcoord__writer_release(w, &plen);
-	if (!params) {
-		pgcoord__set_message(c, "out of memory encoding %s", method);
-		return PGCOORD_E_NOMEM;
-	}
-	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, result, result_len);
-	free(params);
-	return err;
-}
-
 pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool wait,
 				  int timeout_ms, bool *leader, int64_t *epoch)
 {
@@ -271,7 +256,7 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 	pgc_pack_kv_bool(&w.pk, "wait", wait);
 	if (ttl_ms > 0)
 		pgc_pack_kv_int(&w.pk, "ttl_ms", ttl_ms);
-	pgcoord_err err = call_packed(c, "lease.acquire", &w, timeout_ms, &raw, &raw_len);
+	pgcoord_err err = pgcoord__call_packed(c, "lease.acquire", &w, timeout_ms, &raw, &raw_len);
 	if (err != PGCOORD_OK) {
 		/* After a retryable error the agent may have won or be
 		 * campaigning (a lease.changed will say): keep tracking. */
@@ -334,7 +319,7 @@ pgcoord_err pgcoord_lease_release(pgcoord *c, const char *name, int timeout_ms, 
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "name", name);
-	pgcoord_err err = call_packed(c, "lease.release", &w, timeout_ms, &raw, &raw_len);
+	pgcoord_err err = pgcoord__call_packed(c, "lease.release", &w, timeout_ms, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	msgpack_unpacked_init(&u);
@@ -367,7 +352,7 @@ pgcoord_err pgcoord_lease_status(pgcoord *c, const char *name, int timeout_ms, v
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "name", name);
-	return call_packed(c, "lease.status", &w, timeout_ms, result, result_len);
+	return pgcoord__call_packed(c, "lease.status", &w, timeout_ms, result, result_len);
 }
 
 pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len)

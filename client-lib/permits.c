@@ -21,48 +21,6 @@ struct pgcoord_claim {
 	int64_t denied_in_flight;
 };
 
-/* Sends the params packed in w (consumed) and decodes the result map into
- * u (the caller destroys u when this returns OK). */
-static pgcoord_err call_decoded(pgcoord *c, const char *method, struct pgcoord_writer *w,
-				int timeout_ms, msgpack_unpacked *u, void **raw, size_t *raw_len)
-{
-	size_t plen, off = 0;
-	char *params = pgcoord__writer_release(w, &plen);
-	if (!params) {
-		pgcoord__set_message(c, "out of memory encoding %s", method);
-		return PGCOORD_E_NOMEM;
-	}
-	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, raw, raw_len);
-	free(params);
-	if (err != PGCOORD_OK)
-		return err;
-	msgpack_unpacked_init(u);
-	if (msgpack_unpack_next(u, *raw, *raw_len, &off) != MSGPACK_UNPACK_SUCCESS ||
-	    u->data.type != MSGPACK_OBJECT_MAP) {
-		msgpack_unpacked_destroy(u);
-		pgcoord_free(*raw);
-		*raw = NULL;
-		pgcoord__set_message(c, "the %s result is not a map", method);
-		return PGCOORD_E_PROTOCOL;
-	}
-	return PGCOORD_OK;
-}
-
-/* Sends the params in w and ignores the result (or hands it over raw). */
-static pgcoord_err call_plain(pgcoord *c, const char *method, struct pgcoord_writer *w,
-			      int timeout_ms, void **result, size_t *result_len)
-{
-	size_t plen;
-	char *params = pgcoord__writer_release(w, &plen);
-	if (!params) {
-		pgcoord__set_message(c, "out of memory encoding %s", method);
-		return PGCOORD_E_NOMEM;
-	}
-	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, result, result_len);
-	free(params);
-	return err;
-}
-
 static bool check_id(pgcoord *c, const char *what, const char *id)
 {
 	if (!id || !*id) {
@@ -123,7 +81,8 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 	if (limit >= 0)
 		pgc_pack_kv_int(&w.pk, "limit", limit);
 
-	pgcoord_err err = call_decoded(c, "permit.claim", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "permit.claim", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 
@@ -227,7 +186,7 @@ pgcoord_err pgcoord_permit_update(pgcoord *c, const char *id, pgcoord_phase phas
 	msgpack_pack_map(&w.pk, 2);
 	pgc_pack_kv_str(&w.pk, "id", id);
 	pgc_pack_kv_str(&w.pk, "phase", names[phase]);
-	return call_plain(c, "permit.update", &w, timeout_ms, NULL, NULL);
+	return pgcoord__call_packed(c, "permit.update", &w, timeout_ms, NULL, NULL);
 }
 
 pgcoord_err pgcoord_permit_mark_uncertain(pgcoord *c, const char *id, const char *reason,
@@ -243,7 +202,7 @@ pgcoord_err pgcoord_permit_mark_uncertain(pgcoord *c, const char *id, const char
 	msgpack_pack_map(&w.pk, 2);
 	pgc_pack_kv_str(&w.pk, "id", id);
 	pgc_pack_kv_str(&w.pk, "reason", reason);
-	return call_plain(c, "permit.mark_uncertain", &w, timeout_ms, NULL, NULL);
+	return pgcoord__call_packed(c, "permit.mark_uncertain", &w, timeout_ms, NULL, NULL);
 }
 
 pgcoord_err pgcoord_permit_resolve(pgcoord *c, const char *id, pgcoord_outcome outcome,
@@ -267,7 +226,7 @@ pgcoord_err pgcoord_permit_resolve(pgcoord *c, const char *id, pgcoord_outcome o
 	pgc_pack_kv_str(&w.pk, "outcome", outcome == PGCOORD_OUTCOME_GONE ? "gone" : "running");
 	pgc_pack_kv_str(&w.pk, "evidence", evidence);
 	pgc_pack_kv_bool(&w.pk, "override", flags & PGCOORD_OVERRIDE);
-	return call_plain(c, "permit.resolve", &w, timeout_ms, NULL, NULL);
+	return pgcoord__call_packed(c, "permit.resolve", &w, timeout_ms, NULL, NULL);
 }
 
 pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, const char *reason,
@@ -295,7 +254,8 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 	pgc_pack_kv_bool(&w.pk, "override", flags & PGCOORD_OVERRIDE);
 	if (reason)
 		pgc_pack_kv_str(&w.pk, "reason", reason);
-	pgcoord_err err = call_decoded(c, "permit.release", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "permit.release", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	if (!pgc_obj_bool(pgc_map_get(&u.data, "released"), &did)) {
@@ -325,7 +285,7 @@ static pgcoord_err by_id(pgcoord *c, const char *method, const char *id, int tim
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "id", id);
-	return call_plain(c, method, &w, timeout_ms, result, result_len);
+	return pgcoord__call_packed(c, method, &w, timeout_ms, result, result_len);
 }
 
 pgcoord_err pgcoord_permit_get(pgcoord *c, const char *id, int timeout_ms, void **result,
@@ -355,7 +315,7 @@ pgcoord_err pgcoord_permit_list(pgcoord *c, const char *quota, const char *state
 		pgc_pack_kv_str(&w.pk, "quota", quota);
 	if (state)
 		pgc_pack_kv_str(&w.pk, "state", state);
-	return call_plain(c, "permit.list", &w, timeout_ms, result, result_len);
+	return pgcoord__call_packed(c, "permit.list", &w, timeout_ms, result, result_len);
 }
 
 pgcoord_err pgcoord_quota_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len)
@@ -384,7 +344,8 @@ pgcoord_err pgcoord_permit_check(pgcoord *c, int timeout_ms, bool *ok, void **re
 		return PGCOORD_E_ARG;
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 0);
-	pgcoord_err err = call_decoded(c, "permit.check", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "permit.check", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	if (!pgc_obj_bool(pgc_map_get(&u.data, "ok"), &good)) {
@@ -424,7 +385,7 @@ pgcoord_err pgcoord_quota_set(pgcoord *c, const char *key, int32_t limit, int32_
 	pgc_pack_kv_int(&w.pk, "limit", limit);
 	if (lapse_after_s >= 0)
 		pgc_pack_kv_int(&w.pk, "lapse_after_s", lapse_after_s);
-	return call_plain(c, "quota.set", &w, timeout_ms, NULL, NULL);
+	return pgcoord__call_packed(c, "quota.set", &w, timeout_ms, NULL, NULL);
 }
 
 pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64_t *limit,
@@ -445,7 +406,7 @@ pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "key", key);
-	pgcoord_err err = call_decoded(c, "quota.get", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err = pgcoord__call_decoded(c, "quota.get", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	const msgpack_object *q = pgc_map_get(&u.data, "quota");

@@ -35,33 +35,6 @@ struct pgcoord_recovery {
 	size_t raw_len;
 };
 
-/* Sends the params packed in w (consumed); on PGCOORD_OK decodes the result
- * map into u, which the caller destroys, and leaves its bytes in *raw. */
-static pgcoord_err call_decoded(pgcoord *c, const char *method, struct pgcoord_writer *w,
-				int timeout_ms, msgpack_unpacked *u, void **raw, size_t *raw_len)
-{
-	size_t plen, off = 0;
-	char *params = pgcoord__writer_release(w, &plen);
-	if (!params) {
-		pgcoord__set_message(c, "out of memory encoding %s", method);
-		return PGCOORD_E_NOMEM;
-	}
-	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, raw, raw_len);
-	free(params);
-	if (err != PGCOORD_OK)
-		return err;
-	msgpack_unpacked_init(u);
-	if (msgpack_unpack_next(u, *raw, *raw_len, &off) != MSGPACK_UNPACK_SUCCESS ||
-	    u->data.type != MSGPACK_OBJECT_MAP) {
-		msgpack_unpacked_destroy(u);
-		pgcoord_free(*raw);
-		*raw = NULL;
-		pgcoord__set_message(c, "the %s result is not a map", method);
-		return PGCOORD_E_PROTOCOL;
-	}
-	return PGCOORD_OK;
-}
-
 static bool check_name(pgcoord *c, const char *what, const char *s)
 {
 	if (!s || !*s) {
@@ -164,7 +137,8 @@ pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, co
 	}
 	if (permit)
 		pgc_pack_kv_str(&w.pk, "permit", permit);
-	pgcoord_err err = call_decoded(c, "record.put", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "record.put", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	if (!pgc_obj_bool(pgc_map_get(&u.data, "created"), &was_created) ||
@@ -180,21 +154,6 @@ pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, co
 	}
 	msgpack_unpacked_destroy(&u);
 	pgcoord_free(raw);
-	return err;
-}
-
-/* Sends w and ignores the result. */
-static pgcoord_err call_plain(pgcoord *c, const char *method, struct pgcoord_writer *w,
-			      int timeout_ms)
-{
-	size_t plen;
-	char *params = pgcoord__writer_release(w, &plen);
-	if (!params) {
-		pgcoord__set_message(c, "out of memory encoding %s", method);
-		return PGCOORD_E_NOMEM;
-	}
-	pgcoord_err err = pgcoord_call(c, method, params, plen, timeout_ms, NULL, NULL);
-	free(params);
 	return err;
 }
 
@@ -224,7 +183,7 @@ pgcoord_err pgcoord_record_update(pgcoord *c, const char *kind, const char *key,
 	}
 	if (token > 0)
 		pgc_pack_kv_int(&w.pk, "token", token);
-	return call_plain(c, "record.update", &w, timeout_ms);
+	return pgcoord__call_packed(c, "record.update", &w, timeout_ms, NULL, NULL);
 }
 
 pgcoord_err pgcoord_record_settle(pgcoord *c, const char *kind, const char *key, const char *state,
@@ -248,7 +207,7 @@ pgcoord_err pgcoord_record_settle(pgcoord *c, const char *kind, const char *key,
 	pgc_pack_kv_str(&w.pk, "state", state);
 	if (token > 0)
 		pgc_pack_kv_int(&w.pk, "token", token);
-	return call_plain(c, "record.settle", &w, timeout_ms);
+	return pgcoord__call_packed(c, "record.settle", &w, timeout_ms, NULL, NULL);
 }
 
 /* --- get, list, accessors ------------------------------------------------- */
@@ -271,7 +230,8 @@ pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, in
 	msgpack_pack_map(&w.pk, 2);
 	pgc_pack_kv_str(&w.pk, "kind", kind);
 	pgc_pack_kv_str(&w.pk, "key", key);
-	pgcoord_err err = call_decoded(c, "record.get", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "record.get", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	struct pgcoord_record *r = malloc(sizeof(*r));
@@ -454,7 +414,8 @@ pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t 
 	}
 	if (limit > 0)
 		pgc_pack_kv_int(&w.pk, "limit", limit);
-	pgcoord_err err = call_decoded(c, "record.recover", &w, timeout_ms, &u, &raw, &raw_len);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "record.recover", &w, timeout_ms, &u, &raw, &raw_len);
 	if (err != PGCOORD_OK)
 		return err;
 	struct pgcoord_recovery *rv = calloc(1, sizeof(*rv));
