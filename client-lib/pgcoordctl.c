@@ -414,6 +414,21 @@ static int ctl_call(struct ctl *ctx, const char *method, const void *params, siz
 	return CTL_EXIT_OK;
 }
 
+/* Copies the listed keys of a result row into a table row being packed
+ * (nil where the row lacks one). */
+static void pack_kept(msgpack_packer *pk, const msgpack_object *row, const char *const *keep,
+		      size_t n)
+{
+	for (size_t k = 0; k < n; k++) {
+		const msgpack_object *v = pgc_map_get(row, keep[k]);
+		pgc_pack_cstr(pk, keep[k]);
+		if (v)
+			msgpack_pack_object(pk, *v);
+		else
+			msgpack_pack_nil(pk);
+	}
+}
+
 /* --- commands ------------------------------------------------------------- */
 
 static double mono_ms(void)
@@ -718,14 +733,7 @@ static int print_permits(const msgpack_object *result)
 		char who[300];
 
 		msgpack_pack_map(&p.pk, 8);
-		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
-			const msgpack_object *v = pgc_map_get(row, keep[k]);
-			pgc_pack_cstr(&p.pk, keep[k]);
-			if (v)
-				msgpack_pack_object(&p.pk, *v);
-			else
-				msgpack_pack_nil(&p.pk);
-		}
+		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
 		pgc_pack_cstr(&p.pk, "quotas");
 		pack_quotas_text(&p.pk, pgc_map_get(row, "quotas"));
 		pgc_pack_cstr(&p.pk, "owner");
@@ -959,14 +967,7 @@ static int print_leases(const msgpack_object *result)
 		char who[300];
 
 		msgpack_pack_map(&p.pk, 7);
-		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
-			const msgpack_object *v = pgc_map_get(row, keep[k]);
-			pgc_pack_cstr(&p.pk, keep[k]);
-			if (v)
-				msgpack_pack_object(&p.pk, *v);
-			else
-				msgpack_pack_nil(&p.pk);
-		}
+		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
 		pgc_pack_cstr(&p.pk, "holder");
 		if (holder && holder->type == MSGPACK_OBJECT_MAP &&
 		    pgc_obj_int64(pgc_map_get(holder, "session"), &sid)) {
@@ -1088,14 +1089,7 @@ static void print_records(const msgpack_object *rows, int64_t now_ms)
 		char who[300];
 
 		msgpack_pack_map(&p.pk, sizeof(keep) / sizeof(keep[0]) + 1);
-		for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
-			const msgpack_object *v = pgc_map_get(row, keep[k]);
-			pgc_pack_cstr(&p.pk, keep[k]);
-			if (v)
-				msgpack_pack_object(&p.pk, *v);
-			else
-				msgpack_pack_nil(&p.pk);
-		}
+		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
 		pgc_obj_int64(pgc_map_get(row, "owner_session"), &sid);
 		pgc_obj_str(pgc_map_get(row, "owner_replica"), &rep, &replen);
 		snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
