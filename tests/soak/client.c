@@ -452,6 +452,33 @@ static bool ensure_x(struct cl *cl)
 	return true;
 }
 
+/* Releases id, which we no longer claim, in case an attempt of ours whose
+ * reply we never got admitted it (or still will). */
+static void give_up(struct cl *cl, const char *id)
+{
+	bool released = false;
+	pgcoord_err err;
+	int64_t t0;
+
+	for (int attempt = 0; attempt < 5; attempt++) {
+		if (!ensure(cl))
+			return; /* a new session: the old one's permits go to the janitor */
+		t0 = soak_now_us();
+		err =
+		    pgcoord_permit_release(cl->c, id, 0, "soak: given up after an unknown outcome",
+					   cl->cfg->call_timeout_ms, &released);
+		rec(cl, "release", t0, err, cl->session);
+		hist_str(&cl->h, "id", id);
+		hist_str(&cl->h, "kind", "give_up");
+		if (err == PGCOORD_OK)
+			hist_bool(&cl->h, "rel", released);
+		hist_end(&cl->h);
+		if (strcmp(outcome(err), "unknown"))
+			return;
+		after_error(cl, err);
+	}
+}
+
 static void do_claim(struct cl *cl)
 {
 	const struct soak_cfg *cfg = cl->cfg;
@@ -486,6 +513,8 @@ static void do_claim(struct cl *cl)
 		p.w[1] = 1;
 	}
 
+	bool answered = false, unknown = false;
+
 	for (int attempt = 0; attempt < MAX_TRIES && running(cl); attempt++) {
 		if (!ensure(cl)) {
 			attempt--;
@@ -495,8 +524,11 @@ static void do_claim(struct cl *cl)
 		err =
 		    claim_once(cl, cl->c, cl->session, &p, flags, kind, attempt,
 			       attempt == 0 && lose ? 1 : cfg->call_timeout_ms, &st, &token, &mine);
-		if (err == PGCOORD_OK)
+		if (err == PGCOORD_OK) {
+			answered = true;
 			break;
+		}
+		unknown |= !strcmp(outcome(err), "unknown");
 		if (attempt == 0 && lose) {
 			/* the reply is on its way: cut the connection so it is lost,
 			 * then retry the same id on a new one */
@@ -508,6 +540,13 @@ static void do_claim(struct cl *cl)
 		after_error(cl, err);
 		if (!conn_broken(err) && !session_gone_err(err))
 			backoff(cl);
+	}
+	if (unknown && (!answered || st == PGCOORD_CLAIM_DENIED)) {
+		/* An attempt whose outcome we never learned may still commit
+		 * after the answer we got: a permit behind a refusal. Giving up
+		 * on the id means releasing it (the seed's rule). */
+		give_up(cl, p.id);
+		return;
 	}
 	if (st == PGCOORD_CLAIM_DENIED || !running(cl))
 		return;
