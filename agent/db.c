@@ -22,6 +22,7 @@ struct db_query {
 	char **params;
 	db_done_fn done;
 	void *arg;
+	const bool *abandoned; /* when true before it is sent, it is not sent */
 	struct event *deadline;
 	struct timespec queued_at; /* for the latency histogram */
 };
@@ -463,8 +464,21 @@ static void conn_run(struct db_conn *c, struct db_query *q)
 static void lane_pump(struct db_lane *lane)
 {
 	for (int i = 0; i < lane->nconns && lane->head; i++) {
-		if (lane->conns[i].state == CONN_IDLE)
-			conn_run(&lane->conns[i], queue_pop(lane));
+		if (lane->conns[i].state != CONN_IDLE)
+			continue;
+		struct db_query *q = queue_pop(lane);
+		/* Its client hung up before the statement was sent: nobody will
+		 * read the answer, and running it now could commit an attempt
+		 * whose outcome the client never saw behind a later answer it
+		 * did see (a retry of the same id on a new connection). */
+		while (q && q->abandoned && *q->abandoned) {
+			query_fail(q, PGC_E_UNAVAILABLE, false,
+				   "the client closed its connection before the statement was "
+				   "sent; nothing was done");
+			q = queue_pop(lane);
+		}
+		if (q)
+			conn_run(&lane->conns[i], q);
 	}
 }
 
@@ -507,6 +521,12 @@ static void query_deadline_cb(evutil_socket_t fd, short what, void *arg)
 bool db_query(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
 	      const char *const *params, db_done_fn done, void *arg)
 {
+	return db_query_unless(db, lane_id, sql, nparams, params, done, arg, NULL);
+}
+
+bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
+		     const char *const *params, db_done_fn done, void *arg, const bool *abandoned)
+{
 	struct db_lane *lane = &db->lanes[lane_id];
 	struct db_query *q;
 
@@ -518,6 +538,7 @@ bool db_query(struct db *db, enum db_lane_id lane_id, const char *sql, int npara
 	q->lane = lane;
 	q->done = done;
 	q->arg = arg;
+	q->abandoned = abandoned;
 	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
 	q->nparams = nparams;
 	q->sql = strdup(sql);

@@ -70,6 +70,17 @@ __attribute__((warn_unused_result)) bool db_query(struct db *db, enum db_lane_id
 						  const char *const *params, db_done_fn done,
 						  void *arg);
 
+/*
+ * db_query for work done on a client's behalf: while it waits in the queue,
+ * *abandoned turning true (its client hung up) drops it unsent, and done
+ * gets UNAVAILABLE with outcome_unknown false. abandoned must stay valid
+ * until done is called.
+ */
+__attribute__((warn_unused_result)) bool db_query_unless(struct db *db, enum db_lane_id lane,
+							 const char *sql, int nparams,
+							 const char *const *params, db_done_fn done,
+							 void *arg, const bool *abandoned);
+
 bool db_lane_up(const struct db *db, enum db_lane_id lane);
 
 /* Counters for status and metrics. */

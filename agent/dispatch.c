@@ -165,7 +165,9 @@ void req_fail_db(struct request *req, const struct db_result *res)
 bool req_query(struct request *req, const char *sql, int nparams, const char *const *params,
 	       db_done_fn done)
 {
-	if (!db_query(req->ag->db, DB_LANE_REQUESTS, sql, nparams, params, done, req)) {
+	/* the connection outlives its requests (refcount), so &closed stays valid */
+	if (!db_query_unless(req->ag->db, DB_LANE_REQUESTS, sql, nparams, params, done, req,
+			     &req->conn->closed)) {
 		req_fail(req, PGC_E_UNAVAILABLE,
 			 "the database is unreachable (or its queue is full); retry");
 		return false;
