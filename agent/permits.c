@@ -157,7 +157,8 @@ static bool refused(struct request *req, const struct permit_call *call, const P
 	if (strcmp(outcome, "ok") == 0)
 		return false;
 	if (strcmp(outcome, "not_found") == 0)
-		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
+		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"%s%s", call->id,
+			 *detail ? "; " : "", detail);
 	else if (strcmp(outcome, "forbidden") == 0)
 		req_fail(req, PGC_E_FORBIDDEN, "cannot %s permit \"%s\": %s; only %s may", verb,
 			 call->id, detail, who_may);

@@ -68,7 +68,7 @@ CREATE TABLE pgcoord.permit_events (
 	delta     bigint NOT NULL DEFAULT 0,
 	event     text NOT NULL CHECK (event IN ('admitted', 'limit_set', 'phase', 'uncertain',
 		'adopted', 'released', 'resolved_gone', 'override_released',
-		'owner_lost_released', 'lapsed')),
+		'owner_lost_released', 'lapsed', 'retired')),
 	actor     text NOT NULL,
 	reason    text,                      -- reason or evidence
 	state     text,                      -- the permit's state after the event
@@ -466,6 +466,14 @@ END $$;
 -- Ends a permit: by its owner (held only: an uncertain permit leaves by a
 -- resolve with evidence), or by an operator override (any state). Releasing
 -- a released permit is a no-op that says so (idempotent, guarantee 3).
+--
+-- A session releasing an id that has no permit retires the id: a released
+-- tombstone with no quotas goes in, so an attempt of a claim still on its
+-- way (its reply lost, then a retry refused) finds the id released instead
+-- of taking a slot nobody will give back. The insert waits for a claim of
+-- the id that is mid-transaction; if that one commits, it is released below
+-- like any other. Operators' overrides never retire ids (a typo must not
+-- burn one).
 CREATE FUNCTION pgcoord.permit_release(p_id text, p_session bigint, p_override boolean,
 	p_actor text, p_reason text)
 RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
@@ -475,8 +483,33 @@ DECLARE
 	v_p pgcoord.permits;
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
-		RETURN;
+		IF p_override OR p_session IS NULL THEN
+			RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint,
+				pgcoord.ms(now());
+			RETURN;
+		END IF;
+		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
+			phase, on_owner_loss, released_at)
+		SELECT p_id, nextval('pgcoord.token_seq'), p_session, s.replica_id, 'released',
+			'reserved', 'uncertain', now()
+		FROM pgcoord.sessions s WHERE s.id = p_session
+		ON CONFLICT (id) DO NOTHING;
+		IF FOUND THEN
+			INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state,
+				phase)
+			VALUES (p_id, 'retired', p_actor, coalesce(p_reason,
+				'released before any claim of it committed'), 'released', 'reserved');
+			RETURN QUERY SELECT 'not_found', 'the id is now retired: a claim of it still '
+				'on its way, or made later, is refused as released', false,
+				'released'::text, pgcoord.ms(now()), pgcoord.ms(now());
+			RETURN;
+		END IF;
+		-- a claim of the id committed while we waited: release it as usual
+		IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
+			RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint,
+				pgcoord.ms(now());
+			RETURN;
+		END IF;
 	END IF;
 	PERFORM pgcoord.permits_lock_quotas(ARRAY[p_id]);
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;

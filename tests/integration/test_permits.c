@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -525,6 +526,177 @@ Test(permits, released_id_is_never_admitted_again_and_release_is_idempotent)
 	pgcoord_close(c);
 	hagent_destroy(a);
 	hdb_drop(db);
+}
+
+/*
+ * A session's release of an id without a permit retires the id: the client
+ * gave up on a claim whose outcome it never saw, so an attempt still on its
+ * way must not take a slot behind its back. An operator's override does not
+ * retire (a typo must not burn an id).
+ */
+Test(permits, release_of_an_unclaimed_id_retires_it)
+{
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, "retire-a", NULL);
+	pgcoord *c = client(a, "retire");
+	bool released = true;
+	pgcoord_claim *cl = NULL;
+	const char *keys[1] = {"ret"};
+
+	quota_set(c, "ret", 5, -1);
+	cr_assert_eq(pgcoord_permit_release(c, "r-0", 0, "gave up", CALL_MS, &released),
+		     PGCOORD_E_NOT_FOUND);
+	cr_assert(strstr(pgcoord_last_message(c), "retired"), "%s", pgcoord_last_message(c));
+	cr_assert_str_eq(permit_state(db, "r-0"), "released");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas "
+					"WHERE permit_id = 'r-0'"),
+		     0);
+	cr_assert_eq(events(db, "r-0", "retired"), 1);
+	cr_assert_eq(events(db, "r-0", "admitted"), 0);
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.permits p JOIN pgcoord.sessions s "
+			   "ON s.id = p.owner_session WHERE p.id = 'r-0' "
+			   "AND s.id = %" PRId64 " AND p.owner_replica = 'retire-a'",
+			   pgcoord_session_id(c)),
+	    1, "the retired id does not name the session that retired it");
+
+	/* the late attempt */
+	cr_assert_eq(pgcoord_permit_claim(c, "r-0", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
+					  CALL_MS, &cl),
+		     PGCOORD_E_CONFLICT);
+	cr_assert_null(cl);
+	cr_assert(strstr(pgcoord_last_message(c), "released"), "%s", pgcoord_last_message(c));
+	cr_assert_eq(in_flight(db, "ret"), 0);
+	cr_assert_eq(events(db, "r-0", "admitted"), 0);
+
+	/* releasing it again is the idempotent no-op on a released id */
+	cr_assert_eq(pgcoord_permit_release(c, "r-0", 0, NULL, CALL_MS, &released), PGCOORD_OK);
+	cr_assert_not(released);
+
+	/* an operator's override of an unknown id changes nothing */
+	cr_assert_eq(
+	    pgcoord_permit_release(c, "r-typo", PGCOORD_OVERRIDE, "typo", CALL_MS, &released),
+	    PGCOORD_E_NOT_FOUND);
+	cr_assert_eq(permit_rows(db, "r-typo"), 0);
+	assert_conserved(db, "after retiring an id");
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Reads replies on fd until the one to msgid; returns it parsed in u/m. */
+static void raw_reply(int fd, uint32_t msgid, msgpack_unpacked *u, struct pgc_message *m)
+{
+	char err[128];
+	for (int i = 0; i < 8; i++) {
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, u), HRAW_MSG, "no reply to request %u",
+			     msgid);
+		cr_assert(pgc_parse_message(&u->data, m, err, sizeof(err)), "%s", err);
+		if (m->type == PGC_RPC_RESPONSE && m->msgid == msgid)
+			return;
+	}
+	cr_assert_fail("request %u was never answered", msgid);
+}
+
+/*
+ * The soak's "permit behind a refusal": an attempt of a claim is mid-
+ * transaction when its client gives the id up (its reply lost, a retry
+ * refused). The release waits for that transaction and acts on its outcome:
+ * it releases what the attempt admitted, and retires the id when the attempt
+ * took nothing. Either way no slot stays taken. Both requests go down one
+ * connection: the agent runs them side by side, on two pool connections.
+ */
+static void release_behind_attempt(bool room)
+{
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, room ? "behind-r" : "behind-f", NULL);
+	pgcoord *other = client(a, "other");
+	msgpack_sbuffer sb;
+	msgpack_unpacked u;
+	struct pgc_message m;
+	const msgpack_object *v;
+
+	quota_set(other, "beh", 2, -1);
+	pgcoord_claim_free(claim1(other, "b-full", "beh", 0));
+
+	/* hold the quota row, so the attempt stops inside its transaction;
+	 * without room, the holder takes the last slot away (a lower limit) */
+	PGconn *locker = hdb_connect(db);
+	PQclear(PQexec(locker, "BEGIN"));
+	PGresult *res = PQexec(locker, room ? "SELECT 1 FROM pgcoord.quotas WHERE key = 'beh' "
+					      "FOR UPDATE"
+					    : "UPDATE pgcoord.quotas SET \"limit\" = 1 "
+					      "WHERE key = 'beh'");
+	cr_assert(PQresultStatus(res) == PGRES_TUPLES_OK || PQresultStatus(res) == PGRES_COMMAND_OK,
+		  "%s", PQerrorMessage(locker));
+	PQclear(res);
+
+	int fd = raw_session(a);
+	pack_claim_params(&sb, "b-1", "beh");
+	cr_assert(hraw_send_request(fd, 2, "permit.claim", sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	cr_assert(
+	    wait_for(db, 10000,
+		     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+		     "AND query LIKE '%permit_claim%' AND wait_event_type = 'Lock'"),
+	    "the attempt never reached the quota row");
+	pack_one(&sb, "id", "b-1");
+	cr_assert(hraw_send_request(fd, 3, "permit.release", sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	cr_assert(
+	    wait_for(db, 10000,
+		     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+		     "AND query LIKE '%permit_release%' AND wait_event_type = 'Lock'"),
+	    "the release did not wait for the attempt");
+	PQclear(PQexec(locker, "COMMIT"));
+	PQfinish(locker);
+
+	msgpack_unpacked_init(&u);
+	raw_reply(fd, 2, &u, &m);
+	cr_assert_null(m.error, "the claim failed");
+	v = pgc_map_get(m.result, "status");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR);
+	cr_assert_eq(strncmp(v->via.str.ptr, room ? "admitted" : "denied", v->via.str.size), 0,
+		     "claim: %.*s", (int)v->via.str.size, v->via.str.ptr);
+	raw_reply(fd, 3, &u, &m);
+	if (room) {
+		cr_assert_null(m.error, "the release failed");
+		v = pgc_map_get(m.result, "released");
+		cr_assert(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean,
+			  "the release did not release the admitted permit");
+	} else {
+		cr_assert_not_null(m.error, "the release of a refused id succeeded");
+		v = pgc_map_get(m.error, "code");
+		cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+			  strncmp(v->via.str.ptr, "not_found", v->via.str.size) == 0);
+		v = pgc_map_get(m.error, "message");
+		cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+			      memmem(v->via.str.ptr, v->via.str.size, "retired", 7),
+			  "the release does not say it retired the id");
+	}
+	msgpack_unpacked_destroy(&u);
+	close(fd);
+
+	cr_assert_str_eq(permit_state(db, "b-1"), "released");
+	cr_assert_eq(in_flight(db, "beh"), 1, "a slot stayed taken behind the give-up");
+	cr_assert_eq(events(db, "b-1", "admitted"), room ? 1 : 0);
+	cr_assert_eq(events(db, "b-1", "released"), room ? 1 : 0);
+	cr_assert_eq(events(db, "b-1", "retired"), room ? 0 : 1);
+	assert_conserved(db, "after a release behind an attempt");
+	pgcoord_close(other);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(permits, release_waits_for_an_attempt_in_flight_and_releases_what_it_admitted)
+{
+	release_behind_attempt(true);
+}
+
+Test(permits, release_waits_for_an_attempt_in_flight_and_retires_the_id_it_left)
+{
+	release_behind_attempt(false);
 }
 
 /* --- guarantee 6: the reservation lifecycle is visible ------------------------- */

@@ -248,7 +248,9 @@ pgcoord_err pgcoord_permit_resolve(pgcoord *c, const char *id, pgcoord_outcome o
  * Owner (or PGCOORD_OVERRIDE). Releases the permit; idempotent: *released
  * (may be NULL) is true only when this call released it. An uncertain
  * permit is released by resolving it GONE, or by an override. reason may be
- * NULL.
+ * NULL. Without PGCOORD_OVERRIDE, an id that has no permit is retired
+ * (PGCOORD_E_NOT_FOUND): any attempt of a claim of it, even one still on its
+ * way, is then refused. Release an id given up after an unknown outcome.
  */
 pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, const char *reason,
 				   int timeout_ms, bool *released);
