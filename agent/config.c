@@ -52,6 +52,11 @@ const struct option_def config_options[] = {
      "How often a waiting campaign retries, and how often watched leases are polled."},
     {"janitor_interval_ms", OPT_INT, OFF(janitor_interval_ms), "1000", 100, 600000, false, false,
      "How often the elected janitor sweeps expired sessions and lapsed permits."},
+    {"retention_s", OPT_INT, OFF(retention_s), "0", 0, 315360000, false, true,
+     "How long released permits, settled records and their audit rows are kept before "
+     "the janitor deletes them; 0 keeps them forever. A duplicate claim of a deleted "
+     "permit's id is new work, so keep this far beyond any client's retries (at least "
+     "3600)."},
     {"max_message_bytes", OPT_INT, OFF(max_message_bytes), "1048576", 1024, 67108864, false, false,
      "Largest request a client may send; checked before buffering."},
     {"max_depth", OPT_INT, OFF(max_depth), "32", 2, 32, false, false,
@@ -464,6 +469,15 @@ bool config_validate(const struct config *cfg, char *err, size_t errlen)
 			snprintf(err, errlen, "metrics_listen: %s", why);
 			return false;
 		}
+	}
+	/* a purged tombstone stops guarding its id: refuse a window a retry
+	 * could plausibly outlive */
+	if (cfg->retention_s > 0 && cfg->retention_s < 3600) {
+		snprintf(err, errlen,
+			 "retention_s (%d) must be 0 (keep everything) or at least 3600: a "
+			 "duplicate claim arriving after its permit was deleted is admitted as new",
+			 cfg->retention_s);
+		return false;
 	}
 	/* three heartbeats must fit in a ttl, so one slow or lost heartbeat
 	 * never lets a live session lapse */

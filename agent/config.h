@@ -33,6 +33,7 @@ struct config {
 	int lease_ttl_ms;
 	int lease_retry_ms;
 	int janitor_interval_ms;
+	int retention_s;
 	int max_message_bytes;
 	int max_depth;
 	int max_connections;

@@ -19,13 +19,22 @@
 
 struct janitor_duty {
 	const char *name;
-	const char *sql; /* one statement, $1 = batch size, one row, one count column */
+	/* one statement, $1 = batch size (and $2 = retention_s for a retention
+	 * duty), one row, one count column */
+	const char *sql;
+	bool retention; /* runs only when retention_s > 0 */
 };
 
-/* The janitor's duties, run in order each sweep. Add new ones here. */
+/* The janitor's duties, run in order each sweep. Add new ones here. Records
+ * are purged before permits: a record's permit stays while it names it. */
 static const struct janitor_duty janitor_duties[] = {
-    {"expire lapsed sessions", "SELECT expired FROM pgcoord.janitor_expire_sessions($1)"},
-    {"release lapsed permits", "SELECT pgcoord.janitor_lapse_permits($1)"},
+    {"expire lapsed sessions", "SELECT expired FROM pgcoord.janitor_expire_sessions($1)", false},
+    {"release lapsed permits", "SELECT pgcoord.janitor_lapse_permits($1)", false},
+    {"delete settled records past retention", "SELECT pgcoord.janitor_purge_records($1, $2)", true},
+    {"delete released permits past retention", "SELECT pgcoord.janitor_purge_permits($1, $2)",
+     true},
+    {"delete lease events past retention", "SELECT pgcoord.janitor_purge_lease_events($1, $2)",
+     true},
 };
 #define JANITOR_DUTY_COUNT (sizeof(janitor_duties) / sizeof(janitor_duties[0]))
 
@@ -58,13 +67,22 @@ static void duty_done(const struct db_result *r, void *arg)
  * deposed janitor never starts another duty. */
 static void sweep_step(struct janitor *j)
 {
-	const char *params[1] = {JANITOR_BATCH};
+	char keep[24];
+	const char *params[2] = {JANITOR_BATCH, keep};
+	const struct janitor_duty *d;
+
+	/* retention_s is reloadable: read it at every duty */
+	while (j->next_duty < JANITOR_DUTY_COUNT && janitor_duties[j->next_duty].retention &&
+	       j->ag->cfg.retention_s == 0)
+		j->next_duty++;
 	if (j->next_duty >= JANITOR_DUTY_COUNT || !janitor_active(j->ag)) {
 		j->sweeping = false;
 		return;
 	}
-	if (!db_query(j->ag->db, DB_LANE_REQUESTS, janitor_duties[j->next_duty].sql, 1, params,
-		      duty_done, j))
+	d = &janitor_duties[j->next_duty];
+	snprintf(keep, sizeof(keep), "%d", j->ag->cfg.retention_s);
+	if (!db_query(j->ag->db, DB_LANE_REQUESTS, d->sql, d->retention ? 2 : 1, params, duty_done,
+		      j))
 		j->sweeping = false;
 }
 

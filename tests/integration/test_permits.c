@@ -699,6 +699,94 @@ Test(permits, release_waits_for_an_attempt_in_flight_and_retires_the_id_it_left)
 	release_behind_attempt(false);
 }
 
+/*
+ * retention_s: the janitor deletes finished history past the horizon and
+ * nothing else — not a recent tombstone, not a permit that counts, not a
+ * released permit a record still names — and conservation still holds,
+ * audit sums included. A claim of a deleted id is new work.
+ */
+Test(permits, retention_deletes_only_finished_history_past_the_horizon)
+{
+	static const char *const args[] = {"--retention-s", "3600", NULL};
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, "keep-a", args);
+	pgcoord *c = client(a, "keep");
+	bool leader = false;
+	int64_t token = 0;
+
+	quota_set(c, "keep", 10, -1);
+	const char *ids[] = {"k-old", "k-recent", "k-held", "k-named", "k-rec-old"};
+	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+		pgcoord_claim_free(claim1(c, ids[i], "keep", 0));
+	cr_assert_eq(pgcoord_record_put(c, "job", "named", "running", NULL, 0, "k-named", CALL_MS,
+					NULL, NULL),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_record_put(c, "job", "old", "running", NULL, 0, "k-rec-old", CALL_MS,
+					NULL, &token),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_record_settle(c, "job", "old", "done", token, CALL_MS), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+		if (strcmp(ids[i], "k-held") != 0)
+			cr_assert_eq(pgcoord_permit_release(c, ids[i], 0, NULL, CALL_MS, NULL),
+				     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_lease_acquire(c, "keep-lease", 0, false, CALL_MS, &leader, NULL),
+		     PGCOORD_OK);
+	cr_assert(leader);
+	cr_assert_eq(pgcoord_lease_release(c, "keep-lease", CALL_MS, NULL), PGCOORD_OK);
+
+	/* two hours pass for everything but k-recent and k-held */
+	hdb_exec(db, "UPDATE pgcoord.permits SET released_at = now() - interval '2 hours' "
+		     "WHERE id IN ('k-old', 'k-named', 'k-rec-old');"
+		     "UPDATE pgcoord.records SET settled_at = now() - interval '2 hours' "
+		     "WHERE key = 'old';"
+		     "UPDATE pgcoord.lease_events SET at = now() - interval '2 hours' "
+		     "WHERE name = 'keep-lease'");
+	cr_assert(wait_for(db, 15000,
+			   "SELECT (count(*) = 0)::int FROM pgcoord.permits "
+			   "WHERE id IN ('k-old', 'k-rec-old')"),
+		  "the janitor kept history past the horizon:\n%s", hagent_log(a));
+	cr_assert(wait_for(db, 15000,
+			   "SELECT (count(*) = 0)::int FROM pgcoord.lease_events "
+			   "WHERE name = 'keep-lease'"));
+
+	/* gone with their audit rows and quota shares */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events "
+					"WHERE permit_id IN ('k-old', 'k-rec-old')"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas "
+					"WHERE permit_id IN ('k-old', 'k-rec-old')"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.records WHERE key = 'old'"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.record_events "
+					"WHERE key = 'old'"),
+		     0);
+	/* kept: recent, counting, or named by an open record */
+	cr_assert_str_eq(permit_state(db, "k-recent"), "released");
+	cr_assert_str_eq(permit_state(db, "k-held"), "held");
+	cr_assert_str_eq(permit_state(db, "k-named"), "released");
+	cr_assert_eq(events(db, "k-named", "admitted"), 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.records WHERE key = 'named'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events "
+					"WHERE event = 'limit_set' AND key = 'keep'"),
+		     1);
+	cr_assert_eq(in_flight(db, "keep"), 1);
+	assert_conserved(db, "after the janitor deleted old history");
+	assert_agent_check_ok(c, "after the janitor deleted old history");
+
+	/* past the window, an old id is new work */
+	pgcoord_claim *cl = claim1(c, "k-old", "keep", 0);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	cr_assert_eq(in_flight(db, "keep"), 2);
+	assert_conserved(db, "after an old id was claimed again");
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- guarantee 6: the reservation lifecycle is visible ------------------------- */
 
 /* Decodes a libpgcoord read result; the caller destroys u and frees res. */

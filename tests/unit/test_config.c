@@ -142,6 +142,27 @@ Test(config, cross_checks_say_what_to_change)
 	config_free(&cfg);
 }
 
+/* A retention horizon a retry could outlive is refused; 0 and an hour pass. */
+Test(config, retention_is_off_or_at_least_an_hour)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *short_window[] = {"--retention-s", "600"};
+	char *hour[] = {"--retention-s", "3600"};
+	char *off[] = {"--retention-s", "0"};
+
+	cr_assert(!load(&cfg, NULL, 2, short_window, err, sizeof(err)));
+	cr_assert(strstr(err, "retention_s (600) must be 0 (keep everything) or at least 3600"),
+		  "%s", err);
+	config_free(&cfg);
+	cr_assert(load(&cfg, NULL, 2, hour, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.retention_s, 3600);
+	config_free(&cfg);
+	cr_assert(load(&cfg, NULL, 2, off, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.retention_s, 0);
+	config_free(&cfg);
+}
+
 Test(config, a_malformed_database_url_is_refused_without_quoting_its_password)
 {
 	struct config cfg;
