@@ -108,6 +108,13 @@ static char *permit_state(struct harness_db *db, const char *id)
 	return hdb_query_value(db, "SELECT state FROM pgcoord.permits WHERE id = '%s'", id);
 }
 
+static void assert_state(struct harness_db *db, const char *id, const char *want)
+{
+	char *state = permit_state(db, id);
+	cr_assert_str_eq(state, want, "permit %s is %s, not %s", id, state, want);
+	free(state);
+}
+
 /*
  * Guarantee 2, checked by the test's own SQL in one statement (one
  * snapshot), independently of the agent's permit.check: every quota's
@@ -547,7 +554,7 @@ Test(permits, release_of_an_unclaimed_id_retires_it)
 	cr_assert_eq(pgcoord_permit_release(c, "r-0", 0, "gave up", CALL_MS, &released),
 		     PGCOORD_E_NOT_FOUND);
 	cr_assert(strstr(pgcoord_last_message(c), "retired"), "%s", pgcoord_last_message(c));
-	cr_assert_str_eq(permit_state(db, "r-0"), "released");
+	assert_state(db, "r-0", "released");
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas "
 					"WHERE permit_id = 'r-0'"),
 		     0);
@@ -678,7 +685,7 @@ static void release_behind_attempt(bool room)
 	msgpack_unpacked_destroy(&u);
 	close(fd);
 
-	cr_assert_str_eq(permit_state(db, "b-1"), "released");
+	assert_state(db, "b-1", "released");
 	cr_assert_eq(in_flight(db, "beh"), 1, "a slot stayed taken behind the give-up");
 	cr_assert_eq(events(db, "b-1", "admitted"), room ? 1 : 0);
 	cr_assert_eq(events(db, "b-1", "released"), room ? 1 : 0);
@@ -763,9 +770,9 @@ Test(permits, retention_deletes_only_finished_history_past_the_horizon)
 					"WHERE key = 'old'"),
 		     0);
 	/* kept: recent, counting, or named by an open record */
-	cr_assert_str_eq(permit_state(db, "k-recent"), "released");
-	cr_assert_str_eq(permit_state(db, "k-held"), "held");
-	cr_assert_str_eq(permit_state(db, "k-named"), "released");
+	assert_state(db, "k-recent", "released");
+	assert_state(db, "k-held", "held");
+	assert_state(db, "k-named", "released");
 	cr_assert_eq(events(db, "k-named", "admitted"), 1);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.records WHERE key = 'named'"),
 		     1);
