@@ -379,6 +379,13 @@ static void claimed(const struct db_result *r, void *arg)
 			 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` "
 			 "with the claim",
 			 PQgetvalue(res, 0, CL_DKEY));
+	} else if (strcmp(status, "released") == 0 && PQgetisnull(res, 0, CL_DETAIL)) {
+		/* a tombstone without quotas: a release retired the id unclaimed */
+		req_fail(req, PGC_E_CONFLICT,
+			 "permit id \"%s\" was retired at %s (ms, database clock) by a release "
+			 "before any claim of it committed; an id is granted at most once: claim "
+			 "with a new id",
+			 call->id, PQgetvalue(res, 0, CL_RELEASED));
 	} else if (strcmp(status, "released") == 0) {
 		req_fail(req, PGC_E_CONFLICT,
 			 "permit \"%s\" was already granted and released at %s (ms, database "

@@ -573,7 +573,7 @@ Test(permits, release_of_an_unclaimed_id_retires_it)
 					  CALL_MS, &cl),
 		     PGCOORD_E_CONFLICT);
 	cr_assert_null(cl);
-	cr_assert(strstr(pgcoord_last_message(c), "released"), "%s", pgcoord_last_message(c));
+	cr_assert(strstr(pgcoord_last_message(c), "was retired"), "%s", pgcoord_last_message(c));
 	cr_assert_eq(in_flight(db, "ret"), 0);
 	cr_assert_eq(events(db, "r-0", "admitted"), 0);
 
