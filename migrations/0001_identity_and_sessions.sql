@@ -87,7 +87,12 @@ BEGIN
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_taken FROM moved;
 	-- The predecessor's own session died with it (nobody can resume it):
-	-- close it now so its janitor lease is handed back at once.
+	-- close it now so its janitor lease is handed back at once. Locked FOR
+	-- UPDATE first, like every close (see session_lock_live).
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.replica_id = p_replica_id AND s.incarnation <> p_incarnation
+	  AND s.closed_at IS NULL AND s.internal
+	ORDER BY s.id FOR UPDATE;
 	WITH dead AS (
 		UPDATE pgcoord.sessions s SET closed_at = now(),
 			close_reason = 'its agent was replaced by a new incarnation'

@@ -36,18 +36,24 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Liveness for a write on behalf of p_session: the row is read under FOR
--- SHARE, so a concurrent close (agent stop, session.close, grace end)
--- either commits first and is seen here, or waits until this transaction
--- committed and then applies its consequences to what it wrote. Without
--- the lock a close could slip between the check and the write, leaving a
--- lease, permit or record taken by a session already closed. Session rows
--- are always locked before lease, quota, permit or record rows.
+-- KEY SHARE, and every path that ends a session locks its row FOR UPDATE
+-- first, so a concurrent close (agent stop, session.close, grace end,
+-- expiry, recovery) either commits first and is seen here, or waits until
+-- this transaction committed and then applies its consequences to what it
+-- wrote. Without the lock a close could slip between the check and the
+-- write, leaving a lease, permit or record taken by a session already
+-- closed. KEY SHARE and not SHARE: the heartbeat's renewal (a plain UPDATE
+-- of expires_at, which only ever extends liveness) must not wait for a
+-- write that is itself waiting, say a claim queued on a quota row someone
+-- holds; with SHARE, one such claim stalled the agent's heartbeat until
+-- every session of the agent was declared lost. Session rows are always
+-- locked before lease, quota, permit or record rows.
 CREATE FUNCTION pgcoord.session_lock_live(p_session bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
 	PERFORM 1 FROM pgcoord.sessions s
 	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
-	FOR SHARE;
+	FOR KEY SHARE;
 	RETURN FOUND;
 END $$;
 
@@ -173,6 +179,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
 	v_closed bigint[];
 BEGIN
+	-- FOR UPDATE: waits for writes under session_lock_live (see there)
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
+	ORDER BY s.id FOR UPDATE;
 	WITH c AS (
 		UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = p_reason
 		WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
@@ -188,6 +198,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
 	v_closed bigint[];
 BEGIN
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
+	  AND s.closed_at IS NULL
+	ORDER BY s.id FOR UPDATE;
 	WITH c AS (
 		UPDATE pgcoord.sessions SET closed_at = now(), close_reason = 'agent stopped'
 		WHERE replica_id = p_replica_id AND incarnation = p_incarnation

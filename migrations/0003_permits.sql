@@ -5,7 +5,7 @@
 -- is its own transaction and nothing stays open across a client round trip.
 --
 -- Lock order, everywhere, so no two of these functions can deadlock: session
--- rows first (a claim holds its own FOR SHARE, see session_lock_live; a
+-- rows first (a claim holds its own FOR KEY SHARE, see session_lock_live; a
 -- session's end updates it before any consequence), then quota
 -- rows in key order (keys collate "C", bytewise, as the agent sorts them),
 -- then existing permit rows in id order. A claim locks the permit row it

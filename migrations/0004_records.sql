@@ -332,7 +332,7 @@ BEGIN
 		-- keeps its records.
 		v_owners := ARRAY(SELECT DISTINCT o FROM unnest(v_c_owners) AS o ORDER BY o);
 		PERFORM 1 FROM pgcoord.sessions s WHERE s.id = ANY (v_owners)
-		ORDER BY s.id FOR NO KEY UPDATE;
+		ORDER BY s.id FOR UPDATE;
 		WITH c AS (
 			UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = 'expired'
 			WHERE s.id = ANY (v_owners) AND s.closed_at IS NULL AND s.expires_at <= now()

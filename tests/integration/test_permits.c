@@ -696,6 +696,89 @@ static void release_behind_attempt(bool room)
 	hdb_drop(db);
 }
 
+/*
+ * A claim queued on a quota row that someone holds (an operator's open
+ * transaction, say) keeps its session row locked while it waits. That lock
+ * must not block the heartbeat's renewal: with a FOR SHARE lock it did, and
+ * after half a session ttl the agent suspended, then declared lost, every
+ * session it served, leaders included.
+ */
+Test(permits, claim_waiting_on_a_held_quota_row_does_not_stall_heartbeats)
+{
+	struct harness_db *db = ledger_db();
+	/* fast liveness, and a query timeout longer than the wait, so the
+	 * claim is answered when the row is let go */
+	static const char *const args[] = {"--heartbeat-interval-ms",
+					   "200",
+					   "--session-ttl-ms",
+					   "1200",
+					   "--session-grace-ms",
+					   "300",
+					   "--query-timeout-ms",
+					   "20000",
+					   NULL};
+	struct hagent *a = hagent_start(db, "stuck-a", args);
+	pgcoord *leader = client(a, "leader");
+	msgpack_sbuffer sb;
+	msgpack_unpacked u;
+	struct pgc_message m;
+	bool leads = false;
+
+	quota_set(leader, "stuck", 5, -1);
+	cr_assert_eq(
+	    pgcoord_lease_acquire(leader, "stuck-lease", 3000, false, CALL_MS, &leads, NULL),
+	    PGCOORD_OK, "%s", pgcoord_last_message(leader));
+	cr_assert(leads);
+
+	PGconn *locker = hdb_connect(db);
+	PQclear(PQexec(locker, "BEGIN"));
+	PGresult *res =
+	    PQexec(locker, "SELECT 1 FROM pgcoord.quotas WHERE key = 'stuck' FOR UPDATE");
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(locker));
+	PQclear(res);
+	int fd = raw_session(a);
+	pack_claim_params(&sb, "s-1", "stuck");
+	cr_assert(hraw_send_request(fd, 2, "permit.claim", sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	cr_assert(
+	    wait_for(db, 10000,
+		     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+		     "AND query LIKE '%permit_claim%' AND wait_event_type = 'Lock'"),
+	    "the claim never queued on the quota row");
+
+	/* three session ttls (1200 ms) with the claim stuck */
+	for (int i = 0; i < 36; i++) {
+		hsleep_ms(100);
+		pgcoord_poll(leader, 0, NULL);
+	}
+	cr_assert(pgcoord_lease_is_leader(leader, "stuck-lease"),
+		  "the leader lost its lease while a claim waited:\n%s", hagent_log(a));
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE replica_id = "
+					"'stuck-a' AND NOT internal AND closed_at IS NULL "
+					"AND expires_at > now() + interval '300 ms'"),
+		     2, "the agent stopped renewing its sessions while a claim waited:\n%s",
+		     hagent_log(a));
+	cr_assert_null(strstr(hagent_log(a), "declaring every session lost"), "%s", hagent_log(a));
+
+	PQclear(PQexec(locker, "COMMIT"));
+	PQfinish(locker);
+	/* the claim goes on and is admitted */
+	msgpack_unpacked_init(&u);
+	raw_reply(fd, 2, &u, &m);
+	cr_assert_null(m.error, "the claim failed");
+	const msgpack_object *st = pgc_map_get(m.result, "status");
+	cr_assert(st && st->type == MSGPACK_OBJECT_STR &&
+		  strncmp(st->via.str.ptr, "admitted", st->via.str.size) == 0);
+	msgpack_unpacked_destroy(&u);
+	assert_state(db, "s-1", "held");
+	cr_assert_eq(in_flight(db, "stuck"), 1);
+	assert_conserved(db, "after the quota row was let go");
+	close(fd);
+	pgcoord_close(leader);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 Test(permits, release_waits_for_an_attempt_in_flight_and_releases_what_it_admitted)
 {
 	release_behind_attempt(true);
