@@ -144,11 +144,17 @@ static void assert_conserved(struct harness_db *db, const char *when)
 	}
 }
 
-/* The agent's own check (permit.check) agrees. */
+/* The agent's own check (permit.check) agrees. A retryable answer is
+ * retried for a while: after chaos the agent may still be reconnecting. */
 static void assert_agent_check_ok(pgcoord *c, const char *when)
 {
 	bool ok = false;
 	pgcoord_err err = pgcoord_permit_check(c, CALL_MS, &ok, NULL, NULL);
+	for (int i = 0; i < 100 && (err == PGCOORD_E_UNAVAILABLE || err == PGCOORD_E_TIMEOUT);
+	     i++) {
+		hsleep_ms(100);
+		err = pgcoord_permit_check(c, CALL_MS, &ok, NULL, NULL);
+	}
 	cr_assert_eq(err, PGCOORD_OK, "permit.check %s: %s (%s)", when, pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	cr_assert(ok, "permit.check reports a violation %s", when);
@@ -606,6 +612,31 @@ static void raw_reply(int fd, uint32_t msgid, msgpack_unpacked *u, struct pgc_me
 	cr_assert_fail("request %u was never answered", msgid);
 }
 
+/* Reads the replies to requests 2 and 3, which may come in either order;
+ * the caller destroys u[0] and u[1]. */
+static void raw_replies_2_3(int fd, msgpack_unpacked u[2], struct pgc_message m[2])
+{
+	char err[128];
+	bool got[2] = {false, false};
+	for (int i = 0; i < 8 && !(got[0] && got[1]); i++) {
+		msgpack_unpacked one;
+		struct pgc_message msg;
+		msgpack_unpacked_init(&one);
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &one), HRAW_MSG, "no reply to request %d",
+			     got[0] ? 3 : 2);
+		cr_assert(pgc_parse_message(&one.data, &msg, err, sizeof(err)), "%s", err);
+		if (msg.type == PGC_RPC_RESPONSE && (msg.msgid == 2 || msg.msgid == 3)) {
+			int k = (int)msg.msgid - 2;
+			u[k] = one; /* the zone moves; msg's pointers stay valid */
+			m[k] = msg;
+			got[k] = true;
+		} else {
+			msgpack_unpacked_destroy(&one);
+		}
+	}
+	cr_assert(got[0] && got[1], "requests 2 and 3 were not both answered");
+}
+
 /*
  * The soak's "permit behind a refusal": an attempt of a claim is mid-
  * transaction when its client gives the id up (its reply lost, a retry
@@ -620,7 +651,6 @@ static void release_behind_attempt(bool room)
 	struct hagent *a = hagent_start(db, room ? "behind-r" : "behind-f", NULL);
 	pgcoord *other = client(a, "other");
 	msgpack_sbuffer sb;
-	msgpack_unpacked u;
 	struct pgc_message m;
 	const msgpack_object *v;
 
@@ -659,14 +689,17 @@ static void release_behind_attempt(bool room)
 	PQclear(PQexec(locker, "COMMIT"));
 	PQfinish(locker);
 
-	msgpack_unpacked_init(&u);
-	raw_reply(fd, 2, &u, &m);
+	/* the retired id's release may well answer before the claim does */
+	msgpack_unpacked replies[2];
+	struct pgc_message ms[2];
+	raw_replies_2_3(fd, replies, ms);
+	m = ms[0];
 	cr_assert_null(m.error, "the claim failed");
 	v = pgc_map_get(m.result, "status");
 	cr_assert(v && v->type == MSGPACK_OBJECT_STR);
 	cr_assert_eq(strncmp(v->via.str.ptr, room ? "admitted" : "denied", v->via.str.size), 0,
 		     "claim: %.*s", (int)v->via.str.size, v->via.str.ptr);
-	raw_reply(fd, 3, &u, &m);
+	m = ms[1];
 	if (room) {
 		cr_assert_null(m.error, "the release failed");
 		v = pgc_map_get(m.result, "released");
@@ -682,7 +715,8 @@ static void release_behind_attempt(bool room)
 			      memmem(v->via.str.ptr, v->via.str.size, "retired", 7),
 			  "the release does not say it retired the id");
 	}
-	msgpack_unpacked_destroy(&u);
+	msgpack_unpacked_destroy(&replies[0]);
+	msgpack_unpacked_destroy(&replies[1]);
 	close(fd);
 
 	assert_state(db, "b-1", "released");
