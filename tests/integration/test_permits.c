@@ -85,6 +85,19 @@ static pgcoord_claim *claim1(pgcoord *c, const char *id, const char *key, unsign
 	return claim_n(c, id, keys, NULL, 1, flags);
 }
 
+/* A claim of id on key that must be refused as conflict, the message
+ * containing why. */
+static void assert_claim_conflict(pgcoord *c, const char *id, const char *key, const char *why)
+{
+	pgcoord_claim *cl = NULL;
+	const char *keys[1] = {key};
+	cr_assert_eq(
+	    pgcoord_permit_claim(c, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0, CALL_MS, &cl),
+	    PGCOORD_E_CONFLICT, "claim %s was not refused", id);
+	cr_assert_null(cl);
+	cr_assert(strstr(pgcoord_last_message(c), why), "%s", pgcoord_last_message(c));
+}
+
 static long in_flight(struct harness_db *db, const char *key)
 {
 	return hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = '%s'", key);
@@ -518,8 +531,6 @@ Test(permits, released_id_is_never_admitted_again_and_release_is_idempotent)
 	struct hagent *a = hagent_start(db, "tomb-a", NULL);
 	pgcoord *c = client(a, "tomb");
 	bool released = false;
-	pgcoord_claim *cl = NULL;
-	const char *keys[1] = {"tomb"};
 
 	quota_set(c, "tomb", 2, -1);
 	pgcoord_claim_free(claim1(c, "t-1", "tomb", 0));
@@ -527,11 +538,7 @@ Test(permits, released_id_is_never_admitted_again_and_release_is_idempotent)
 	cr_assert(released);
 	cr_assert_eq(pgcoord_permit_release(c, "t-1", 0, NULL, CALL_MS, &released), PGCOORD_OK);
 	cr_assert_not(released, "a second release released again");
-	cr_assert_eq(pgcoord_permit_claim(c, "t-1", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					  CALL_MS, &cl),
-		     PGCOORD_E_CONFLICT);
-	cr_assert_null(cl);
-	cr_assert(strstr(pgcoord_last_message(c), "released"), "%s", pgcoord_last_message(c));
+	assert_claim_conflict(c, "t-1", "tomb", "released");
 	cr_assert_eq(in_flight(db, "tomb"), 0);
 	cr_assert_eq(events(db, "t-1", "admitted"), 1);
 	cr_assert_eq(events(db, "t-1", "released"), 1);
@@ -553,8 +560,6 @@ Test(permits, release_of_an_unclaimed_id_retires_it)
 	struct hagent *a = hagent_start(db, "retire-a", NULL);
 	pgcoord *c = client(a, "retire");
 	bool released = true;
-	pgcoord_claim *cl = NULL;
-	const char *keys[1] = {"ret"};
 
 	quota_set(c, "ret", 5, -1);
 	cr_assert_eq(pgcoord_permit_release(c, "r-0", 0, "gave up", CALL_MS, &released),
@@ -575,11 +580,7 @@ Test(permits, release_of_an_unclaimed_id_retires_it)
 	    1, "the retired id does not name the session that retired it");
 
 	/* the late attempt */
-	cr_assert_eq(pgcoord_permit_claim(c, "r-0", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					  CALL_MS, &cl),
-		     PGCOORD_E_CONFLICT);
-	cr_assert_null(cl);
-	cr_assert(strstr(pgcoord_last_message(c), "was retired"), "%s", pgcoord_last_message(c));
+	assert_claim_conflict(c, "r-0", "ret", "was retired");
 	cr_assert_eq(in_flight(db, "ret"), 0);
 	cr_assert_eq(events(db, "r-0", "admitted"), 0);
 
