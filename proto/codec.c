@@ -10,14 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/*
- * The scanner keeps one remaining-element count per open container on the
- * C stack, so it needs a fixed ceiling; a larger max_depth is treated as this
- * one. msgpack-c's own unpacker stops at 32 (MSGPACK_EMBED_STACK_SIZE), so
- * nothing deeper could be decoded anyway.
- */
-#define SCAN_DEPTH_CEILING 256
-
 enum head_kind {
 	HEAD_SCALAR,	/* the header is the whole object */
 	HEAD_BLOB,	/* str/bin/ext: a length field, then that many bytes */
@@ -155,85 +147,133 @@ static uint32_t load_be(const uint8_t *p, unsigned n)
 	return v;
 }
 
+void pgc_scanner_init(struct pgc_scanner *s, size_t max_size, unsigned max_depth,
+		      size_t max_objects)
+{
+	s->max_size = max_size;
+	s->max_depth = max_depth > PGC_SCAN_DEPTH_CEILING ? PGC_SCAN_DEPTH_CEILING : max_depth;
+	s->max_objects = max_objects;
+	pgc_scanner_reset(s);
+}
+
+void pgc_scanner_reset(struct pgc_scanner *s)
+{
+	s->depth = 0;
+	s->pos = 0;
+	s->owed = 1;
+	s->objects = 1;
+	s->blob_end = 0;
+	s->error = PGC_SCAN_COMPLETE;
+	if (s->max_size < s->owed)
+		s->error = PGC_SCAN_TOO_BIG;
+	else if (s->max_objects < s->objects)
+		s->error = PGC_SCAN_TOO_MANY;
+}
+
+/* Remembers an error so later calls on the same frame repeat it. */
+static enum pgc_scan_result scan_fail(struct pgc_scanner *s, enum pgc_scan_result r)
+{
+	s->error = r;
+	return r;
+}
+
 /*
  * Invariant: pos + owed <= max_size, where owed counts the objects still to be
  * read (each takes at least one byte). Every declared length or count is
  * checked against that bound before we wait for its bytes, so TOO_BIG is
  * reported as soon as the header is visible, and pos never passes max_size.
+ * pos only moves past whole headers and whole payloads, so a call resumes
+ * exactly where the previous one stopped.
  */
-enum pgc_scan_result pgc_frame_scan(const void *buf, size_t len, size_t max_size,
-				    unsigned max_depth, size_t *frame_len)
+enum pgc_scan_result pgc_scanner_feed(struct pgc_scanner *s, const void *buf, size_t len,
+				      size_t *frame_len)
 {
 	const uint8_t *p = buf;
-	size_t remaining[SCAN_DEPTH_CEILING];
-	unsigned depth = 0;
-	size_t pos = 0;
-	size_t owed = 1;
 
-	if (max_depth > SCAN_DEPTH_CEILING)
-		max_depth = SCAN_DEPTH_CEILING;
-	if (max_size < owed)
-		return PGC_SCAN_TOO_BIG;
-
-	while (owed > 0) {
-		if (pos >= len)
+	if (s->error != PGC_SCAN_COMPLETE)
+		return s->error;
+	if (s->blob_end > s->pos) {
+		if (len < s->blob_end)
+			goto need_more;
+		s->pos = s->blob_end;
+		while (s->depth > 0 && s->remaining[s->depth - 1] == 0)
+			s->depth--;
+	}
+	while (s->owed > 0) {
+		if (s->pos >= len)
 			goto need_more;
 
-		struct head h = head_of(p[pos]);
+		struct head h = head_of(p[s->pos]);
 		if (h.kind == HEAD_MALFORMED)
-			return PGC_SCAN_MALFORMED;
+			return scan_fail(s, PGC_SCAN_MALFORMED);
 		/* owed already reserved one byte of this object. */
-		if (h.size - 1 > max_size - pos - owed)
-			return PGC_SCAN_TOO_BIG;
-		if (len - pos < h.size)
+		if (h.size - 1 > s->max_size - s->pos - s->owed)
+			return scan_fail(s, PGC_SCAN_TOO_BIG);
+		if (len - s->pos < h.size)
 			goto need_more;
 
 		uint64_t n = h.inline_len;
 		if (h.len_bytes > 0)
-			n = load_be(p + pos + 1, h.len_bytes);
-		pos += h.size;
-		owed--;
-		if (depth > 0)
-			remaining[depth - 1]--;
+			n = load_be(p + s->pos + 1, h.len_bytes);
+		s->pos += h.size;
+		s->owed--;
+		if (s->depth > 0)
+			s->remaining[s->depth - 1]--;
 		/* Room for everything still owed after this object, at one byte each. */
-		uint64_t room = max_size - pos - owed;
+		uint64_t room = s->max_size - s->pos - s->owed;
 
 		switch (h.kind) {
 		case HEAD_BLOB:
 			if (n > room)
-				return PGC_SCAN_TOO_BIG;
-			if (len - pos < n)
+				return scan_fail(s, PGC_SCAN_TOO_BIG);
+			if (len - s->pos < n) {
+				s->blob_end = s->pos + (size_t)n;
 				goto need_more;
-			pos += n;
+			}
+			s->pos += n;
 			break;
 		case HEAD_MAP:
 		case HEAD_ARRAY:
 			if (h.kind == HEAD_MAP)
 				n *= 2; /* at most 2 * UINT32_MAX, fits in 64 bits */
 			if (n > room)
-				return PGC_SCAN_TOO_BIG;
-			if (depth >= max_depth)
-				return PGC_SCAN_TOO_DEEP;
+				return scan_fail(s, PGC_SCAN_TOO_BIG);
+			if (s->depth >= s->max_depth)
+				return scan_fail(s, PGC_SCAN_TOO_DEEP);
+			/* objects <= max_objects, so this cannot wrap */
+			if (n > s->max_objects - s->objects)
+				return scan_fail(s, PGC_SCAN_TOO_MANY);
 			if (n > 0) {
-				remaining[depth++] = (size_t)n;
-				owed += n;
+				s->remaining[s->depth++] = (size_t)n;
+				s->owed += n;
+				s->objects += n;
 			}
 			break;
 		default:
 			break;
 		}
-		while (depth > 0 && remaining[depth - 1] == 0)
-			depth--;
+		while (s->depth > 0 && s->remaining[s->depth - 1] == 0)
+			s->depth--;
 	}
-	*frame_len = pos;
+	*frame_len = s->pos;
+	pgc_scanner_reset(s);
 	return PGC_SCAN_COMPLETE;
 
 need_more:
 	/* The invariant already implies len <= max_size here; the promise that no
 	 * caller buffers past max_size should not rest on that proof alone. */
-	if (len > max_size)
-		return PGC_SCAN_TOO_BIG;
+	if (len > s->max_size)
+		return scan_fail(s, PGC_SCAN_TOO_BIG);
 	return PGC_SCAN_NEED_MORE;
+}
+
+enum pgc_scan_result pgc_frame_scan(const void *buf, size_t len, size_t max_size,
+				    unsigned max_depth, size_t *frame_len)
+{
+	struct pgc_scanner s;
+
+	pgc_scanner_init(&s, max_size, max_depth, SIZE_MAX);
+	return pgc_scanner_feed(&s, buf, len, frame_len);
 }
 
 const char *pgc_scan_result_name(enum pgc_scan_result r)
@@ -249,6 +289,8 @@ const char *pgc_scan_result_name(enum pgc_scan_result r)
 		return "too_deep";
 	case PGC_SCAN_MALFORMED:
 		return "malformed";
+	case PGC_SCAN_TOO_MANY:
+		return "too_many";
 	}
 	return "unknown";
 }

@@ -21,6 +21,7 @@
 
 #define PGC_DEFAULT_MAX_MESSAGE (1024 * 1024)
 #define PGC_DEFAULT_MAX_DEPTH 32
+#define PGC_DEFAULT_MAX_OBJECTS 65536
 
 enum pgc_scan_result {
 	PGC_SCAN_NEED_MORE, /* the buffer holds only a prefix of one object */
@@ -28,6 +29,7 @@ enum pgc_scan_result {
 	PGC_SCAN_TOO_BIG,   /* the object is, or declares itself, larger than max_size */
 	PGC_SCAN_TOO_DEEP,  /* arrays/maps nest deeper than max_depth */
 	PGC_SCAN_MALFORMED, /* a byte that starts no MessagePack type (0xc1) */
+	PGC_SCAN_TOO_MANY,  /* the object holds, or declares, more than max_objects objects */
 };
 
 /*
@@ -42,10 +44,56 @@ enum pgc_scan_result pgc_frame_scan(const void *buf, size_t len, size_t max_size
 
 const char *pgc_scan_result_name(enum pgc_scan_result r);
 
+/*
+ * The scanner keeps one remaining-element count per open container, so it
+ * needs a fixed ceiling; a larger max_depth is treated as this one.
+ */
+#define PGC_SCAN_DEPTH_CEILING 256
+
+/*
+ * The same scan, resumable: a reader that receives a frame a few bytes at a
+ * time feeds the growing buffer again and again, and each call examines only
+ * the bytes it has not seen before (at most a header's few bytes twice), so
+ * a peer dribbling one byte per read costs O(1) per read, not O(frame).
+ * It also counts the objects a frame holds, so the decoder's allocation
+ * (one msgpack_object per element) is bounded before it is made: a container
+ * declaring more than max_objects elements in all is TOO_MANY at its header.
+ */
+struct pgc_scanner {
+	size_t max_size;
+	size_t max_objects;
+	unsigned max_depth;
+	unsigned depth;
+	size_t pos;		    /* bytes of the frame examined so far */
+	size_t owed;		    /* objects still to be read */
+	size_t objects;		    /* objects the frame holds, declared ones included */
+	size_t blob_end;	    /* > pos while inside a str/bin/ext payload */
+	enum pgc_scan_result error; /* COMPLETE while none was found */
+	size_t remaining[PGC_SCAN_DEPTH_CEILING];
+};
+
+/* Limits as for pgc_frame_scan; max_objects counts every object, the root
+ * and each array element, map key and map value (SIZE_MAX = no cap). */
+void pgc_scanner_init(struct pgc_scanner *s, size_t max_size, unsigned max_depth,
+		      size_t max_objects);
+
+/*
+ * buf[0..len) is the frame so far, from its first byte, and begins with the
+ * bytes of every earlier call since init/reset (len never shrinks). Returns
+ * what pgc_frame_scan would return for the same buffer. After COMPLETE the
+ * scanner is reset for the next frame; after an error it keeps returning
+ * that error until reset.
+ */
+enum pgc_scan_result pgc_scanner_feed(struct pgc_scanner *s, const void *buf, size_t len,
+				      size_t *frame_len);
+
+/* Starts a new frame with the same limits. */
+void pgc_scanner_reset(struct pgc_scanner *s);
+
 /* A decoded envelope. Pointers borrow from the msgpack_object tree. */
 struct pgc_message {
-	int type; /* PGC_RPC_* */
-	uint32_t msgid; /* requests and responses */
+	int type;	    /* PGC_RPC_* */
+	uint32_t msgid;	    /* requests and responses */
 	const char *method; /* requests and notifications; not NUL-terminated */
 	size_t method_len;
 	const msgpack_object *params; /* the params map; NULL when params is [] */
@@ -99,20 +147,20 @@ void pgc_pack_response_error(msgpack_packer *pk, uint32_t msgid, const char *cod
 enum pgc_error_code {
 	PGC_E_INVALID_REQUEST = 1, /* envelope is not a MessagePack-RPC request */
 	PGC_E_METHOD_NOT_FOUND,
-	PGC_E_INVALID_PARAMS,   /* a parameter is missing, of the wrong type or out of range */
-	PGC_E_UNAVAILABLE,      /* the database could not be reached or answered an error; retry */
-	PGC_E_TIMEOUT,          /* the database did not answer in time; outcome unknown; retry */
-	PGC_E_BUSY,             /* too many requests in flight on this connection; retry */
-	PGC_E_NOT_FOUND,        /* the named object does not exist */
-	PGC_E_FORBIDDEN,        /* the caller's uid may not make this call */
-	PGC_E_NO_SESSION,       /* the call needs session.open first */
-	PGC_E_SESSION_EXPIRED,  /* the session is closed or no longer live */
-	PGC_E_CONFLICT,         /* the request contradicts existing state */
-	PGC_E_FENCED,           /* the caller's ownership was taken over */
-	PGC_E_SUPERSEDED,       /* the agent lost its identity to another incarnation */
-	PGC_E_SHUTTING_DOWN,    /* the agent is stopping */
-	PGC_E_INTERNAL,         /* a bug or an unexpected database reply */
-	PGC_E_TOO_LARGE,        /* a message or field is over its limit */
+	PGC_E_INVALID_PARAMS,  /* a parameter is missing, of the wrong type or out of range */
+	PGC_E_UNAVAILABLE,     /* the database could not be reached or answered an error; retry */
+	PGC_E_TIMEOUT,	       /* the database did not answer in time; outcome unknown; retry */
+	PGC_E_BUSY,	       /* too many requests in flight on this connection; retry */
+	PGC_E_NOT_FOUND,       /* the named object does not exist */
+	PGC_E_FORBIDDEN,       /* the caller's uid may not make this call */
+	PGC_E_NO_SESSION,      /* the call needs session.open first */
+	PGC_E_SESSION_EXPIRED, /* the session is closed or no longer live */
+	PGC_E_CONFLICT,	       /* the request contradicts existing state */
+	PGC_E_FENCED,	       /* the caller's ownership was taken over */
+	PGC_E_SUPERSEDED,      /* the agent lost its identity to another incarnation */
+	PGC_E_SHUTTING_DOWN,   /* the agent is stopping */
+	PGC_E_INTERNAL,	       /* a bug or an unexpected database reply */
+	PGC_E_TOO_LARGE,       /* a message or field is over its limit */
 	PGC_E__COUNT
 };
 

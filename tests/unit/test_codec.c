@@ -401,6 +401,7 @@ Test(frame_scan, result_names)
 	cr_assert_str_eq(pgc_scan_result_name(PGC_SCAN_TOO_BIG), "too_big");
 	cr_assert_str_eq(pgc_scan_result_name(PGC_SCAN_TOO_DEEP), "too_deep");
 	cr_assert_str_eq(pgc_scan_result_name(PGC_SCAN_MALFORMED), "malformed");
+	cr_assert_str_eq(pgc_scan_result_name(PGC_SCAN_TOO_MANY), "too_many");
 	cr_assert_str_eq(pgc_scan_result_name((enum pgc_scan_result)99), "unknown");
 }
 
@@ -695,6 +696,217 @@ Test(frame_scan, random_input_never_crashes_and_complete_always_decodes)
 	for (unsigned i = 0; i <= PGC_SCAN_MALFORMED; i++)
 		cr_assert_gt(counts[i], 100, "%s seen only %u times",
 			     pgc_scan_result_name((enum pgc_scan_result)i), counts[i]);
+}
+
+/* --- resumable scanning --- */
+
+/*
+ * Feeds bytes[0..len) to a scanner the way a socket reader would, growing
+ * the buffer by the given step sizes (cycled), each call on a private heap
+ * copy of exactly the bytes received so far so ASan sees any read past them.
+ * At every length the verdict must be what one-shot scanning of the same
+ * prefix says. Returns the first verdict that is not NEED_MORE (or NEED_MORE).
+ */
+static enum pgc_scan_result feed_in_steps(const uint8_t *bytes, size_t len, size_t max_size,
+					  unsigned max_depth, const size_t *steps, size_t nsteps,
+					  size_t *frame_len)
+{
+	struct pgc_scanner s;
+	enum pgc_scan_result r = PGC_SCAN_NEED_MORE;
+	size_t have = 0, k = 0;
+
+	pgc_scanner_init(&s, max_size, max_depth, SIZE_MAX);
+	for (;;) {
+		uint8_t *copy = malloc(have > 0 ? have : 1);
+		size_t fl = 0, fl1 = 0;
+		cr_assert_not_null(copy);
+		memcpy(copy, bytes, have);
+		r = pgc_scanner_feed(&s, copy, have, &fl);
+		enum pgc_scan_result one = pgc_frame_scan(copy, have, max_size, max_depth, &fl1);
+		free(copy);
+		cr_assert_eq(r, one, "at %zu of %zu bytes: resumed %s, one-shot %s", have, len,
+			     pgc_scan_result_name(r), pgc_scan_result_name(one));
+		if (r == PGC_SCAN_COMPLETE) {
+			cr_assert_eq(fl, fl1, "at %zu bytes", have);
+			*frame_len = fl;
+		}
+		if (r != PGC_SCAN_NEED_MORE || have == len)
+			return r;
+		size_t step = steps[k++ % nsteps];
+		have = step > len - have ? len : have + step;
+	}
+}
+
+Test(scanner, every_split_point_of_every_format_gives_the_one_shot_verdict)
+{
+	for (size_t i = 0; i < N_FORMATS; i++) {
+		const struct encoding *e = &all_formats[i];
+		for (size_t cut = 0; cut <= e->len; cut++) {
+			/* first `cut` bytes, then the rest in one go */
+			size_t steps[2] = {cut, e->len};
+			size_t fl = 0;
+			cr_assert_eq(feed_in_steps(e->bytes, e->len, MIB, 32, steps, 2, &fl),
+				     PGC_SCAN_COMPLETE, "%s cut at %zu", e->name, cut);
+			cr_assert_eq(fl, e->len, "%s cut at %zu", e->name, cut);
+		}
+		size_t one = 1, fl = 0;
+		cr_assert_eq(feed_in_steps(e->bytes, e->len, MIB, 32, &one, 1, &fl),
+			     PGC_SCAN_COMPLETE, "%s byte by byte", e->name);
+		cr_assert_eq(fl, e->len);
+	}
+}
+
+Test(scanner, invalid_frames_split_anywhere_fail_alike)
+{
+	const struct encoding bad[] = {
+	    ENC("c1 inside an array", 0x93, 0x01, 0xa2, 'x', 'y', 0xc1),
+	    ENC("str32 over max", 0x92, 0x01, 0xdb, 0x00, 0x10, 0x00, 0x01, 'x'),
+	    ENC("array32 over max", 0x91, 0xdd, 0x00, 0x10, 0x00, 0x00, 0x01),
+	    ENC("too deep", 0x91, 0x91, 0x91, 0x91, 0x91, 0xc0),
+	    ENC("blob spans the limit", 0x92, 0xc4, 0x20, 'a', 'a', 'a'),
+	};
+	static const enum pgc_scan_result want[] = {PGC_SCAN_MALFORMED, PGC_SCAN_TOO_BIG,
+						    PGC_SCAN_TOO_BIG, PGC_SCAN_TOO_DEEP,
+						    PGC_SCAN_TOO_BIG};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		for (size_t cut = 0; cut <= bad[i].len; cut++) {
+			size_t steps[2] = {cut, bad[i].len}, fl = 0;
+			cr_assert_eq(feed_in_steps(bad[i].bytes, bad[i].len, 32, 4, steps, 2, &fl),
+				     want[i], "%s cut at %zu", bad[i].name, cut);
+		}
+	}
+}
+
+Test(scanner, random_input_in_random_steps_matches_one_shot)
+{
+	struct rng r = {0x2545f4914f6cdd1dULL};
+	struct bytes b;
+
+	for (uint64_t iter = 0; iter < 4000; iter++) {
+		b.len = 0;
+		gen_object(&r, &b, rng_below(&r, 40));
+		for (unsigned i = rng_below(&r, 3); i > 0 && b.len > 0; i--)
+			b.buf[rng_below(&r, (unsigned)b.len)] = interesting_byte(&r);
+		size_t steps[3] = {1 + rng_below(&r, 4), 1 + rng_below(&r, 40), 1};
+		size_t max_size = rng_below(&r, 2) ? MIB : 1 + rng_below(&r, 256);
+		unsigned max_depth = rng_below(&r, 33);
+		size_t fl = 0, fl1 = 0;
+		enum pgc_scan_result res =
+		    feed_in_steps(b.buf, b.len, max_size, max_depth, steps, 3, &fl);
+		/* the verdict on the whole buffer is the one reached along the way */
+		enum pgc_scan_result one = pgc_frame_scan(b.buf, b.len, max_size, max_depth, &fl1);
+		cr_assert_eq(res, one, "iter %llu", (unsigned long long)iter);
+		if (res == PGC_SCAN_COMPLETE)
+			cr_assert_eq(fl, fl1, "iter %llu", (unsigned long long)iter);
+	}
+}
+
+Test(scanner, resets_after_a_frame_and_scans_the_next)
+{
+	static const uint8_t two[] = {0x92, 0x01, 0xa1, 'x', 0x81, 0xa1, 'k', 0xc0};
+	struct pgc_scanner s;
+	size_t fl = 0;
+
+	pgc_scanner_init(&s, MIB, 32, 100);
+	cr_assert_eq(pgc_scanner_feed(&s, two, 2, &fl), PGC_SCAN_NEED_MORE);
+	cr_assert_eq(pgc_scanner_feed(&s, two, sizeof(two), &fl), PGC_SCAN_COMPLETE);
+	cr_assert_eq(fl, 4);
+	cr_assert_eq(pgc_scanner_feed(&s, two + 4, 1, &fl), PGC_SCAN_NEED_MORE);
+	cr_assert_eq(pgc_scanner_feed(&s, two + 4, 4, &fl), PGC_SCAN_COMPLETE);
+	cr_assert_eq(fl, 4);
+}
+
+Test(scanner, an_error_sticks_until_reset)
+{
+	static const uint8_t bad[] = {0x91, 0xc1};
+	static const uint8_t good[] = {0xc0};
+	struct pgc_scanner s;
+	size_t fl = 0;
+
+	pgc_scanner_init(&s, MIB, 32, 100);
+	cr_assert_eq(pgc_scanner_feed(&s, bad, 2, &fl), PGC_SCAN_MALFORMED);
+	cr_assert_eq(pgc_scanner_feed(&s, good, 1, &fl), PGC_SCAN_MALFORMED);
+	pgc_scanner_reset(&s);
+	cr_assert_eq(pgc_scanner_feed(&s, good, 1, &fl), PGC_SCAN_COMPLETE);
+}
+
+/* An array header declaring n elements, then n nils (n < 65536). */
+static size_t nil_array(uint8_t *buf, unsigned n)
+{
+	buf[0] = 0xdc;
+	buf[1] = (uint8_t)(n >> 8);
+	buf[2] = (uint8_t)n;
+	memset(buf + 3, 0xc0, n);
+	return 3 + n;
+}
+
+Test(scanner, object_cap_counts_the_root_and_every_element_and_is_exact)
+{
+	static uint8_t buf[3 + 1000];
+	size_t len = nil_array(buf, 1000), fl = 0;
+	struct pgc_scanner s;
+
+	pgc_scanner_init(&s, MIB, 32, 1001);
+	cr_assert_eq(pgc_scanner_feed(&s, buf, len, &fl), PGC_SCAN_COMPLETE);
+	cr_assert_eq(fl, len);
+	pgc_scanner_init(&s, MIB, 32, 1000);
+	cr_assert_eq(pgc_scanner_feed(&s, buf, len, &fl), PGC_SCAN_TOO_MANY);
+}
+
+Test(scanner, object_cap_is_checked_at_the_header_before_the_elements_arrive)
+{
+	static uint8_t buf[3 + 1000];
+	size_t fl = 0;
+	struct pgc_scanner s;
+
+	nil_array(buf, 1000);
+	pgc_scanner_init(&s, MIB, 32, 500);
+	/* only the 3-byte header: the declared count alone is over the cap */
+	cr_assert_eq(pgc_scanner_feed(&s, buf, 3, &fl), PGC_SCAN_TOO_MANY);
+}
+
+Test(scanner, object_cap_counts_map_keys_and_values_and_nested_elements)
+{
+	/* {"a": [nil, nil], "b": nil}: root + 2 keys + 2 values + 2 elements = 7 */
+	static const uint8_t m[] = {0x82, 0xa1, 'a', 0x92, 0xc0, 0xc0, 0xa1, 'b', 0xc0};
+	struct pgc_scanner s;
+	size_t fl = 0;
+
+	pgc_scanner_init(&s, MIB, 32, 7);
+	cr_assert_eq(pgc_scanner_feed(&s, m, sizeof(m), &fl), PGC_SCAN_COMPLETE);
+	pgc_scanner_init(&s, MIB, 32, 6);
+	cr_assert_eq(pgc_scanner_feed(&s, m, sizeof(m), &fl), PGC_SCAN_TOO_MANY);
+	/* a cap of 0 refuses even a scalar; the count restarts with each frame */
+	pgc_scanner_init(&s, MIB, 32, 0);
+	cr_assert_eq(pgc_scanner_feed(&s, m + 8, 1, &fl), PGC_SCAN_TOO_MANY);
+	pgc_scanner_init(&s, MIB, 32, 7);
+	cr_assert_eq(pgc_scanner_feed(&s, m, sizeof(m), &fl), PGC_SCAN_COMPLETE);
+	cr_assert_eq(pgc_scanner_feed(&s, m, sizeof(m), &fl), PGC_SCAN_COMPLETE);
+}
+
+Test(scanner, byte_by_byte_costs_a_bounded_number_of_examined_bytes)
+{
+	/* a 64 KiB str fed one byte at a time: pos reaches the end exactly once */
+	static uint8_t buf[5 + 65536];
+	struct pgc_scanner s;
+	size_t fl = 0;
+
+	buf[0] = 0xdb;
+	buf[1] = 0;
+	buf[2] = 1;
+	buf[3] = 0;
+	buf[4] = 0;
+	memset(buf + 5, 'x', 65536);
+	pgc_scanner_init(&s, MIB, 32, 10);
+	for (size_t have = 1; have < sizeof(buf); have++) {
+		cr_assert_eq(pgc_scanner_feed(&s, buf, have, &fl), PGC_SCAN_NEED_MORE);
+		/* after the header the scanner is parked at the payload's end */
+		if (have >= 5)
+			cr_assert_eq(s.blob_end, sizeof(buf));
+	}
+	cr_assert_eq(pgc_scanner_feed(&s, buf, sizeof(buf), &fl), PGC_SCAN_COMPLETE);
+	cr_assert_eq(fl, sizeof(buf));
 }
 
 /* --- envelopes --- */
