@@ -67,6 +67,24 @@ const struct option_def config_options[] = {
      "Requests one connection may have in flight; more get a busy error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
      "Output queued for a client that does not read before it is dropped."},
+    {"max_message_objects", OPT_INT, OFF(max_message_objects), "65536", 16, 16777216, false, false,
+     "Most MessagePack objects (array elements, map keys and values, the message itself) one "
+     "request may hold; checked before decoding, which allocates 24 bytes or more for each."},
+    {"partial_frame_timeout_ms", OPT_INT, OFF(partial_frame_timeout_ms), "10000", 100, 3600000,
+     false, true,
+     "How long a client may take to send the rest of a request it has begun; then the "
+     "connection is closed."},
+    {"idle_timeout_ms", OPT_INT, OFF(idle_timeout_ms), "600000", 0, 86400000, false, true,
+     "How long a connection with no session and no request in flight may stay silent before "
+     "it is closed; 0 never closes one. Connections with a session are never closed for "
+     "idling."},
+    {"max_connections_per_uid", OPT_INT, OFF(max_connections_per_uid), "64", 1, 65536, false, false,
+     "Client connections one non-admin uid may hold at once; more are refused with a busy "
+     "error."},
+    {"admin_connection_reserve", OPT_INT, OFF(admin_connection_reserve), "16", 0, 65535, false,
+     false,
+     "Slots of max_connections only admin peers may use, so an operator can still connect "
+     "when other clients fill the rest (at most max_connections - 1 of them)."},
     {"log_level", OPT_LEVEL, OFF(log_level), "info", 0, 0, false, true,
      "error, warn, info or debug."},
     {"admin_uids", OPT_STRING, OFF(admin_uids), "", 0, 0, false, false,

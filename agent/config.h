@@ -39,6 +39,12 @@ struct config {
 	int max_connections;
 	int max_inflight_per_conn;
 	int max_output_bytes;
+	/* input path limits (issue 11) */
+	int max_message_objects;
+	int partial_frame_timeout_ms;
+	int idle_timeout_ms;
+	int max_connections_per_uid;
+	int admin_connection_reserve;
 	enum log_level log_level;
 	char *admin_uids;     /* option text; resolved into admins below */
 	char *admin_group;    /* option text; resolved into admins below */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <msgpack.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,28 @@
 #include "agent/sessions.h"
 #include "proto/codec.h"
 
+/* Below this a drained read buffer is kept for the next frame. */
+#define RBUF_KEEP 65536
+#define RBUF_MIN 4096
+
 static void conn_free(struct conn *c)
 {
+	free(c->rbuf);
 	free(c);
+}
+
+bool conn_peer_is_admin(const struct agent *ag, uid_t uid, gid_t gid)
+{
+	const struct admin_set *a = &ag->cfg.admins;
+
+	if (uid == 0 || uid == geteuid())
+		return true;
+	if (a->has_group && gid == a->gid)
+		return true;
+	for (size_t i = 0; i < a->nuids; i++)
+		if (a->uids[i] == uid)
+			return true;
+	return false;
 }
 
 void conn_ref(struct conn *c)
@@ -46,6 +66,11 @@ void conn_close(struct conn *c, const char *why)
 	sessions_detach(ag, c);
 	bufferevent_free(c->bev);
 	c->bev = NULL;
+	event_free(c->deadline_timer);
+	c->deadline_timer = NULL;
+	free(c->rbuf);
+	c->rbuf = NULL;
+	c->rpos = c->rlen = c->rcap = 0;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -90,6 +115,7 @@ void conn_send(struct conn *c, const void *data, size_t len)
 		return;
 	}
 	evbuffer_add(out, data, len);
+	c->last_active_ms = mono_ms();
 }
 
 void conn_notify(struct conn *c, const char *method,
@@ -113,15 +139,30 @@ void conn_notify(struct conn *c, const char *method,
 
 /* Answers a framing failure and closes: after a bad frame the stream
  * position is unknowable, so nothing later on it can be trusted. */
-static void framing_error(struct conn *c, enum pgc_scan_result r)
+static void send_error_and_close(struct conn *c, enum pgc_error_code code, const char *msg)
 {
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
+
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	pgc_pack_response_error(&pk, 0, pgc_error_name(code), msg, pgc_error_retryable(code));
+	conn_send(c, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	conn_close_after_flush(c);
+}
+
+static void framing_error(struct conn *c, enum pgc_scan_result r)
+{
 	char msg[160];
 	enum pgc_error_code code =
 	    r == PGC_SCAN_MALFORMED ? PGC_E_INVALID_REQUEST : PGC_E_TOO_LARGE;
 
-	if (r == PGC_SCAN_TOO_BIG)
+	if (r == PGC_SCAN_TOO_MANY)
+		snprintf(msg, sizeof(msg),
+			 "message holds more than max_message_objects (%d) objects",
+			 c->ag->cfg.max_message_objects);
+	else if (r == PGC_SCAN_TOO_BIG)
 		snprintf(msg, sizeof(msg), "message larger than max_message_bytes (%d)",
 			 c->ag->cfg.max_message_bytes);
 	else if (r == PGC_SCAN_TOO_DEEP)
@@ -129,42 +170,168 @@ static void framing_error(struct conn *c, enum pgc_scan_result r)
 			 c->ag->cfg.max_depth);
 	else
 		snprintf(msg, sizeof(msg), "bytes that are not MessagePack");
-	log_write(&c->ag->log, LOG_LEVEL_WARN, "conn", NULL, "closing conn %llu: %s",
-		  (unsigned long long)c->id, msg);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	pgc_pack_response_error(&pk, 0, pgc_error_name(code), msg, false);
-	conn_send(c, sb.data, sb.size);
-	msgpack_sbuffer_destroy(&sb);
-	conn_close_after_flush(c);
+	log_write(&c->ag->log, LOG_LEVEL_WARN, "conn", NULL, "closing conn %llu (uid %u): %s",
+		  (unsigned long long)c->id, (unsigned)c->uid, msg);
+	send_error_and_close(c, code, msg);
+}
+
+static bool idle_expired(const struct conn *c, uint64_t now)
+{
+	int idle = c->ag->cfg.idle_timeout_ms;
+	return idle > 0 && !c->session && c->inflight == 0 && c->frame_started_ms == 0 &&
+	       now - c->last_active_ms >= (uint64_t)idle;
+}
+
+/*
+ * Arms the one timer for whichever deadline comes first. The idle deadline
+ * moves with every byte, so the timer is only moved earlier here; firing
+ * early just re-arms it, which keeps a busy connection from touching the
+ * timer heap on every read.
+ */
+static void arm_deadline(struct conn *c, uint64_t now)
+{
+	uint64_t due = 0;
+	int idle = c->ag->cfg.idle_timeout_ms;
+
+	if (c->closed || c->closing)
+		return;
+	if (c->frame_started_ms)
+		due = c->frame_started_ms + (uint64_t)c->ag->cfg.partial_frame_timeout_ms;
+	if (idle > 0) {
+		/* a busy connection is looked at again one idle period from now */
+		uint64_t at = c->last_active_ms + (uint64_t)idle;
+		if (at <= now)
+			at = now + (uint64_t)idle;
+		if (due == 0 || at < due)
+			due = at;
+	}
+	if (due == 0 || (c->deadline_at_ms != 0 && c->deadline_at_ms <= due))
+		return;
+	uint64_t wait = due > now ? due - now : 0;
+	struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)(wait % 1000) * 1000};
+	c->deadline_at_ms = due;
+	evtimer_add(c->deadline_timer, &tv);
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	uint64_t now = mono_ms();
+	char kv[96], msg[160];
+	(void)fd;
+	(void)what;
+
+	c->deadline_at_ms = 0;
+	if (c->closed || c->closing)
+		return;
+	snprintf(kv, sizeof(kv), "conn=%llu uid=%u", (unsigned long long)c->id, (unsigned)c->uid);
+	if (c->frame_started_ms &&
+	    now - c->frame_started_ms >= (uint64_t)c->ag->cfg.partial_frame_timeout_ms) {
+		snprintf(msg, sizeof(msg),
+			 "request incomplete after %d ms (%zu bytes received; "
+			 "partial_frame_timeout_ms)",
+			 c->ag->cfg.partial_frame_timeout_ms, c->rlen - c->rpos);
+		log_write(&c->ag->log, LOG_LEVEL_WARN, "conn", kv, "closing: %s", msg);
+		send_error_and_close(c, PGC_E_INVALID_REQUEST, msg);
+		return;
+	}
+	if (idle_expired(c, now)) {
+		log_write(&c->ag->log, LOG_LEVEL_INFO, "conn", kv,
+			  "closing: no session and no request for %d ms (idle_timeout_ms)",
+			  c->ag->cfg.idle_timeout_ms);
+		conn_close(c, "idle");
+		return;
+	}
+	arm_deadline(c, now);
+}
+
+/*
+ * Makes room for `more` bytes after the held ones, first moving the current
+ * frame's bytes to the front. What is moved arrived in the same read as a
+ * frame that just completed, so every byte is moved at most once.
+ */
+static bool rbuf_reserve(struct conn *c, size_t more)
+{
+	if (c->rpos > 0) {
+		memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+		c->rlen -= c->rpos;
+		c->rpos = 0;
+	}
+	if (c->rcap - c->rlen >= more)
+		return true;
+	size_t cap = c->rcap ? c->rcap : RBUF_MIN;
+	while (cap - c->rlen < more)
+		cap *= 2;
+	unsigned char *p = realloc(c->rbuf, cap);
+	if (!p)
+		return false;
+	c->rbuf = p;
+	c->rcap = cap;
+	return true;
+}
+
+/* After a frame: an empty buffer starts over, a large one is given back. */
+static void rbuf_settle(struct conn *c)
+{
+	if (c->rpos < c->rlen)
+		return;
+	c->rpos = c->rlen = 0;
+	if (c->rcap > RBUF_KEEP) {
+		free(c->rbuf);
+		c->rbuf = NULL;
+		c->rcap = 0;
+	}
 }
 
 static void read_cb(struct bufferevent *bev, void *arg)
 {
 	struct conn *c = arg;
 	struct evbuffer *in = bufferevent_get_input(bev);
+	/* one byte past the largest frame is the scanner's proof of TOO_BIG, so
+	 * no more than that is ever held for one frame */
+	size_t limit = (size_t)c->ag->cfg.max_message_bytes + 1;
+	uint64_t now = mono_ms();
 
 	conn_ref(c); /* dispatching may close c */
+	c->last_active_ms = now;
 	while (!c->closed && !c->closing) {
-		size_t len = evbuffer_get_length(in);
+		size_t held = c->rlen - c->rpos;
+		size_t want = evbuffer_get_length(in);
 		size_t frame_len = 0;
-		unsigned char *data;
 		enum pgc_scan_result r;
 
-		if (len == 0)
+		if (want > limit - held)
+			want = limit - held;
+		if (want > 0) {
+			if (!rbuf_reserve(c, want)) {
+				log_error(&c->ag->log, "conn", "conn %llu: out of memory for input",
+					  (unsigned long long)c->id);
+				conn_close(c, "out of memory");
+				break;
+			}
+			evbuffer_remove(in, c->rbuf + c->rlen, want);
+			c->rlen += want;
+		}
+		if (c->rlen == c->rpos)
 			break;
-		data = evbuffer_pullup(in, (ev_ssize_t)len);
-		r = pgc_frame_scan(data, len, (size_t)c->ag->cfg.max_message_bytes,
-				   (unsigned)c->ag->cfg.max_depth, &frame_len);
+		r = pgc_scanner_feed(&c->scan, c->rbuf + c->rpos, c->rlen - c->rpos, &frame_len);
 		if (r == PGC_SCAN_NEED_MORE)
 			break;
 		if (r != PGC_SCAN_COMPLETE) {
 			framing_error(c, r);
 			break;
 		}
-		dispatch_frame(c, (const char *)data, frame_len);
-		if (!c->closed)
-			evbuffer_drain(in, frame_len);
+		c->frame_started_ms = 0;
+		dispatch_frame(c, (const char *)c->rbuf + c->rpos, frame_len);
+		if (c->closed)
+			break;
+		c->rpos += frame_len;
+		rbuf_settle(c);
+	}
+	if (!c->closed && !c->closing) {
+		if (c->rlen > c->rpos && c->frame_started_ms == 0)
+			c->frame_started_ms = now;
+		arm_deadline(c, now);
 	}
 	conn_unref(c);
 }
@@ -203,6 +370,16 @@ struct conn *conn_create(struct agent *ag, int fd)
 	c->gid = cred.gid;
 	c->pid = cred.pid;
 	c->refs = 1;
+	c->deadline_timer = evtimer_new(ag->base, deadline_cb, c);
+	if (!c->deadline_timer) {
+		bufferevent_setfd(c->bev, -1); /* the caller still owns fd */
+		bufferevent_free(c->bev);
+		free(c);
+		return NULL;
+	}
+	pgc_scanner_init(&c->scan, (size_t)ag->cfg.max_message_bytes, (unsigned)ag->cfg.max_depth,
+			 (size_t)ag->cfg.max_message_objects);
+	c->last_active_ms = mono_ms();
 	bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->next = ag->conns;
@@ -210,5 +387,6 @@ struct conn *conn_create(struct agent *ag, int fd)
 		ag->conns->prev = c;
 	ag->conns = c;
 	ag->nconns++;
+	arm_deadline(c, c->last_active_ms);
 	return c;
 }

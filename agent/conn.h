@@ -11,9 +11,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "proto/codec.h"
+
 struct agent;
 struct session;
 struct bufferevent;
+struct event;
 
 struct conn {
 	struct agent *ag;
@@ -29,7 +32,25 @@ struct conn {
 	bool closing; /* close once pending output is written */
 	struct session *session;
 	int64_t lost_session; /* a session that died under this connection */
+	/* Input: the bytes from the start of the frame being received on, and
+	 * the scanner's place in them, so each byte is examined once. */
+	unsigned char *rbuf;
+	size_t rpos; /* where the current frame starts */
+	size_t rlen; /* bytes held */
+	size_t rcap;
+	struct pgc_scanner scan;
+	/* Deadlines: a begun frame must complete; a connection with nothing to
+	 * do (no session, nothing in flight) may not idle forever. */
+	uint64_t frame_started_ms; /* 0 while no frame is partly received */
+	uint64_t last_active_ms;   /* last byte read or reply queued */
+	uint64_t deadline_at_ms;   /* when deadline_timer fires; 0 = not armed */
+	struct event *deadline_timer;
 };
+
+/* True when the peer may make admin calls and use the admin connection
+ * reserve: root, the agent's own user, a uid in admin_uids, or a member of
+ * admin_group. */
+bool conn_peer_is_admin(const struct agent *ag, uid_t uid, gid_t gid);
 
 /* Takes ownership of fd. NULL (fd not closed) on failure. */
 struct conn *conn_create(struct agent *ag, int fd);
