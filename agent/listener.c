@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,6 +16,7 @@
 
 #include "agent/agent.h"
 #include "agent/conn.h"
+#include "proto/codec.h"
 
 struct listener {
 	struct agent *ag;
@@ -24,7 +26,13 @@ struct listener {
 	dev_t dev;
 	ino_t ino;
 	bool activated; /* the fd came from systemd: the file is not ours */
+	int lock_fd;	/* flock on <socket_path>.lock, held for the process's life */
+	/* refusals are logged at most once per REFUSAL_LOG_MS, with a count */
+	uint64_t refusal_logged_ms;
+	unsigned refusals_unlogged;
 };
+
+#define REFUSAL_LOG_MS 10000
 
 /*
  * Decides what to do about an existing file at the socket path: a live
@@ -68,6 +76,81 @@ static bool clear_stale_socket(const char *path, char *err, size_t errlen)
 	return true;
 }
 
+/*
+ * Two agents started at once on one path would both find no live socket and
+ * the second would unlink the first's fresh one. An exclusive flock on
+ * <socket_path>.lock, held until the process exits, serialises them: only
+ * its holder may replace or remove the socket. The lock file is never
+ * removed (a removed lock file lets two processes lock different files); it
+ * holds the holder's pid for the error message.
+ */
+static bool take_path_lock(struct listener *l, char *err, size_t errlen)
+{
+	char lock_path[sizeof(l->path) + 8], pid[32];
+	ssize_t n;
+
+	snprintf(lock_path, sizeof(lock_path), "%s.lock", l->path);
+	l->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (l->lock_fd < 0) {
+		snprintf(err, errlen, "cannot open lock file %s: %s", lock_path, strerror(errno));
+		return false;
+	}
+	if (flock(l->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		n = pread(l->lock_fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		if (e == EWOULDBLOCK)
+			snprintf(
+			    err, errlen,
+			    "another agent is serving on %s (pid %s holds %s); stop it first or "
+			    "choose another socket_path",
+			    l->path, pid[0] ? pid : "unknown", lock_path);
+		else
+			snprintf(err, errlen, "cannot lock %s: %s", lock_path, strerror(e));
+		return false;
+	}
+	n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+	if (ftruncate(l->lock_fd, 0) != 0 || pwrite(l->lock_fd, pid, (size_t)n, 0) != n)
+		log_warn(&l->ag->log, "listener", "cannot write the pid into %s: %s", lock_path,
+			 strerror(errno));
+	return true;
+}
+
+/*
+ * Binds with a umask that leaves exactly socket_mode, so the socket never
+ * exists with other permissions and no chmod by path (which would follow a
+ * symlink put in its place) is needed. Should the file system not honour
+ * the umask (a default ACL on the directory), the mode is set with
+ * fchmodat(AT_SYMLINK_NOFOLLOW), which refuses a symlink.
+ */
+static bool bind_with_mode(struct listener *l, int fd, const struct sockaddr_un *sa,
+			   struct stat *st, char *err, size_t errlen)
+{
+	mode_t mode = (mode_t)l->ag->cfg.socket_mode & 0777;
+	mode_t old_umask = umask(~mode & 0777);
+	int rc = bind(fd, (const struct sockaddr *)sa, sizeof(*sa));
+	int e = errno;
+
+	umask(old_umask);
+	if (rc != 0) {
+		snprintf(err, errlen, "cannot bind %s: %s", l->path, strerror(e));
+		return false;
+	}
+	if (lstat(l->path, st) != 0 || !S_ISSOCK(st->st_mode)) {
+		snprintf(err, errlen, "%s is not the socket just bound", l->path);
+		return false;
+	}
+	if ((st->st_mode & 07777) != mode &&
+	    (fchmodat(AT_FDCWD, l->path, mode, AT_SYMLINK_NOFOLLOW) != 0 ||
+	     lstat(l->path, st) != 0)) {
+		snprintf(err, errlen, "cannot set mode of %s: %s", l->path, strerror(errno));
+		unlink(l->path); /* ours: bound a moment ago under our lock */
+		return false;
+	}
+	return true;
+}
+
 static void resume_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct listener *l = arg;
@@ -76,10 +159,96 @@ static void resume_cb(evutil_socket_t fd, short what, void *arg)
 	evconnlistener_enable(l->ev);
 }
 
+/* Logs a refused connection, at most once every REFUSAL_LOG_MS, so a client
+ * reconnecting in a loop cannot flood the log. */
+static void log_refusal(struct listener *l, const char *why)
+{
+	uint64_t now = mono_ms();
+
+	if (l->refusal_logged_ms != 0 && now - l->refusal_logged_ms < REFUSAL_LOG_MS) {
+		l->refusals_unlogged++;
+		return;
+	}
+	if (l->refusals_unlogged > 0)
+		log_warn(&l->ag->log, "listener",
+			 "refusing a connection: %s (and %u other refusals in the last %d s)", why,
+			 l->refusals_unlogged, REFUSAL_LOG_MS / 1000);
+	else
+		log_warn(&l->ag->log, "listener", "refusing a connection: %s", why);
+	l->refusal_logged_ms = now;
+	l->refusals_unlogged = 0;
+}
+
+/*
+ * Tells a refused client why in one error frame (msgid 0) before closing. A
+ * fresh socket's send buffer is empty, so the few bytes go out without
+ * blocking; if they do not, the close alone still refuses.
+ */
+static void refuse(struct listener *l, int fd, const char *why)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+
+	log_refusal(l, why);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	pgc_pack_response_error(&pk, 0, pgc_error_name(PGC_E_BUSY), why,
+				pgc_error_retryable(PGC_E_BUSY));
+	(void)send(fd, sb.data, sb.size, MSG_DONTWAIT | MSG_NOSIGNAL);
+	msgpack_sbuffer_destroy(&sb);
+	close(fd);
+}
+
+/*
+ * Whether this peer may have one more connection: admins may use every slot
+ * of max_connections and are not counted per uid; others may use all but
+ * the admin reserve, and at most max_connections_per_uid each. On refusal
+ * why says which limit.
+ */
+static bool admit(struct agent *ag, int fd, char *why, size_t whylen)
+{
+	const struct config *cfg = &ag->cfg;
+	struct ucred cred;
+	socklen_t credlen = sizeof(cred);
+	int same_uid = 0;
+
+	if (ag->nconns >= cfg->max_connections) {
+		snprintf(why, whylen, "max_connections (%d) reached", cfg->max_connections);
+		return false;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) != 0) {
+		snprintf(why, whylen, "cannot read the peer's credentials: %s", strerror(errno));
+		return false;
+	}
+	if (conn_peer_is_admin(ag, cred.uid, cred.gid))
+		return true;
+	/* at least one slot stays open to everyone */
+	int reserve = cfg->admin_connection_reserve < cfg->max_connections
+			  ? cfg->admin_connection_reserve
+			  : cfg->max_connections - 1;
+	if (ag->nconns >= cfg->max_connections - reserve) {
+		snprintf(why, whylen,
+			 "uid %u: only the %d slots of admin_connection_reserve are left of "
+			 "max_connections (%d)",
+			 (unsigned)cred.uid, reserve, cfg->max_connections);
+		return false;
+	}
+	for (const struct conn *c = ag->conns; c; c = c->next)
+		if (c->uid == cred.uid)
+			same_uid++;
+	if (same_uid >= cfg->max_connections_per_uid) {
+		snprintf(why, whylen, "uid %u already has %d connections (max_connections_per_uid)",
+			 (unsigned)cred.uid, same_uid);
+		return false;
+	}
+	return true;
+}
+
 static void accept_cb(struct evconnlistener *ev, evutil_socket_t fd, struct sockaddr *sa,
 		      int socklen, void *arg)
 {
 	struct listener *l = arg;
+	char why[200];
 	(void)ev;
 	(void)sa;
 	(void)socklen;
@@ -88,11 +257,8 @@ static void accept_cb(struct evconnlistener *ev, evutil_socket_t fd, struct sock
 		close(fd);
 		return;
 	}
-	if (l->ag->nconns >= l->ag->cfg.max_connections) {
-		log_warn(&l->ag->log, "listener",
-			 "refusing a connection: max_connections (%d) reached",
-			 l->ag->cfg.max_connections);
-		close(fd);
+	if (!admit(l->ag, fd, why, sizeof(why))) {
+		refuse(l, fd, why);
 		return;
 	}
 	if (!conn_create(l->ag, fd))
@@ -185,7 +351,6 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct listener *l;
 	struct stat st;
-	mode_t old_umask;
 	int fd;
 
 	l = calloc(1, sizeof(*l));
@@ -194,6 +359,7 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 		return NULL;
 	}
 	l->ag = ag;
+	l->lock_fd = -1;
 	snprintf(l->path, sizeof(l->path), "%s", ag->cfg.socket_path);
 	memcpy(sa.sun_path, l->path, strlen(l->path) + 1); /* fits: validated */
 
@@ -207,26 +373,15 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 		goto have_fd;
 	}
 	make_parent_dir(l->path);
-	if (!clear_stale_socket(l->path, err, errlen))
+	if (!take_path_lock(l, err, errlen) || !clear_stale_socket(l->path, err, errlen))
 		goto fail;
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0) {
 		snprintf(err, errlen, "socket: %s", strerror(errno));
 		goto fail;
 	}
-	/* no window in which the socket exists with looser permissions */
-	old_umask = umask(0177);
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		umask(old_umask);
-		snprintf(err, errlen, "cannot bind %s: %s", l->path, strerror(errno));
+	if (!bind_with_mode(l, fd, &sa, &st, err, errlen)) {
 		close(fd);
-		goto fail;
-	}
-	umask(old_umask);
-	if (chmod(l->path, (mode_t)ag->cfg.socket_mode) != 0 || lstat(l->path, &st) != 0) {
-		snprintf(err, errlen, "cannot set mode of %s: %s", l->path, strerror(errno));
-		close(fd);
-		unlink(l->path);
 		goto fail;
 	}
 	l->dev = st.st_dev;
@@ -264,5 +419,8 @@ void listener_destroy(struct listener *l)
 	}
 	if (l->resume_timer)
 		event_free(l->resume_timer);
+	/* after the unlink, so a successor waiting on the lock finds the path free */
+	if (l->lock_fd >= 0)
+		close(l->lock_fd);
 	free(l);
 }

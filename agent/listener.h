@@ -1,7 +1,9 @@
 /*
- * listener.h — the agent's Unix socket: safe creation (refuse when a live
- * agent answers on the path, replace a stale file), explicit mode, a cap on
- * connections, and removal on exit.
+ * listener.h — the agent's Unix socket: safe creation (an exclusive lock on
+ * <socket_path>.lock for the process's life, refuse when a live agent
+ * answers on the path, replace a stale file), its mode set without following
+ * symlinks, caps on connections (in all, per uid, a reserve for admins), and
+ * removal on exit.
  */
 #ifndef PGCOORD_AGENT_LISTENER_H
 #define PGCOORD_AGENT_LISTENER_H
