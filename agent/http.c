@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,6 +28,12 @@
 #define HTTP_TIMEOUT_S 10
 #define HTTP_MAX_HEADERS 8192
 #define UNCERTAIN_CACHE_MS 1000
+/* /status is rebuilt (5 queries) at most this often; hits in between, and
+ * hits while a build runs, get the same page */
+#define STATUS_CACHE_MS 1000
+#define STATUS_MAX_WAITERS 64
+/* rows are LIMITed per section; this bounds the page whatever they hold */
+#define STATUS_MAX_BYTES (512 * 1024)
 /* the schema version that brought quotas and permits (0003_permits.sql) */
 #define SCHEMA_PERMITS 3
 
@@ -35,8 +42,15 @@ struct job;
 struct http {
 	struct agent *ag;
 	struct evhttp *ev;
-	struct job *jobs; /* requests waiting for the database */
-	char addr[80];	  /* as listened on, for logs */
+	struct job *jobs;     /* requests waiting for the database */
+	char addr[80];	      /* as listened on, for logs */
+	char listen_host[64]; /* metrics_listen's host part, an allowed Host */
+	/* /status: the last page, and the hits waiting for the one being built */
+	struct evbuffer *status_page;
+	uint64_t status_built_ms;
+	bool status_building;
+	struct evhttp_request *status_waiters[STATUS_MAX_WAITERS];
+	int nstatus_waiters;
 };
 
 enum job_kind { JOB_STATUS, JOB_METRICS };
@@ -470,6 +484,12 @@ static void render_section(struct job *j, const struct section *s, const struct 
 	total = n ? (int)col_int(r->res, 0, ncols - 1) : 0;
 	section_table_start(out, s);
 	for (int i = 0; i < n; i++) {
+		if (evbuffer_get_length(out) > STATUS_MAX_BYTES) {
+			/* the rest is counted, not shown */
+			total = total > n ? total : n;
+			n = i;
+			break;
+		}
 		evbuffer_add(out, "<tr>", 4);
 		s->row(out, r->res, i);
 		evbuffer_add(out, "</tr>\n", 6);
@@ -540,10 +560,38 @@ static const char page_foot[] =
     "<a href=\"/metrics\">/metrics</a>, <a href=\"/healthz\">/healthz</a>.</p>\n"
     "</body></html>\n";
 
+/* Sends a copy of the cached page: evhttp_send_reply drains what it sends. */
+static void reply_status_page(struct http *h, struct evhttp_request *req)
+{
+	struct evbuffer *b = evbuffer_new();
+	size_t len = evbuffer_get_length(h->status_page);
+
+	if (!b || evbuffer_add(b, evbuffer_pullup(h->status_page, (ev_ssize_t)len), len) != 0) {
+		reply_text(req, 500, "Internal Server Error", "out of memory");
+	} else {
+		reply(req, 200, "OK", "text/html; charset=utf-8", b);
+	}
+	if (b)
+		evbuffer_free(b);
+}
+
 static void status_finish(struct job *j)
 {
+	struct http *h = j->h;
+
 	evbuffer_add(j->body, page_foot, sizeof(page_foot) - 1);
-	reply(j->req, 200, "OK", "text/html; charset=utf-8", j->body);
+	/* the page becomes the cache; the hit that built it and every hit that
+	 * came meanwhile get it */
+	if (h->status_page)
+		evbuffer_free(h->status_page);
+	h->status_page = j->body;
+	j->body = NULL;
+	h->status_built_ms = mono_ms();
+	h->status_building = false;
+	reply_status_page(h, j->req);
+	for (int i = 0; i < h->nstatus_waiters; i++)
+		reply_status_page(h, h->status_waiters[i]);
+	h->nstatus_waiters = 0;
 	job_free(j);
 }
 
@@ -585,14 +633,92 @@ static void status_step(struct job *j)
 
 static void serve_status(struct http *h, struct evhttp_request *req)
 {
-	struct job *j = job_new(h, req, JOB_STATUS);
+	struct job *j;
+
+	if (h->status_page && mono_ms() - h->status_built_ms < STATUS_CACHE_MS) {
+		reply_status_page(h, req);
+		return;
+	}
+	if (h->status_building) {
+		if (h->nstatus_waiters == STATUS_MAX_WAITERS) {
+			reply_text(req, 503, "Service Unavailable",
+				   "too many /status requests at once; retry");
+			return;
+		}
+		h->status_waiters[h->nstatus_waiters++] = req;
+		return;
+	}
+	j = job_new(h, req, JOB_STATUS);
 	if (!j) {
 		reply_text(req, 500, "Internal Server Error", "out of memory");
 		return;
 	}
+	h->status_building = true;
 	evbuffer_add(j->body, page_head, sizeof(page_head) - 1);
 	render_self(j->body, h->ag);
 	status_step(j);
+}
+
+/* --- Host check ------------------------------------------------------ */
+
+/*
+ * The pages have no authentication and listen on loopback only, but a web
+ * page in a browser on this host could still reach them through a name of
+ * its own that resolves to 127.0.0.1 (DNS rebinding). Such requests carry
+ * that name in Host, so only loopback names and addresses, and the host
+ * metrics_listen names, are served.
+ */
+static bool host_allowed(const struct http *h, const char *host)
+{
+	char name[256];
+	const char *end;
+	size_t len;
+	struct in_addr v4;
+	struct in6_addr v6;
+
+	if (host[0] == '[') {
+		end = strchr(host, ']');
+		if (!end || (end[1] != '\0' && end[1] != ':'))
+			return false;
+		len = (size_t)(end - host - 1);
+		if (len >= sizeof(name))
+			return false;
+		memcpy(name, host + 1, len);
+		name[len] = '\0';
+		return inet_pton(AF_INET6, name, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+	}
+	end = strchr(host, ':');
+	len = end ? (size_t)(end - host) : strlen(host);
+	if (len == 0 || len >= sizeof(name))
+		return false;
+	memcpy(name, host, len);
+	name[len] = '\0';
+	if (strcasecmp(name, "localhost") == 0 || strcasecmp(name, "localhost.") == 0)
+		return true;
+	if (h->listen_host[0] && strcasecmp(name, h->listen_host) == 0)
+		return true;
+	return inet_pton(AF_INET, name, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+}
+
+/* False (and the reply sent) when the request's Host is not ours. A
+ * request without Host (HTTP/1.0 tools) is served: browsers always send it,
+ * so it is no way in for a rebinding page. */
+static bool check_host(struct http *h, struct evhttp_request *req)
+{
+	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+	char msg[400];
+
+	if (!host)
+		return true;
+	if (host_allowed(h, host))
+		return true;
+	snprintf(msg, sizeof(msg),
+		 "Host \"%.200s\" is not this agent: only localhost, loopback addresses and "
+		 "the metrics_listen host are served",
+		 host);
+	log_debug(&h->ag->log, "http", "refused a request for Host \"%.200s\"", host);
+	reply_text(req, 421, "Misdirected Request", msg);
+	return false;
 }
 
 /* --- routing --------------------------------------------------------- */
@@ -607,6 +733,8 @@ static void route(struct evhttp_request *req, void *arg)
 		reply_text(req, 400, "Bad Request", "bad request");
 		return;
 	}
+	if (!check_host(h, req))
+		return;
 	if (strcmp(path, "/metrics") == 0) {
 		serve_metrics(h, req);
 	} else if (strcmp(path, "/healthz") == 0) {
@@ -619,6 +747,20 @@ static void route(struct evhttp_request *req, void *arg)
 	} else {
 		reply_text(req, 404, "Not Found", "not found: try /status, /metrics or /healthz");
 	}
+}
+
+/* metrics_listen's host part ("localhost:9187" -> "localhost"); empty for
+ * a bracketed IPv6 address, whose loopback forms are allowed anyway. */
+static void listen_host(const char *listen, char *out, size_t outlen)
+{
+	const char *colon = strrchr(listen, ':');
+	size_t len = colon ? (size_t)(colon - listen) : strlen(listen);
+
+	out[0] = '\0';
+	if (listen[0] == '[' || len >= outlen)
+		return;
+	memcpy(out, listen, len);
+	out[len] = '\0';
 }
 
 struct http *http_create(struct agent *ag, char *err, size_t errlen)
@@ -639,6 +781,7 @@ struct http *http_create(struct agent *ag, char *err, size_t errlen)
 		return NULL;
 	}
 	h->ag = ag;
+	listen_host(ag->cfg.metrics_listen, h->listen_host, sizeof(h->listen_host));
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		snprintf(err, errlen, "metrics_listen: socket: %s", strerror(errno));
@@ -699,6 +842,11 @@ void http_destroy(struct http *h)
 		j->h = NULL;
 		j->req = NULL;
 	}
+	for (int i = 0; i < h->nstatus_waiters; i++)
+		reply_text(h->status_waiters[i], 503, "Service Unavailable",
+			   "the agent is shutting down");
+	if (h->status_page)
+		evbuffer_free(h->status_page);
 	evhttp_free(h->ev);
 	free(h);
 }

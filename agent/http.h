@@ -9,10 +9,13 @@
  *                  sessions, leases with holder and epoch, the quotas
  *                  nearest their limit, uncertain permits with reason and
  *                  age — read from the database on the REQUESTS lane, so
- *                  the loop never blocks
+ *                  the loop never blocks; built at most once a second and
+ *                  shared by the hits meanwhile, capped in rows and bytes
  *
  * Loopback addresses only (config_parse_listen): nothing here asks who is
- * calling. GET and HEAD only; small header and body limits.
+ * calling, but the Host header must be a loopback name or address (or the
+ * metrics_listen host), against DNS rebinding. GET and HEAD only; small
+ * header and body limits.
  */
 #ifndef PGCOORD_AGENT_HTTP_H
 #define PGCOORD_AGENT_HTTP_H
