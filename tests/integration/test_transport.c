@@ -3,19 +3,22 @@
  * dribbling bytes into large partial frames must not slow a good client,
  * begun frames and idle connections have deadlines, one uid cannot take
  * every connection slot, a message of many small objects cannot make the
- * decoder allocate far more than its bytes, and two agents started at once
- * on one socket path leave exactly one serving.
+ * decoder allocate far more than its bytes, two agents started at once on
+ * one socket path leave exactly one serving, and the HTTP listener serves
+ * only loopback Host names and builds /status at most once a second.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -568,6 +571,192 @@ Test(transport, socket_mode_is_exact_without_a_chmod_by_path)
 	char *pid = hread_file(lock);
 	cr_assert_eq(atol(pid), (long)hagent_pid(a), "lock file holds \"%s\"", pid);
 	free(pid);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* --- the HTTP listener -------------------------------------------------- */
+
+/* The port of an agent started with --metrics-listen 127.0.0.1:0. */
+static int http_port(struct hagent *a)
+{
+	static const char key[] = "http_listen=127.0.0.1:";
+	int64_t deadline = hnow_ms() + 5000;
+	const char *at;
+
+	while (!(at = strstr(hagent_log(a), key))) {
+		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
+		hsleep_ms(20);
+	}
+	return atoi(at + strlen(key));
+}
+
+static int http_connect(int port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	struct timeval tv = {10, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	cr_assert_geq(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect :%d: %s", port,
+		     strerror(errno));
+	return fd;
+}
+
+/* Sends GET path with the given Host line (NULL: none, as HTTP/1.0 may). */
+static void http_send(int fd, const char *path, const char *host)
+{
+	char req[512];
+
+	if (host)
+		snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host);
+	else
+		snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\n\r\n", path);
+	send_all(fd, req, strlen(req));
+}
+
+/* Reads the whole response; returns the status, *body the body. */
+static int http_read(int fd, char **body)
+{
+	char *resp = NULL, *sep, buf[8192];
+	size_t len = 0;
+	ssize_t n;
+	int status = 0;
+
+	while ((n = read(fd, buf, sizeof(buf))) > 0) {
+		resp = realloc(resp, len + (size_t)n + 1);
+		cr_assert_not_null(resp);
+		memcpy(resp + len, buf, (size_t)n);
+		len += (size_t)n;
+	}
+	close(fd);
+	cr_assert_not_null(resp, "no HTTP response");
+	resp[len] = '\0';
+	sscanf(resp, "HTTP/1.%*d %d", &status);
+	sep = strstr(resp, "\r\n\r\n");
+	*body = strdup(sep ? sep + 4 : "");
+	free(resp);
+	return status;
+}
+
+static int http_get(int port, const char *path, const char *host, char **body)
+{
+	int fd = http_connect(port);
+	http_send(fd, path, host);
+	return http_read(fd, body);
+}
+
+static long queries_total(int port)
+{
+	char *body;
+	const char *p;
+	long n = -1;
+
+	cr_assert_eq(http_get(port, "/metrics", "127.0.0.1", &body), 200, "%s", body);
+	p = strstr(body, "\npgcoord_db_queries_total ");
+	cr_assert_not_null(p, "%s", body);
+	n = atol(p + strlen("\npgcoord_db_queries_total "));
+	free(body);
+	return n;
+}
+
+Test(transport, http_serves_only_loopback_host_names)
+{
+	struct harness_db *db = idb_migrated();
+	const char *const args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+	struct hagent *a = hagent_start(db, "tr-host", args);
+	int port = http_port(a);
+	char hostport[64], *body;
+	static const char *const good[] = {"127.0.0.1", "localhost", "LOCALHOST", "127.0.0.1:9",
+					   "[::1]",	"[::1]:80",  "127.1.2.3", NULL};
+	static const char *const bad[] = {"evil.example",
+					  "evil.example:9187",
+					  "127.0.0.1.evil.example",
+					  "localhost.evil.example",
+					  "[::2]",
+					  "[::1",
+					  "",
+					  "10.0.0.1",
+					  NULL};
+
+	snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", port);
+	cr_assert_eq(http_get(port, "/healthz", hostport, &body), 200, "%s", body);
+	free(body);
+	for (const char *const *h = good; *h; h++) {
+		cr_assert_eq(http_get(port, "/healthz", *h, &body), 200, "Host %s: %s", *h, body);
+		free(body);
+	}
+	/* a page of a rebinding name reaches 127.0.0.1 but says its own name */
+	for (const char *const *h = bad; *h; h++) {
+		for (int i = 0; i < 3; i++) {
+			const char *path = i == 0 ? "/status" : i == 1 ? "/metrics" : "/healthz";
+			int st = http_get(port, path, *h, &body);
+			cr_assert_eq(st, 421, "Host \"%s\" %s: %d %s", *h, path, st, body);
+			cr_assert(strstr(body, "is not this agent"), "%s", body);
+			free(body);
+		}
+	}
+	/* HTTP/1.0 without Host (no browser sends that) */
+	cr_assert_eq(http_get(port, "/healthz", NULL, &body), 200, "%s", body);
+	free(body);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(transport, status_is_built_at_most_once_a_second_and_shared)
+{
+	struct harness_db *db = idb_migrated();
+	const char *const args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+	struct hagent *a = hagent_start(db, "tr-status", args);
+	int port = http_port(a), fds[20];
+	char *body, *first = NULL;
+
+	iwait_janitor(a);
+	long before = queries_total(port);
+	int64_t t0 = hnow_ms();
+	/* 20 at once: one build, every hit gets its page */
+	for (int i = 0; i < 20; i++) {
+		fds[i] = http_connect(port);
+		http_send(fds[i], "/status", "localhost");
+	}
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(http_read(fds[i], &body), 200, "%s", body);
+		cr_assert(strstr(body, "<table id=\"agents\">"), "%s", body);
+		if (!first)
+			first = body;
+		else {
+			cr_assert_str_eq(body, first, "concurrent hits got different pages");
+			free(body);
+		}
+	}
+	/* then 40 one after another */
+	for (int i = 0; i < 40; i++) {
+		cr_assert_eq(http_get(port, "/status", "localhost", &body), 200);
+		free(body);
+	}
+	int64_t took = hnow_ms() - t0;
+	long delta = queries_total(port) - before;
+	/* 60 uncached hits would be 300 queries; each second adds a rebuild
+	 * (5) and a few heartbeat and janitor statements */
+	long allowed = 5 * (took / 1000 + 1) + 10 * (took / 1000 + 1);
+	printf("status: 60 hits in %lld ms cost %ld database statements (allowed %ld)\n",
+	       (long long)took, delta, allowed);
+	fflush(stdout);
+	cr_assert_leq(delta, allowed, "60 /status hits in %lld ms ran %ld statements",
+		      (long long)took, delta);
+
+	/* a page older than a second is built again: a new session shows up */
+	int fd = iconnect(hagent_socket(a));
+	isession_open(fd, "appears-later");
+	hsleep_ms(1100);
+	cr_assert_eq(http_get(port, "/status", "localhost", &body), 200);
+	cr_assert(strstr(body, "appears-later"), "%s", body);
+	cr_assert(!strstr(first, "appears-later"));
+	free(body);
+	free(first);
+	close(fd);
 	hagent_destroy(a);
 	hdb_drop(db);
 }
