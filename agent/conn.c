@@ -137,8 +137,8 @@ void conn_notify(struct conn *c, const char *method,
 	msgpack_sbuffer_destroy(&sb);
 }
 
-/* Answers a framing failure and closes: after a bad frame the stream
- * position is unknowable, so nothing later on it can be trusted. */
+/* Sends one error with msgid 0 and closes once it is written; a client
+ * that never reads it is dropped at the next partial-frame deadline. */
 static void send_error_and_close(struct conn *c, enum pgc_error_code code, const char *msg)
 {
 	msgpack_sbuffer sb;
@@ -150,8 +150,16 @@ static void send_error_and_close(struct conn *c, enum pgc_error_code code, const
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 	conn_close_after_flush(c);
+	if (!c->closed) {
+		int ms = c->ag->cfg.partial_frame_timeout_ms;
+		struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+		c->deadline_at_ms = mono_ms() + (uint64_t)ms;
+		evtimer_add(c->deadline_timer, &tv);
+	}
 }
 
+/* Answers a framing failure and closes: after a bad frame the stream
+ * position is unknowable, so nothing later on it can be trusted. */
 static void framing_error(struct conn *c, enum pgc_scan_result r)
 {
 	char msg[160];
@@ -222,8 +230,12 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 
 	c->deadline_at_ms = 0;
-	if (c->closed || c->closing)
+	if (c->closed)
 		return;
+	if (c->closing) {
+		conn_close(c, "its last error reply was not read in time");
+		return;
+	}
 	snprintf(kv, sizeof(kv), "conn=%llu uid=%u", (unsigned long long)c->id, (unsigned)c->uid);
 	if (c->frame_started_ms &&
 	    now - c->frame_started_ms >= (uint64_t)c->ag->cfg.partial_frame_timeout_ms) {
