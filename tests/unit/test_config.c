@@ -322,3 +322,39 @@ Test(config, sighup_with_a_bad_file_keeps_the_running_configuration)
 	cr_assert_eq(agent_reload(&h.ag), 0);
 	hand_agent_finish(&h);
 }
+
+/* The input path's limits (issue 11): defaults, and the edges of their
+ * ranges; idle_timeout_ms may be 0 (off), the partial-frame deadline not. */
+Test(config, input_path_limits_have_sane_defaults_and_ranges)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *off[] = {"--idle-timeout-ms", "0", "--max-message-objects", "16"};
+	char *no_deadline[] = {"--partial-frame-timeout-ms", "0"};
+	char *few_objects[] = {"--max-message-objects", "15"};
+	char *no_uid_slot[] = {"--max-connections-per-uid", "0"};
+
+	cr_assert(load(&cfg, NULL, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.max_message_objects, 65536);
+	cr_assert_eq(cfg.partial_frame_timeout_ms, 10000);
+	cr_assert_eq(cfg.idle_timeout_ms, 600000);
+	cr_assert_eq(cfg.max_connections_per_uid, 64);
+	cr_assert_eq(cfg.admin_connection_reserve, 16);
+	config_free(&cfg);
+
+	cr_assert(load(&cfg, NULL, 4, off, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.idle_timeout_ms, 0);
+	cr_assert_eq(cfg.max_message_objects, 16);
+	config_free(&cfg);
+	cr_assert(!load(&cfg, NULL, 2, no_deadline, err, sizeof(err)));
+	cr_assert(
+	    strstr(err, "--partial-frame-timeout-ms: 0 is out of range (expected 100..3600000)"),
+	    "%s", err);
+	config_free(&cfg);
+	cr_assert(!load(&cfg, NULL, 2, few_objects, err, sizeof(err)));
+	cr_assert(strstr(err, "--max-message-objects: 15 is out of range"), "%s", err);
+	config_free(&cfg);
+	cr_assert(!load(&cfg, NULL, 2, no_uid_slot, err, sizeof(err)));
+	cr_assert(strstr(err, "--max-connections-per-uid: 0 is out of range"), "%s", err);
+	config_free(&cfg);
+}
