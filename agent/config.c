@@ -62,7 +62,7 @@ const struct option_def config_options[] = {
     {"max_depth", OPT_INT, OFF(max_depth), "32", 2, 32, false, false,
      "Deepest nesting of arrays and maps in a request (at most 32, the decoder's limit)."},
     {"max_connections", OPT_INT, OFF(max_connections), "1024", 1, 65536, false, false,
-     "Client connections served at once; more are closed on accept."},
+     "Client connections served at once; more get a busy error and are closed."},
     {"max_inflight_per_conn", OPT_INT, OFF(max_inflight_per_conn), "64", 1, 4096, false, false,
      "Requests one connection may have in flight; more get a busy error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
