@@ -332,9 +332,13 @@ void bench_run_cell(const struct bench_cfg *cfg, const struct cell_spec *spec, P
 
 	out->ok = true;
 	all = malloc((n ? n : 1) * sizeof(*all));
+	if (!all) {
+		out->ok = false;
+		snprintf(out->why, sizeof(out->why), "out of memory for %zu latencies", n);
+	}
 	n = 0;
 	for (int i = 0; i < spec->workers; i++) {
-		if (all) {
+		if (all && w[i].n) {
 			memcpy(all + n, w[i].lat_ms, w[i].n * sizeof(*all));
 			n += w[i].n;
 		}
