@@ -44,6 +44,7 @@ struct bench_cfg {
 	long history_keys;    /* quota keys they are spread over */
 	int pool_size;	      /* 0: the agent's default */
 	int call_timeout_ms;  /* of each claim and release */
+	bool expect_leak;     /* testing the check: leave one slot taken per path */
 	char direct_conninfo[1024];
 	char sockets[BENCH_MAX_AGENTS][256];
 	char tmp_dir[512]; /* sockets and agent logs */
@@ -55,13 +56,14 @@ struct cell_spec {
 	int workers;
 	int agents; /* agents the workers spread over (PATH_AGENT) */
 	int index;  /* of the cell in the run, part of its permit ids */
+	bool leak;  /* --expect-leak: worker 0 ends by taking a slot it keeps */
 };
 
 struct cell_result {
 	bool ok;	/* every cycle succeeded */
 	char why[512];	/* the first failure, when !ok */
 	long cycles;	/* measured */
-	long granted;	/* claims granted through the agent, warmup included */
+	long granted;	/* claims granted through the agent, warmup and leak included */
 	long errors;	/* cycles that failed */
 	double seconds; /* measured wall time */
 	double p50_ms, p99_ms;
@@ -97,8 +99,13 @@ void bench_db_describe(PGconn *c, char *buf, size_t size);
  * in the audit as the workers were granted, and permits_check() clean on
  * every quota (history included). Prints what it checked; false when
  * something does not hold.
+ *
+ * With leaked (--expect-leak), the run kept one slot on purpose in each
+ * path: the check then expects exactly that — one agent quota and one
+ * direct counter at 1, one permit unreleased, one release fewer than
+ * grants — which proves it reads the state it claims to.
  */
-bool bench_db_check(PGconn *c, long granted);
+bool bench_db_check(PGconn *c, long granted, bool leaked);
 
 /* --- agents.c --------------------------------------------------------------- */
 

@@ -217,6 +217,32 @@ static bool agent_cycle(struct worker *w, long seq)
 	return true;
 }
 
+/*
+ * --expect-leak: one more claim, never released, so that the conservation
+ * check has something real to find: the state a client leaves when it
+ * forgets a release (the permit stays counted after its session closes).
+ */
+static bool leave_one_taken(struct worker *w, long seq)
+{
+	const char *keys[1] = {w->key};
+	pgcoord_claim *cl = NULL;
+	char id[96];
+	bool ok;
+
+	if (!w->agent)
+		return direct_step(w, "claim");
+	snprintf(id, sizeof(id), "%sc%d-w%d-%ld-kept", BENCH_PERMIT_PREFIX, w->run->spec->index,
+		 w->index, seq);
+	if (pgcoord_permit_claim(w->agent, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
+				 w->run->cfg->call_timeout_ms, &cl) != PGCOORD_OK)
+		return false;
+	ok = pgcoord_claim_get_status(cl) == PGCOORD_CLAIM_ADMITTED;
+	pgcoord_claim_free(cl);
+	if (ok)
+		w->granted++;
+	return ok;
+}
+
 /* --- the worker ------------------------------------------------------------- */
 
 static void *worker_main(void *arg)
@@ -245,6 +271,8 @@ static void *worker_main(void *arg)
 			break;
 		}
 	}
+	if (up && w->index == 0 && run->spec->leak && !leave_one_taken(w, seq))
+		worker_error(w, "could not take the slot to leave taken");
 	if (w->agent) {
 		pgcoord_session_close(w->agent, run->cfg->call_timeout_ms);
 		pgcoord_close(w->agent);
