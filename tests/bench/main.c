@@ -277,25 +277,31 @@ static void print_table(const struct row *rows, int n)
 	}
 }
 
-static void print_conditions(const struct bench_cfg *cfg, PGconn *monitor)
+/* /proc/loadavg's line: how busy the machine was, to judge the numbers by. */
+static void load_average(char *buf, size_t size)
 {
-	char settings[512], load[128] = "?";
 	FILE *f = fopen("/proc/loadavg", "re");
 
+	snprintf(buf, size, "?");
 	if (f) {
-		if (!fgets(load, sizeof(load), f))
-			strcpy(load, "?");
+		if (!fgets(buf, (int)size, f))
+			snprintf(buf, size, "?");
 		fclose(f);
-		load[strcspn(load, "\n")] = '\0';
 	}
+	buf[strcspn(buf, "\n")] = '\0';
+}
+
+static void print_conditions(const struct bench_cfg *cfg, PGconn *monitor)
+{
+	char settings[512], load[128], pool[32] = "the agent's default";
+
+	load_average(load, sizeof(load));
 	bench_db_describe(monitor, settings, sizeof(settings));
+	if (cfg->pool_size)
+		snprintf(pool, sizeof(pool), "%d", cfg->pool_size);
 	printf("pgcoord-bench: %ld online CPUs, load average %s\n", sysconf(_SC_NPROCESSORS_ONLN),
 	       load);
 	printf("pgcoord-bench: %s\n", settings);
-	char pool[32] = "the agent's default";
-
-	if (cfg->pool_size)
-		snprintf(pool, sizeof(pool), "%d", cfg->pool_size);
 	printf("pgcoord-bench: %.2f s per cell after %.2f s warmup; agents' pool_size %s; "
 	       "history %ld released permits on %ld keys; spread over %d keys\n",
 	       cfg->duration_s, cfg->warmup_s, pool, cfg->history_permits, cfg->history_keys,
@@ -424,6 +430,9 @@ int main(int argc, char **argv)
 		}
 	}
 	print_table(rows, nrows);
+	char load[128];
+	load_average(load, sizeof(load));
+	printf("\npgcoord-bench: load average after the last cell %s\n", load);
 	ok &= bench_db_check(monitor, granted, cfg.expect_leak);
 	/* a slot left taken on purpose is still counted: permit.check holds */
 	ok &= agent_check(&cfg);
