@@ -148,6 +148,12 @@ void req_fail(struct request *req, enum pgc_error_code code, const char *fmt, ..
 		req_log_kv(req, kv, sizeof(kv));
 		log_write(&req->ag->log, LOG_LEVEL_ERROR, "dispatch", kv, "%s failed: %s",
 			  req->method->name, msg);
+	} else if (code == PGC_E_FORBIDDEN) {
+		/* every refusal of the authorisation rules, once, with who asked */
+		char kv[256];
+		req_log_kv(req, kv, sizeof(kv));
+		log_write(&req->ag->log, LOG_LEVEL_WARN, "authz", kv, "uid %u refused %s: %s",
+			  (unsigned)req->conn->uid, req->method->name, msg);
 	}
 	req_count(req, code);
 	send_error(req->conn, req->msgid, code, msg);
