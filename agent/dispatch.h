@@ -44,11 +44,15 @@ typedef void (*method_fn)(struct request *req);
 enum method_flags {
 	M_DB = 1 << 0,	    /* needs the database: `unavailable` while it is down */
 	M_SESSION = 1 << 1, /* needs an open session on the connection */
-	M_ADMIN = 1 << 2,   /* only for admin peers (root, the agent's user, admin_uids) */
 	/* with M_DB: the handler also runs while the database is down, and
 	 * answers that itself (record.recover) */
 	M_DB_DOWN_OK = 1 << 3,
+	/* The authorisation class; every method has exactly one. */
+	M_READ = 1 << 4,  /* anyone: views; others' intents and data redacted */
+	M_OWNER = 1 << 5, /* what the caller's uid owns, or an admin: handlers check */
+	M_ADMIN = 1 << 2, /* only for admin peers (root, the agent's user, admin_uids) */
 };
+#define M_CLASS_MASK (M_READ | M_OWNER | M_ADMIN)
 
 struct method {
 	const char *name;
@@ -62,6 +66,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len);
 /* The method table, for the metrics' labels: its size and each name. */
 size_t dispatch_method_count(void);
 const char *dispatch_method_name(size_t i);
+/* Its authorisation class: "read", "owner" or "admin". */
+const char *dispatch_method_class(size_t i);
 
 /* Formats the ids a log line about req carries: "conn=3 msgid=17
  * method=lease.acquire session=42" (session only when the connection has

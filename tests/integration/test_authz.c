@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,4 +264,384 @@ Test(authz, a_predecessors_session_resumes_only_for_its_uid)
 	hagent_destroy(first);
 	hagent_destroy(second);
 	hdb_drop(db);
+}
+
+/* --- the matrix ------------------------------------------------------------ */
+
+/*
+ * Request params from a format: one letter per key, then key and value:
+ * s string, i int, b bool, q a one-quota list [{key: value}], x bin.
+ */
+static void pmap(struct iparams *p, const char *fmt, ...)
+{
+	va_list ap;
+	msgpack_packer *pk = iparams_begin(p, (uint32_t)strlen(fmt));
+
+	va_start(ap, fmt);
+	for (const char *f = fmt; *f; f++) {
+		const char *key = va_arg(ap, const char *);
+		const char *s;
+		switch (*f) {
+		case 's':
+			pgc_pack_kv_str(pk, key, va_arg(ap, const char *));
+			break;
+		case 'i':
+			pgc_pack_kv_int(pk, key, va_arg(ap, int64_t));
+			break;
+		case 'b':
+			pgc_pack_kv_bool(pk, key, va_arg(ap, int));
+			break;
+		case 'x':
+			s = va_arg(ap, const char *);
+			pgc_pack_cstr(pk, key);
+			msgpack_pack_bin(pk, strlen(s));
+			msgpack_pack_bin_body(pk, s, strlen(s));
+			break;
+		case 'q':
+			pgc_pack_cstr(pk, key);
+			msgpack_pack_array(pk, 1);
+			msgpack_pack_map(pk, 1);
+			pgc_pack_kv_str(pk, "key", va_arg(ap, const char *));
+			break;
+		default:
+			cr_assert_fail("bad pmap format %c", *f);
+		}
+	}
+	va_end(ap);
+}
+
+struct world {
+	struct harness_db *db;
+	struct hagent *ag;
+	int fa, fb, fr; /* uid A, uid B, root */
+};
+
+/* A call that must be refused with code (mentioning `mention`) and change
+ * nothing in the database. Frees p. */
+static void refused_cell(struct world *w, int fd, const char *method, struct iparams *p,
+			 const char *code, const char *mention)
+{
+	struct ireply r;
+	char *before = picture(w->db);
+
+	icall(fd, method, p, &r);
+	ierr(&r, code, false, (const char *const[]){mention, NULL});
+	ireply_destroy(&r);
+	char *after = picture(w->db);
+	cr_assert_str_eq(before, after, "%s changed the database although refused", method);
+	free(before);
+	free(after);
+	if (p)
+		iparams_destroy(p);
+}
+
+/* A call that must succeed without changing anything (a read). Frees p. */
+static void read_cell(struct world *w, int fd, const char *method, struct iparams *p)
+{
+	struct ireply r;
+	char *before = picture(w->db);
+
+	icall_ok(fd, method, p, &r);
+	ireply_destroy(&r);
+	char *after = picture(w->db);
+	cr_assert_str_eq(before, after, "%s changed the database", method);
+	free(before);
+	free(after);
+	if (p)
+		iparams_destroy(p);
+}
+
+/* A call that must succeed; the caller destroys *r. Frees p. */
+static const msgpack_object *ok_cell(int fd, const char *method, struct iparams *p,
+				     struct ireply *r)
+{
+	const msgpack_object *res = icall_ok(fd, method, p, r);
+	if (p)
+		iparams_destroy(p);
+	return res;
+}
+
+/* permit.get's intent or record.get's data as text (NULL: nil), and its
+ * redacted flag. */
+static char *secret_of(const msgpack_object *obj, const char *key, bool *redacted)
+{
+	const msgpack_object *v = pgc_map_get(obj, key);
+	*redacted = ibool(obj, "redacted");
+	cr_assert(v, "no %s", key);
+	if (v->type == MSGPACK_OBJECT_NIL)
+		return NULL;
+	cr_assert_eq(v->type, MSGPACK_OBJECT_BIN);
+	return strndup(v->via.bin.ptr, v->via.bin.size);
+}
+
+static void expect_permit_intent(int fd, const char *id, const char *want)
+{
+	struct iparams p;
+	struct ireply r;
+	bool redacted;
+
+	pmap(&p, "s", "id", id);
+	const msgpack_object *res = ok_cell(fd, "permit.get", &p, &r);
+	char *got = secret_of(pgc_map_get(res, "permit"), "intent", &redacted);
+	if (want) {
+		cr_assert(got && strcmp(got, want) == 0, "intent of %s: %s", id, got);
+		cr_assert_not(redacted);
+	} else {
+		cr_assert_null(got, "another uid's intent leaked: %s", got);
+		cr_assert(redacted);
+	}
+	free(got);
+	ireply_destroy(&r);
+}
+
+static void expect_record_data(int fd, const char *key, const char *want)
+{
+	struct iparams p;
+	struct ireply r;
+	bool redacted;
+
+	pmap(&p, "ss", "kind", "job", "key", key);
+	const msgpack_object *res = ok_cell(fd, "record.get", &p, &r);
+	char *got = secret_of(pgc_map_get(res, "record"), "data", &redacted);
+	if (want) {
+		cr_assert(got && strcmp(got, want) == 0, "data of %s: %s", key, got);
+		cr_assert_not(redacted);
+	} else {
+		cr_assert_null(got, "another uid's data leaked: %s", got);
+		cr_assert(redacted);
+	}
+	free(got);
+	ireply_destroy(&r);
+}
+
+/* uid's permit id (intent "intent-<id>") and record job/<id> ("data-<id>"). */
+static void own_work(int fd, const char *id)
+{
+	struct iparams p;
+	struct ireply r;
+	char intent[64], data[64];
+
+	snprintf(intent, sizeof(intent), "intent-%s", id);
+	snprintf(data, sizeof(data), "data-%s", id);
+	pmap(&p, "sqx", "id", id, "quotas", "q", "intent", intent);
+	ok_cell(fd, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	pmap(&p, "sssxs", "kind", "job", "key", id, "state", "new", "data", data, "permit", id);
+	ok_cell(fd, "record.put", &p, &r);
+	ireply_destroy(&r);
+}
+
+Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
+{
+	const char *const args[] = {"--socket-mode", "0666", "--session-grace-ms", "30000", NULL};
+	struct world w;
+	struct iparams p;
+	struct ireply r;
+	const msgpack_object *res;
+
+	w.db = idb_migrated();
+	w.ag = hagent_start(w.db, "authz-matrix", args);
+	iwait_janitor(w.ag);
+	w.fa = connect_as(hagent_socket(w.ag), UID_A);
+	w.fb = connect_as(hagent_socket(w.ag), UID_B);
+	w.fr = connect_as(hagent_socket(w.ag), 0);
+	isession_open(w.fa, "a");
+	int64_t sb = isession_open(w.fb, "b");
+	isession_open(w.fr, "root");
+
+	/* root sets up the quota; each uid claims a permit and puts a record */
+	pmap(&p, "si", "key", "q", "limit", 5);
+	ok_cell(w.fr, "quota.set", &p, &r);
+	ireply_destroy(&r);
+	own_work(w.fa, "pa");
+	own_work(w.fb, "pb");
+
+	/* read: anyone, and nothing changes */
+	const char *reads[] = {"agent.hello",	 "agent.ping", "agent.status", "fleet.agents",
+			       "fleet.sessions", "lease.list", "quota.list",   "permit.list",
+			       "permit.check",	 "record.list"};
+	for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
+		read_cell(&w, w.fa, reads[i], NULL);
+		read_cell(&w, w.fb, reads[i], NULL);
+		read_cell(&w, w.fr, reads[i], NULL);
+	}
+	pmap(&p, "s", "key", "q");
+	read_cell(&w, w.fa, "quota.get", &p);
+	pmap(&p, "s", "name", "pgcoord.janitor");
+	read_cell(&w, w.fa, "lease.status", &p);
+	pmap(&p, "s", "id", "pb");
+	read_cell(&w, w.fa, "permit.history", &p);
+
+	/* read of intents and data: own in full, others' redacted, root all */
+	expect_permit_intent(w.fa, "pa", "intent-pa");
+	expect_permit_intent(w.fa, "pb", NULL);
+	expect_permit_intent(w.fb, "pa", NULL);
+	expect_permit_intent(w.fr, "pb", "intent-pb");
+	expect_record_data(w.fa, "pa", "data-pa");
+	expect_record_data(w.fa, "pb", NULL);
+	expect_record_data(w.fr, "pa", "data-pa");
+	pmap(&p, "s", "kind", "job");
+	res = ok_cell(w.fa, "record.list", &p, &r);
+	const msgpack_object *list = pgc_map_get(res, "records");
+	cr_assert_eq(list->via.array.size, 2);
+	for (uint32_t i = 0; i < 2; i++) {
+		const msgpack_object *rec = &list->via.array.ptr[i];
+		char *key = istr(rec, "key");
+		bool mine = strcmp(key, "pa") == 0;
+		cr_assert_eq(ibool(rec, "redacted"), !mine, "record.list redaction of %s", key);
+		cr_assert_eq(iis_nil(rec, "data"), !mine, "record.list data of %s", key);
+		free(key);
+	}
+	ireply_destroy(&r);
+
+	/* admin: refused to a uid, and nothing changes */
+	pmap(&p, "si", "key", "q", "limit", 100);
+	refused_cell(&w, w.fa, "quota.set", &p, "forbidden", "admin call");
+	pmap(&p, "sb", "id", "pb", "override", true);
+	refused_cell(&w, w.fa, "permit.release", &p, "forbidden", "admin call");
+	pmap(&p, "sssb", "id", "pb", "outcome", "gone", "evidence", "x", "override", true);
+	refused_cell(&w, w.fa, "permit.resolve", &p, "forbidden", "admin call");
+
+	/* owner: another uid's live objects */
+	pmap(&p, "ss", "id", "pb", "phase", "dispatched");
+	refused_cell(&w, w.fa, "permit.update", &p, "forbidden", "pb");
+	pmap(&p, "ss", "id", "pb", "reason", "lost sight");
+	refused_cell(&w, w.fa, "permit.mark_uncertain", &p, "forbidden", "pb");
+	pmap(&p, "s", "id", "pb");
+	refused_cell(&w, w.fa, "permit.release", &p, "forbidden", "belongs to uid 65533");
+	pmap(&p, "sss", "id", "pb", "outcome", "gone", "evidence", "saw it exit");
+	refused_cell(&w, w.fa, "permit.resolve", &p, "forbidden", "belongs to uid 65533");
+	pmap(&p, "sss", "kind", "job", "key", "pb", "state", "taken");
+	refused_cell(&w, w.fa, "record.put", &p, "conflict", "owned by session");
+	pmap(&p, "sss", "kind", "job", "key", "pb", "state", "taken");
+	refused_cell(&w, w.fa, "record.update", &p, "forbidden", "owned by session");
+	pmap(&p, "sss", "kind", "job", "key", "pb", "state", "done");
+	refused_cell(&w, w.fa, "record.settle", &p, "forbidden", "owned by session");
+	int fa2 = connect_as(hagent_socket(w.ag), UID_A);
+	pmap(&p, "i", "resume", sb);
+	refused_cell(&w, fa2, "session.open", &p, "forbidden", "belongs to uid 65533");
+	close(fa2);
+
+	/* leases are the session's own: a release of another's is a no-op */
+	pmap(&p, "s", "name", "lead");
+	ok_cell(w.fa, "lease.acquire", &p, &r);
+	ireply_destroy(&r);
+	char *before = picture(w.db);
+	pmap(&p, "s", "name", "lead");
+	res = ok_cell(w.fb, "lease.release", &p, &r);
+	cr_assert_not(ibool(res, "released"));
+	ireply_destroy(&r);
+	char *after = picture(w.db);
+	cr_assert_str_eq(before, after);
+	free(before);
+	free(after);
+
+	/* a non-admin's limit never changes an existing quota, even denied */
+	pmap(&p, "sqi", "id", "pa-2", "quotas", "q", "limit", 1000);
+	ok_cell(w.fa, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'q'"),
+		     5);
+	/* (applied, a limit of 0 would deny this claim and shut the quota) */
+	pmap(&p, "sqi", "id", "pa-3", "quotas", "q", "limit", 0);
+	res = ok_cell(w.fa, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'q'"),
+		     5);
+	/* ...but creates a missing one */
+	pmap(&p, "sqi", "id", "pa-4", "quotas", "fresh", "limit", 3);
+	ok_cell(w.fa, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(
+	    hdb_query_long(w.db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'fresh'"), 3);
+
+	/* a retirement speaks for its own uid only: B retires next-1 and
+	 * next-2; A still claims next-1, B's own claim of next-2 is refused */
+	pmap(&p, "s", "id", "next-1");
+	icall(w.fb, "permit.release", &p, &r);
+	ierr(&r, "not_found", false, (const char *const[]){"retired", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	pmap(&p, "s", "id", "next-2");
+	icall(w.fb, "permit.release", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	pmap(&p, "s", "id", "next-1");
+	refused_cell(&w, w.fa, "permit.release", &p, "forbidden", "belongs to uid 65533");
+	pmap(&p, "sq", "id", "next-1", "quotas", "q");
+	res = ok_cell(w.fa, "permit.claim", &p, &r);
+	cr_assert(pgc_obj_str_eq(pgc_map_get(res, "status"), "admitted"));
+	ireply_destroy(&r);
+	cr_assert_eq(
+	    hdb_query_long(w.db,
+			   "SELECT count(*) FROM pgcoord.permits WHERE id = 'next-1' AND "
+			   "state = 'held' AND pgcoord.session_owner_uid(owner_session) = %u",
+			   UID_A),
+	    1);
+	pmap(&p, "sq", "id", "next-2", "quotas", "q");
+	refused_cell(&w, w.fb, "permit.claim", &p, "conflict", "was retired");
+
+	/* B's session ends: its permit becomes uncertain, its record's owner is
+	 * dead. Another uid can neither resolve nor recover them */
+	close(w.fb);
+	w.fb = connect_as(hagent_socket(w.ag), UID_B);
+	pmap(&p, "i", "resume", sb);
+	ok_cell(w.fb, "session.open", &p, &r);
+	ireply_destroy(&r);
+	ok_cell(w.fb, "session.close", NULL, &r);
+	ireply_destroy(&r);
+	cr_assert(iwait_sql(w.db, 5000,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'pb' AND "
+			    "state = 'uncertain'"));
+	pmap(&p, "sss", "id", "pb", "outcome", "gone", "evidence", "saw it exit");
+	refused_cell(&w, w.fa, "permit.resolve", &p, "forbidden", "belongs to uid 65533");
+	before = picture(w.db);
+	pmap(&p, "b", "dry_run", true);
+	res = ok_cell(w.fa, "record.recover", &p, &r);
+	cr_assert_eq(iint(res, "remaining"), 0);
+	ireply_destroy(&r);
+	res = ok_cell(w.fa, "record.recover", NULL, &r);
+	cr_assert_eq(pgc_map_get(res, "adopted")->via.array.size, 0);
+	cr_assert_eq(iint(res, "remaining"), 0);
+	ireply_destroy(&r);
+	after = picture(w.db);
+	cr_assert_str_eq(before, after, "another uid's recovery changed something");
+	free(before);
+	free(after);
+
+	/* the uid is the principal: a new session of B resolves and recovers
+	 * what B's dead session left */
+	isession_open(w.fb, "b-again");
+	res = ok_cell(w.fb, "record.recover", NULL, &r);
+	cr_assert_eq(pgc_map_get(res, "adopted")->via.array.size, 1);
+	ireply_destroy(&r);
+	pmap(&p, "sss", "id", "pb", "outcome", "running", "evidence", "pid 42 still runs");
+	ok_cell(w.fb, "permit.resolve", &p, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(
+	    hdb_query_long(w.db,
+			   "SELECT count(*) FROM pgcoord.permits WHERE id = 'pb' AND "
+			   "state = 'held' AND pgcoord.session_owner_uid(owner_session) = %u",
+			   UID_B),
+	    1);
+	expect_record_data(w.fb, "pb", "data-pb");
+
+	/* admin: root overrides what belongs to anyone */
+	pmap(&p, "ssb", "id", "pb", "reason", "operator", "override", true);
+	ok_cell(w.fr, "permit.release", &p, &r);
+	ireply_destroy(&r);
+	pmap(&p, "si", "key", "q", "limit", 7);
+	ok_cell(w.fr, "quota.set", &p, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'q'"),
+		     7);
+
+	/* every refusal above was logged with the uid */
+	cr_assert(strstr(hagent_log(w.ag), "uid 65534 refused permit.release"), "%s",
+		  hagent_log(w.ag));
+	close(w.fa);
+	close(w.fb);
+	close(w.fr);
+	hagent_destroy(w.ag);
+	hdb_drop(w.db);
 }
