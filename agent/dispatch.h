@@ -124,4 +124,8 @@ bool req_query(struct request *req, const char *sql, int nparams, const char *co
  * in admin_uids, or a member of admin_group (by gid or membership). */
 bool req_is_admin(const struct request *req);
 
+/* True when the peer may open sessions: client_uids and client_group are
+ * both empty, or it is in one of them, or it is an admin. */
+bool req_may_open_sessions(const struct request *req);
+
 #endif

@@ -336,6 +336,14 @@ void rpc_session_open(struct request *req)
 	    !req_param_int(req, "resume", false, 1, INT64_MAX, &resume, &has_resume)) {
 		return;
 	}
+	if (!req_may_open_sessions(req)) {
+		free(name);
+		req_fail(req, PGC_E_FORBIDDEN,
+			 "uid %u may not open sessions: it is not in client_uids or client_group "
+			 "(admins always may)",
+			 (unsigned)req->conn->uid);
+		return;
+	}
 	if (req->conn->session) {
 		free(name);
 		req_fail(req, PGC_E_CONFLICT, "this connection already has session %lld",

@@ -266,6 +266,42 @@ Test(authz, a_predecessors_session_resumes_only_for_its_uid)
 	hdb_drop(db);
 }
 
+Test(authz, client_uids_narrows_who_may_open_sessions)
+{
+	const char *const args[] = {"--socket-mode", "0666", "--client-uids", "65534", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "authz-clients", args);
+	iwait_janitor(ag);
+	struct ireply r;
+
+	/* a listed uid, and root (an admin), may */
+	int fa = connect_as(hagent_socket(ag), UID_A);
+	isession_open(fa, "listed");
+	int fr = connect_as(hagent_socket(ag), 0);
+	isession_open(fr, "admin");
+
+	/* anyone else keeps the read-only views but opens no session */
+	int fb = connect_as(hagent_socket(ag), UID_B);
+	char *before = picture(db);
+	icall(fb, "session.open", NULL, &r);
+	assert_forbidden(&r, "uid 65533 may not open sessions");
+	ireply_destroy(&r);
+	char *after = picture(db);
+	cr_assert_str_eq(before, after);
+	icall_ok(fb, "fleet.sessions", NULL, &r);
+	ireply_destroy(&r);
+	cr_assert_eq(
+	    hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE owner_uid = %u", UID_B),
+	    0);
+	free(before);
+	free(after);
+	close(fa);
+	close(fb);
+	close(fr);
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
+
 /* --- the matrix ------------------------------------------------------------ */
 
 /*
