@@ -65,6 +65,13 @@ const struct option_def config_options[] = {
      "Client connections served at once; more are closed on accept."},
     {"max_inflight_per_conn", OPT_INT, OFF(max_inflight_per_conn), "64", 1, 4096, false, false,
      "Requests one connection may have in flight; more get a busy error."},
+    {"max_lease_watches_per_session", OPT_INT, OFF(max_lease_watches_per_session), "64", 1, 100000,
+     false, true,
+     "Leases one session may watch (lease.status {watch: true}); more get a busy error."},
+    {"max_lease_campaigns_per_session", OPT_INT, OFF(max_lease_campaigns_per_session), "64", 1,
+     100000, false, true,
+     "Waiting campaigns (lease.acquire {wait: true} not yet won) one session may have; more "
+     "get a busy error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
      "Output queued for a client that does not read before it is dropped."},
     {"log_level", OPT_LEVEL, OFF(log_level), "info", 0, 0, false, true,

@@ -38,6 +38,8 @@ struct config {
 	int max_depth;
 	int max_connections;
 	int max_inflight_per_conn;
+	int max_lease_watches_per_session;
+	int max_lease_campaigns_per_session;
 	int max_output_bytes;
 	enum log_level log_level;
 	char *admin_uids;     /* option text; resolved into admins below */

@@ -101,6 +101,48 @@ static int connect_as(const char *path, uid_t uid)
 	return fd;
 }
 
+/*
+ * Request params from a format: one letter per key, then key and value:
+ * s string, i int, b bool, q a one-quota list [{key: value}], x bin.
+ */
+static void pmap(struct iparams *p, const char *fmt, ...)
+{
+	va_list ap;
+	msgpack_packer *pk = iparams_begin(p, (uint32_t)strlen(fmt));
+
+	va_start(ap, fmt);
+	for (const char *f = fmt; *f; f++) {
+		const char *key = va_arg(ap, const char *);
+		const char *s;
+		switch (*f) {
+		case 's':
+			pgc_pack_kv_str(pk, key, va_arg(ap, const char *));
+			break;
+		case 'i':
+			pgc_pack_kv_int(pk, key, va_arg(ap, int64_t));
+			break;
+		case 'b':
+			pgc_pack_kv_bool(pk, key, va_arg(ap, int));
+			break;
+		case 'x':
+			s = va_arg(ap, const char *);
+			pgc_pack_cstr(pk, key);
+			msgpack_pack_bin(pk, strlen(s));
+			msgpack_pack_bin_body(pk, s, strlen(s));
+			break;
+		case 'q':
+			pgc_pack_cstr(pk, key);
+			msgpack_pack_array(pk, 1);
+			msgpack_pack_map(pk, 1);
+			pgc_pack_kv_str(pk, "key", va_arg(ap, const char *));
+			break;
+		default:
+			cr_assert_fail("bad pmap format %c", *f);
+		}
+	}
+	va_end(ap);
+}
+
 static void resume(int fd, int64_t id, struct ireply *r)
 {
 	struct iparams p;
@@ -302,49 +344,82 @@ Test(authz, client_uids_narrows_who_may_open_sessions)
 	hdb_drop(db);
 }
 
-/* --- the matrix ------------------------------------------------------------ */
+/* --- per-session limits ---------------------------------------------------- */
 
-/*
- * Request params from a format: one letter per key, then key and value:
- * s string, i int, b bool, q a one-quota list [{key: value}], x bin.
- */
-static void pmap(struct iparams *p, const char *fmt, ...)
+static void lease_call(int fd, const char *method, const char *name, const char *flag,
+		       struct ireply *r)
 {
-	va_list ap;
-	msgpack_packer *pk = iparams_begin(p, (uint32_t)strlen(fmt));
-
-	va_start(ap, fmt);
-	for (const char *f = fmt; *f; f++) {
-		const char *key = va_arg(ap, const char *);
-		const char *s;
-		switch (*f) {
-		case 's':
-			pgc_pack_kv_str(pk, key, va_arg(ap, const char *));
-			break;
-		case 'i':
-			pgc_pack_kv_int(pk, key, va_arg(ap, int64_t));
-			break;
-		case 'b':
-			pgc_pack_kv_bool(pk, key, va_arg(ap, int));
-			break;
-		case 'x':
-			s = va_arg(ap, const char *);
-			pgc_pack_cstr(pk, key);
-			msgpack_pack_bin(pk, strlen(s));
-			msgpack_pack_bin_body(pk, s, strlen(s));
-			break;
-		case 'q':
-			pgc_pack_cstr(pk, key);
-			msgpack_pack_array(pk, 1);
-			msgpack_pack_map(pk, 1);
-			pgc_pack_kv_str(pk, "key", va_arg(ap, const char *));
-			break;
-		default:
-			cr_assert_fail("bad pmap format %c", *f);
-		}
-	}
-	va_end(ap);
+	struct iparams p;
+	pmap(&p, "sb", "name", name, flag, true);
+	icall(fd, method, &p, r);
+	iparams_destroy(&p);
 }
+
+Test(authz, a_session_keeps_only_so_many_lease_watches_and_waiting_campaigns)
+{
+	const char *const args[] = {"--max-lease-watches-per-session", "2",
+				    "--max-lease-campaigns-per-session", "2", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "authz-limits", args);
+	iwait_janitor(ag);
+	int holder = iconnect(hagent_socket(ag)), fd = iconnect(hagent_socket(ag));
+	struct ireply r;
+	const char *names[] = {"l1", "l2", "l3"};
+
+	/* another session holds every lease, so campaigns keep waiting */
+	isession_open(holder, "holder");
+	for (int i = 0; i < 3; i++) {
+		lease_call(holder, "lease.acquire", names[i], "wait", &r);
+		cr_assert(ibool(iok(&r, "the holder's acquire"), "leader"));
+		ireply_destroy(&r);
+	}
+	isession_open(fd, "greedy");
+	for (int i = 0; i < 2; i++) {
+		lease_call(fd, "lease.acquire", names[i], "wait", &r);
+		cr_assert(ibool(iok(&r, "a campaign"), "campaigning"));
+		ireply_destroy(&r);
+	}
+	/* asking again for a lease it already waits for is no new campaign */
+	lease_call(fd, "lease.acquire", "l1", "wait", &r);
+	iok(&r, "the same campaign again");
+	ireply_destroy(&r);
+	lease_call(fd, "lease.acquire", "l3", "wait", &r);
+	ierr(&r, "busy", true, (const char *const[]){"max_lease_campaigns_per_session", NULL});
+	ireply_destroy(&r);
+	/* releasing one makes room */
+	lease_call(fd, "lease.release", "l2", "wait", &r);
+	iok(&r, "release of a campaign");
+	ireply_destroy(&r);
+	lease_call(fd, "lease.acquire", "l3", "wait", &r);
+	cr_assert(ibool(iok(&r, "a campaign after a release"), "campaigning"));
+	ireply_destroy(&r);
+
+	for (int i = 0; i < 2; i++) {
+		lease_call(fd, "lease.status", names[i], "watch", &r);
+		iok(&r, "a watch");
+		ireply_destroy(&r);
+	}
+	lease_call(fd, "lease.status", "l1", "watch", &r);
+	iok(&r, "watching a watched name again");
+	ireply_destroy(&r);
+	lease_call(fd, "lease.status", "l3", "watch", &r);
+	ierr(&r, "busy", true, (const char *const[]){"max_lease_watches_per_session", NULL});
+	ireply_destroy(&r);
+
+	/* the limits are per session: another session has its own */
+	int other = iconnect(hagent_socket(ag));
+	isession_open(other, "other");
+	lease_call(other, "lease.status", "l3", "watch", &r);
+	iok(&r, "another session's watch");
+	ireply_destroy(&r);
+	close(holder);
+	close(fd);
+	close(other);
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
+
+/* --- the matrix ------------------------------------------------------------ */
 
 struct world {
 	struct harness_db *db;
