@@ -237,6 +237,33 @@ bool req_may_open_sessions(const struct request *req)
 	return req_is_admin(req) || in_uid_set(c, req->conn->uid, req->conn->gid);
 }
 
+size_t req_reply_budget(const struct request *req)
+{
+	size_t out = (size_t)req->ag->cfg.max_output_bytes;
+	/* headroom for the envelope and notifications queued beside it */
+	return out > 2 * 65536 ? out - 65536 : out / 2;
+}
+
+/* Per field: its key (the longest is ~20 bytes) and MessagePack framing. */
+#define REPLY_FIELD_ALLOWANCE 32
+
+bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_page)
+{
+	size_t budget = req_reply_budget(req), total = 0;
+	int rows = PQntuples(res), cols = PQnfields(res);
+
+	for (int i = 0; i < rows && total <= budget; i++)
+		for (int j = 0; j < cols; j++)
+			total += (size_t)PQgetlength(res, i, j) + REPLY_FIELD_ALLOWANCE;
+	if (total <= budget)
+		return true;
+	req_fail(req, PGC_E_TOO_LARGE,
+		 "%s would answer more than %zu bytes, over the reply budget (max_output_bytes "
+		 "less headroom); %s",
+		 req->method->name, budget, how_to_page);
+	return false;
+}
+
 bool req_need_session(struct request *req)
 {
 	struct conn *c = req->conn;

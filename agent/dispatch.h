@@ -106,6 +106,21 @@ bool req_param_bytes(struct request *req, const char *key, bool required, size_t
 bool req_param_array(struct request *req, const char *key, bool required, size_t min_items,
 		     size_t max_items, const msgpack_object **out);
 
+/*
+ * The reply budget: the most bytes one reply may take, so that none is
+ * dropped by max_output_bytes (it leaves room for notifications queued
+ * beside it). List-type calls check it before building a reply.
+ */
+size_t req_reply_budget(const struct request *req);
+
+/*
+ * True when the rows of res (as MessagePack: their text plus a per-field
+ * allowance for keys and framing) fit the reply budget. Otherwise answers
+ * `too_large` with "<method> would answer about N bytes, over the reply
+ * budget of M; <how_to_page>" and returns false.
+ */
+bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_page);
+
 /* For calls that need a session only sometimes: true when the connection
  * has one, else answers `no_session`/`session_expired` like dispatch does. */
 bool req_need_session(struct request *req);

@@ -790,6 +790,8 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
+		return;
 	int n = PQntuples(r->res);
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 1);

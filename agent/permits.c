@@ -873,6 +873,8 @@ static void listed(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_fit(req, res, "page with a smaller limit or narrower filters"))
+		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
 		if (!pgrow_null(res, i, PC_ID) &&
@@ -954,6 +956,8 @@ static void history_done(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
 		goto out;
 	}
+	if (!req_rows_fit(req, res, "read the permit's audit rows in the database"))
+		goto out;
 	int count = pgrow_null(res, 0, 2) ? 0 : n;
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 3);

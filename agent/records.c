@@ -187,12 +187,19 @@ static char *hex_bytea(const char *data, size_t len)
  * leaves the database for a non-admin.
  */
 #define RECORD_READ_COLS                                                                           \
-	"s.kind, s.key, s.state, s.terminal, CASE WHEN NOT r.redacted THEN s.data_hex END, "       \
+	"s.kind, s.key, s.state, s.terminal, CASE WHEN NOT r.redacted THEN s.data_hex END AS "     \
+	"data_hex, "                                                                               \
 	"s.permit_id, s.owner_session, s.owner_replica, s.owner_live, s.token, s.created_at, "     \
 	"s.updated_at, s.settled_at, s.adopted_from, s.adopted_at, r.redacted"
 #define RECORD_READ_REDACTED                                                                       \
 	"CROSS JOIN LATERAL (SELECT NOT $4::boolean AND "                                          \
 	"pgcoord.session_owner_uid(s.owner_session) IS DISTINCT FROM $3::bigint AS redacted) r"
+
+/* What a record adds to a reply, at most: its data (hex in the database)
+ * and an allowance for the other fields (kind, key, state, permit and
+ * replica are each at most 200 bytes) and their keys. Over l, then b. */
+#define RECORD_REPLY_BYTES "coalesce(length(l.data_hex), 0) / 2 + 1280"
+#define RECORD_REPLY_BYTES_B "coalesce(length(b.data_hex), 0) / 2 + 1280"
 
 /* The record whose columns start at col, as a map; with_redacted: a
  * `redacted` column follows them (RECORD_READ_COLS). */
@@ -438,6 +445,19 @@ static void listed(const struct db_result *r, void *arg)
 	bool truncated = count > limit;
 	if (truncated)
 		count = (int)limit;
+	if (count > 0 &&
+	    (size_t)pgrow_int(res, count - 1, 1 + RS__COUNT + 1) > req_reply_budget(req)) {
+		int fit = 0;
+		while (fit < count &&
+		       (size_t)pgrow_int(res, fit, 1 + RS__COUNT + 1) <= req_reply_budget(req))
+			fit++;
+		req_fail(req, PGC_E_TOO_LARGE,
+			 "record.list would answer more than %zu bytes, over the reply budget "
+			 "(max_output_bytes less headroom); page: ask with limit: %d or fewer, or "
+			 "narrow by kind, owner, live_owner or terminal",
+			 req_reply_budget(req), fit > 0 ? fit : 1);
+		return;
+	}
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 3);
 	pgc_pack_cstr(pk, "records");
@@ -454,7 +474,7 @@ void rpc_record_list(struct request *req)
 	char *kind = NULL;
 	int64_t owner = 0, limit = RECORD_LIST_DEFAULT;
 	bool has_owner, live = false, has_live, terminal = false, has_terminal;
-	char owner_s[24], limit_s[24], uid[24];
+	char owner_s[24], limit_s[24], uid[24], budget_s[24];
 
 	if (!req_param_str(req, "kind", false, RECORD_KIND_MAX, &kind))
 		return;
@@ -469,24 +489,31 @@ void rpc_record_list(struct request *req)
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
 	req->target_id = limit;
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
-	const char *params[7] = {kind,
+	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
+	const char *params[8] = {kind,
 				 has_owner ? owner_s : NULL,
 				 uid,
 				 req_is_admin(req) ? "true" : "false",
 				 has_live ? (live ? "true" : "false") : NULL,
 				 has_terminal ? (terminal ? "true" : "false") : NULL,
-				 limit_s};
+				 limit_s,
+				 budget_s};
+	/* the reply budget is kept in the database: rows stop once the
+	 * reply would be over it (the one that crosses it comes along, so
+	 * listed() can tell), never building a reply the output cap drops */
 	req_query(req,
 		  "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		  "LEFT JOIN (SELECT " RECORD_READ_COLS
-		  " FROM pgcoord.record_status s " RECORD_READ_REDACTED
-		  " WHERE ($1::text IS NULL OR s.kind = $1)"
-		  "  AND ($2::bigint IS NULL OR s.owner_session = $2)"
-		  "  AND ($5::boolean IS NULL OR s.owner_live = $5)"
-		  "  AND ($6::boolean IS NULL OR s.terminal = $6)"
-		  " ORDER BY s.kind, s.key LIMIT $7::integer) s ON true "
+		  "LEFT JOIN (SELECT b.* FROM (SELECT l.*, sum(" RECORD_REPLY_BYTES ") OVER "
+		  "  (ORDER BY l.kind, l.key) AS reply_bytes FROM (SELECT " RECORD_READ_COLS
+		  "  FROM pgcoord.record_status s " RECORD_READ_REDACTED
+		  "  WHERE ($1::text IS NULL OR s.kind = $1)"
+		  "   AND ($2::bigint IS NULL OR s.owner_session = $2)"
+		  "   AND ($5::boolean IS NULL OR s.owner_live = $5)"
+		  "   AND ($6::boolean IS NULL OR s.terminal = $6)"
+		  "  ORDER BY s.kind, s.key LIMIT $7::integer) l) b "
+		  " WHERE b.reply_bytes - (" RECORD_REPLY_BYTES_B ") <= $8::bigint) s ON true "
 		  "ORDER BY s.kind, s.key",
-		  7, params, listed);
+		  8, params, listed);
 	free(kind);
 }
 
@@ -698,7 +725,7 @@ void rpc_record_recover(struct request *req)
 	char *kinds = NULL;
 	int64_t limit = RECORD_RECOVER_DEFAULT;
 	bool dry_run = false;
-	char session[24], limit_s[24], actor[256], uid[24];
+	char session[24], limit_s[24], actor[256], uid[24], budget_s[24];
 
 	if (!call)
 		return;
@@ -723,22 +750,25 @@ void rpc_record_recover(struct request *req)
 	 * its own uid's dead sessions; NULL (an admin) recovers any */
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	const char *uid_or_all = req_is_admin(req) ? NULL : uid;
+	/* it adopts no more than one reply can carry; remaining says to call
+	 * again */
+	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
 	req->ctx = call;
 	if (dry_run) {
-		const char *params[4] = {call->session ? session : NULL, kinds, limit_s,
-					 uid_or_all};
+		const char *params[5] = {call->session ? session : NULL, kinds, limit_s, uid_or_all,
+					 budget_s};
 		if (!db_query(ag->db, DB_LANE_REQUESTS,
 			      "SELECT * FROM pgcoord.record_recover_preview($1, $2::text[], $3, "
-			      "$4::bigint)",
-			      4, params, recovered, req))
+			      "$4::bigint, $5::bigint)",
+			      5, params, recovered, req))
 			goto unqueued;
 	} else {
-		const char *params[5] = {session, kinds, limit_s, actor, uid_or_all};
+		const char *params[6] = {session, kinds, limit_s, actor, uid_or_all, budget_s};
 		/* guarantee 8: the whole recovery is this one function call */
 		if (!db_query(ag->db, DB_LANE_REQUESTS,
 			      "SELECT * FROM pgcoord.record_recover($1, $2::text[], $3, $4, "
-			      "$5::bigint)",
-			      5, params, recovered, req))
+			      "$5::bigint, $6::bigint)",
+			      6, params, recovered, req))
 			goto unqueued;
 	}
 	free(kinds);

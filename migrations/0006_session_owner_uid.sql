@@ -173,10 +173,11 @@ END $$;
 -- record_recover and its dry run, for the caller p_uid (NULL: an admin,
 -- every uid): only records whose dead owner had the caller's uid are
 -- adopted; other uids' dead owners' records count in left_alone, and
--- remaining counts only what the caller could still take. Otherwise as in
--- 0004.
+-- remaining counts only what the caller could still take. A call takes no
+-- more records than fit a reply of p_max_bytes (the agent's reply budget):
+-- the rest count in remaining. Otherwise as in 0004.
 CREATE FUNCTION pgcoord.record_recover(p_session bigint, p_kinds text[], p_limit integer,
-	p_actor text, p_uid bigint)
+	p_actor text, p_uid bigint, p_max_bytes bigint)
 RETURNS SETOF pgcoord.record_recovery
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -215,6 +216,20 @@ BEGIN
 	      ORDER BY r.kind, r.key
 	      LIMIT p_limit
 	      FOR UPDATE OF r SKIP LOCKED) c;
+
+	-- 1b. The reply stays within p_max_bytes: candidates stop once their
+	-- data (and an allowance for the other fields and the permit) would
+	-- pass it; the first always goes. The others are left, counted in
+	-- remaining, for the next call.
+	SELECT coalesce(array_agg(t.kind ORDER BY t.ord), '{}'),
+	       coalesce(array_agg(t.key ORDER BY t.ord), '{}'),
+	       coalesce(array_agg(t.owner ORDER BY t.ord), '{}')
+	INTO v_c_kinds, v_c_keys, v_c_owners
+	FROM (SELECT c.kind, c.key, c.owner, c.ord,
+		     sum(coalesce(octet_length(r.data), 0) + 1536) OVER (ORDER BY c.ord) AS upto
+	      FROM unnest(v_c_kinds, v_c_keys, v_c_owners) WITH ORDINALITY AS c(kind, key, owner, ord)
+	      JOIN pgcoord.records r ON r.kind = c.kind AND r.key = c.key) t
+	WHERE t.upto <= p_max_bytes OR t.ord = 1;
 
 	IF cardinality(v_c_kinds) > 0 THEN
 		-- 2. Make each owner's death final before taking its work. A
@@ -324,19 +339,25 @@ BEGIN
 END $$;
 
 CREATE FUNCTION pgcoord.record_recover_preview(p_session bigint, p_kinds text[],
-	p_limit integer, p_uid bigint)
+	p_limit integer, p_uid bigint, p_max_bytes bigint)
 RETURNS SETOF pgcoord.record_recovery
 LANGUAGE sql STABLE AS $$
 	WITH open AS (
 		SELECT r.kind, r.key, r.owner_session,
 		       pgcoord.session_is_live(r.owner_session) AS live,
 		       p_uid IS NULL OR pgcoord.session_owner_uid(r.owner_session)
-			  IS NOT DISTINCT FROM p_uid AS mine
+			  IS NOT DISTINCT FROM p_uid AS mine,
+		       coalesce(octet_length(r.data), 0) + 1536 AS reply_bytes
 		FROM pgcoord.records r
 		WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds))),
 	cand AS (
-		SELECT o.kind, o.key FROM open o WHERE NOT o.live AND o.mine
-		ORDER BY o.kind, o.key LIMIT p_limit),
+		SELECT c.kind, c.key
+		FROM (SELECT o.kind, o.key, row_number() OVER w AS ord,
+			     sum(o.reply_bytes) OVER w AS upto
+		      FROM open o WHERE NOT o.live AND o.mine
+		      WINDOW w AS (ORDER BY o.kind, o.key)
+		      ORDER BY o.kind, o.key LIMIT p_limit) c
+		WHERE c.upto <= p_max_bytes OR c.ord = 1),
 	totals AS (
 		SELECT count(*) FILTER (WHERE (o.live AND o.owner_session
 					IS DISTINCT FROM p_session)

@@ -344,6 +344,57 @@ Test(authz, client_uids_narrows_who_may_open_sessions)
 	hdb_drop(db);
 }
 
+struct world {
+	struct harness_db *db;
+	struct hagent *ag;
+	int fa, fb, fr; /* uid A, uid B, root */
+};
+
+/* A call that must be refused with code (mentioning `mention`) and change
+ * nothing in the database. Frees p. */
+static void refused_cell(struct world *w, int fd, const char *method, struct iparams *p,
+			 const char *code, const char *mention)
+{
+	struct ireply r;
+	char *before = picture(w->db);
+
+	icall(fd, method, p, &r);
+	ierr(&r, code, false, (const char *const[]){mention, NULL});
+	ireply_destroy(&r);
+	char *after = picture(w->db);
+	cr_assert_str_eq(before, after, "%s changed the database although refused", method);
+	free(before);
+	free(after);
+	if (p)
+		iparams_destroy(p);
+}
+
+/* A call that must succeed without changing anything (a read). Frees p. */
+static void read_cell(struct world *w, int fd, const char *method, struct iparams *p)
+{
+	struct ireply r;
+	char *before = picture(w->db);
+
+	icall_ok(fd, method, p, &r);
+	ireply_destroy(&r);
+	char *after = picture(w->db);
+	cr_assert_str_eq(before, after, "%s changed the database", method);
+	free(before);
+	free(after);
+	if (p)
+		iparams_destroy(p);
+}
+
+/* A call that must succeed; the caller destroys *r. Frees p. */
+static const msgpack_object *ok_cell(int fd, const char *method, struct iparams *p,
+				     struct ireply *r)
+{
+	const msgpack_object *res = icall_ok(fd, method, p, r);
+	if (p)
+		iparams_destroy(p);
+	return res;
+}
+
 /* --- per-session limits ---------------------------------------------------- */
 
 static void lease_call(int fd, const char *method, const char *name, const char *flag,
@@ -419,58 +470,67 @@ Test(authz, a_session_keeps_only_so_many_lease_watches_and_waiting_campaigns)
 	hdb_drop(db);
 }
 
+/* --- the reply budget ------------------------------------------------------ */
+
+/* max_output_bytes 256 KiB leaves a reply budget of 192 KiB: three records
+ * of 60 KiB data fit in a reply, a fourth does not. */
+Test(authz, a_list_over_the_reply_budget_answers_too_large_and_recovery_pages)
+{
+	const char *const args[] = {"--max-output-bytes", "262144", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "authz-budget", args);
+	iwait_janitor(ag);
+	int owner = iconnect(hagent_socket(ag)), fd = iconnect(hagent_socket(ag));
+	struct iparams p;
+	struct ireply r;
+	const msgpack_object *res;
+	char *data = malloc(60 * 1024 + 1);
+
+	memset(data, 'd', 60 * 1024);
+	data[60 * 1024] = '\0';
+	isession_open(owner, "big-writer");
+	for (int i = 0; i < 5; i++) {
+		char key[16];
+		snprintf(key, sizeof(key), "big-%d", i);
+		pmap(&p, "sssx", "kind", "big", "key", key, "state", "new", "data", data);
+		ok_cell(owner, "record.put", &p, &r);
+		ireply_destroy(&r);
+	}
+
+	/* refused before a reply is built, saying how to page */
+	pmap(&p, "s", "kind", "big");
+	refused_cell(&(struct world){.db = db}, fd, "record.list", &p, "too_large", "limit: 3");
+	pmap(&p, "si", "kind", "big", "limit", 3);
+	res = ok_cell(fd, "record.list", &p, &r);
+	cr_assert_eq(pgc_map_get(res, "records")->via.array.size, 3);
+	cr_assert(ibool(res, "truncated"));
+	ireply_destroy(&r);
+
+	/* recovery takes what fits one reply and says how many remain */
+	ok_cell(owner, "session.close", NULL, &r);
+	ireply_destroy(&r);
+	isession_open(fd, "rescuer");
+	res = ok_cell(fd, "record.recover", NULL, &r);
+	cr_assert_eq(pgc_map_get(res, "adopted")->via.array.size, 3);
+	cr_assert_eq(iint(res, "remaining"), 2);
+	ireply_destroy(&r);
+	res = ok_cell(fd, "record.recover", NULL, &r);
+	cr_assert_eq(pgc_map_get(res, "adopted")->via.array.size, 2);
+	cr_assert_eq(iint(res, "remaining"), 0);
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(
+			 db, "SELECT count(*) FROM pgcoord.records r JOIN pgcoord.live_sessions s "
+			     "ON s.id = r.owner_session WHERE r.kind = 'big' AND s.name = "
+			     "'rescuer'"),
+		     5);
+	free(data);
+	close(owner);
+	close(fd);
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
+
 /* --- the matrix ------------------------------------------------------------ */
-
-struct world {
-	struct harness_db *db;
-	struct hagent *ag;
-	int fa, fb, fr; /* uid A, uid B, root */
-};
-
-/* A call that must be refused with code (mentioning `mention`) and change
- * nothing in the database. Frees p. */
-static void refused_cell(struct world *w, int fd, const char *method, struct iparams *p,
-			 const char *code, const char *mention)
-{
-	struct ireply r;
-	char *before = picture(w->db);
-
-	icall(fd, method, p, &r);
-	ierr(&r, code, false, (const char *const[]){mention, NULL});
-	ireply_destroy(&r);
-	char *after = picture(w->db);
-	cr_assert_str_eq(before, after, "%s changed the database although refused", method);
-	free(before);
-	free(after);
-	if (p)
-		iparams_destroy(p);
-}
-
-/* A call that must succeed without changing anything (a read). Frees p. */
-static void read_cell(struct world *w, int fd, const char *method, struct iparams *p)
-{
-	struct ireply r;
-	char *before = picture(w->db);
-
-	icall_ok(fd, method, p, &r);
-	ireply_destroy(&r);
-	char *after = picture(w->db);
-	cr_assert_str_eq(before, after, "%s changed the database", method);
-	free(before);
-	free(after);
-	if (p)
-		iparams_destroy(p);
-}
-
-/* A call that must succeed; the caller destroys *r. Frees p. */
-static const msgpack_object *ok_cell(int fd, const char *method, struct iparams *p,
-				     struct ireply *r)
-{
-	const msgpack_object *res = icall_ok(fd, method, p, r);
-	if (p)
-		iparams_destroy(p);
-	return res;
-}
 
 /* permit.get's intent or record.get's data as text (NULL: nil), and its
  * redacted flag. */
