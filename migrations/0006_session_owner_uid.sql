@@ -69,17 +69,14 @@ END $$;
 
 -- --- permits ---------------------------------------------------------------
 
--- The uid a permit answers to: its owner session's. A retirement tombstone
--- is owned by the session that retired the id, so it names the retiring uid.
-CREATE FUNCTION pgcoord.permit_owner_uid(p_id text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-	SELECT pgcoord.session_owner_uid(p.owner_session) FROM pgcoord.permits p
-	WHERE p.id = p_id
-$$;
-
 -- permit_claim for the caller p_uid:
 -- * a limit from a non-admin only creates a missing quota; an existing
---   quota's limit stays as it is (the limit is then ignored);
+--   quota's limit stays as it is (the limit is then ignored). The check
+--   takes no lock (a quota row lock here would come before the permit
+--   row, against the claim's lock order), so a quota created by another
+--   call in the instant between may still get this limit;
+-- * a permit answers to the uid of its owner session; a retirement
+--   tombstone's owner is the session that retired the id;
 -- * an id another uid retired (a tombstone with no quotas: no claim of it
 --   ever committed) does not block the claim: a retirement speaks only for
 --   its own uid, so nobody can squat someone else's predictable ids. The
