@@ -65,6 +65,13 @@ const struct option_def config_options[] = {
      "Client connections served at once; more get a busy error and are closed."},
     {"max_inflight_per_conn", OPT_INT, OFF(max_inflight_per_conn), "64", 1, 4096, false, false,
      "Requests one connection may have in flight; more get a busy error."},
+    {"max_lease_watches_per_session", OPT_INT, OFF(max_lease_watches_per_session), "64", 1, 100000,
+     false, true,
+     "Leases one session may watch (lease.status {watch: true}); more get a busy error."},
+    {"max_lease_campaigns_per_session", OPT_INT, OFF(max_lease_campaigns_per_session), "64", 1,
+     100000, false, true,
+     "Waiting campaigns (lease.acquire {wait: true} not yet won) one session may have; more "
+     "get a busy error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
      "Output queued for a client that does not read before it is dropped."},
     {"max_message_objects", OPT_INT, OFF(max_message_objects), "65536", 16, 16777216, false, false,
@@ -93,6 +100,12 @@ const struct option_def config_options[] = {
     {"admin_group", OPT_STRING, OFF(admin_group), "", 0, 0, false, false,
      "A group whose members (by primary gid or membership) may make admin calls; empty "
      "for none. Resolved at start."},
+    {"client_uids", OPT_STRING, OFF(client_uids), "", 0, 0, false, false,
+     "Comma-separated uids whose clients may open sessions; with client_group empty too, "
+     "every peer that can open the socket may. Admins always may."},
+    {"client_group", OPT_STRING, OFF(client_group), "", 0, 0, false, false,
+     "A group whose members (by primary gid or membership) may open sessions, besides "
+     "client_uids; empty for none. Resolved at start."},
     {"metrics_listen", OPT_STRING, OFF(metrics_listen), "", 0, 0, false, false,
      "Loopback address:port of the HTTP listener for /metrics, /healthz and /status, e.g. "
      "127.0.0.1:9187 or [::1]:9187 (port 0 picks a free one); empty turns it off. Only "
@@ -191,6 +204,8 @@ void config_free(struct config *cfg)
 {
 	free(cfg->admins.uids);
 	memset(&cfg->admins, 0, sizeof(cfg->admins));
+	free(cfg->clients.uids);
+	memset(&cfg->clients, 0, sizeof(cfg->clients));
 	for (size_t i = 0; i < config_options_count; i++) {
 		if (config_options[i].type == OPT_STRING) {
 			char **field = (char **)((char *)cfg + config_options[i].offset);
@@ -339,12 +354,13 @@ static bool admins_add(struct admin_set *a, uid_t uid)
 	return true;
 }
 
-/* Turns admin_uids and admin_group into cfg->admins, with a message that
- * names the bad value: a typo here would silently lock operators out. */
-static bool resolve_admins(struct config *cfg, char *err, size_t errlen)
+/* Turns a uid list option and a group option (admin_uids/admin_group,
+ * client_uids/client_group) into a set, with a message that names the bad
+ * value: a typo here would silently lock operators or clients out. */
+static bool resolve_uid_set(struct admin_set *a, const char *uids_name, const char *uids,
+			    const char *group_name, const char *group, char *err, size_t errlen)
 {
-	struct admin_set *a = &cfg->admins;
-	const char *p = cfg->admin_uids;
+	const char *p = uids;
 
 	free(a->uids);
 	memset(a, 0, sizeof(*a));
@@ -360,28 +376,28 @@ static bool resolve_admins(struct config *cfg, char *err, size_t errlen)
 		if (errno || end == p || !isdigit((unsigned char)*p) || v >= UINT_MAX ||
 		    (*end && *end != ',' && *end != ' ')) {
 			snprintf(err, errlen,
-				 "admin_uids: \"%s\" is not a comma-separated list of numeric uids",
-				 cfg->admin_uids);
+				 "%s: \"%s\" is not a comma-separated list of numeric uids",
+				 uids_name, uids);
 			return false;
 		}
 		if (!admins_add(a, (uid_t)v)) {
-			snprintf(err, errlen, "admin_uids: out of memory");
+			snprintf(err, errlen, "%s: out of memory", uids_name);
 			return false;
 		}
 		p = end;
 	}
-	if (cfg->admin_group[0]) {
+	if (group[0]) {
 		struct group *g;
 		errno = 0;
-		g = getgrnam(cfg->admin_group);
+		g = getgrnam(group);
 		if (!g && errno) {
-			snprintf(err, errlen, "admin_group: cannot look up group \"%s\": %s",
-				 cfg->admin_group, strerror(errno));
+			snprintf(err, errlen, "%s: cannot look up group \"%s\": %s", group_name,
+				 group, strerror(errno));
 			return false;
 		}
 		if (!g) {
-			snprintf(err, errlen, "admin_group: no group named \"%s\" on this host",
-				 cfg->admin_group);
+			snprintf(err, errlen, "%s: no group named \"%s\" on this host", group_name,
+				 group);
 			return false;
 		}
 		a->has_group = true;
@@ -391,12 +407,21 @@ static bool resolve_admins(struct config *cfg, char *err, size_t errlen)
 		for (char **m = g->gr_mem; m && *m; m++) {
 			struct passwd *pw = getpwnam(*m);
 			if (pw && !admins_add(a, pw->pw_uid)) {
-				snprintf(err, errlen, "admin_group: out of memory");
+				snprintf(err, errlen, "%s: out of memory", group_name);
 				return false;
 			}
 		}
 	}
 	return true;
+}
+
+/* Who is an admin, and who may open sessions. */
+static bool resolve_peer_sets(struct config *cfg, char *err, size_t errlen)
+{
+	return resolve_uid_set(&cfg->admins, "admin_uids", cfg->admin_uids, "admin_group",
+			       cfg->admin_group, err, errlen) &&
+	       resolve_uid_set(&cfg->clients, "client_uids", cfg->client_uids, "client_group",
+			       cfg->client_group, err, errlen);
 }
 
 bool config_load(struct config *cfg, const char *path, bool path_required, int argc, char **argv,
@@ -419,7 +444,7 @@ bool config_load(struct config *cfg, const char *path, bool path_required, int a
 		free(cfg->replica_id);
 		cfg->replica_id = strdup(host);
 	}
-	return resolve_admins(cfg, err, errlen);
+	return resolve_peer_sets(cfg, err, errlen);
 }
 
 /*

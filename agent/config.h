@@ -38,6 +38,8 @@ struct config {
 	int max_depth;
 	int max_connections;
 	int max_inflight_per_conn;
+	int max_lease_watches_per_session;
+	int max_lease_campaigns_per_session;
 	int max_output_bytes;
 	/* input path limits (issue 11) */
 	int max_message_objects;
@@ -48,6 +50,8 @@ struct config {
 	enum log_level log_level;
 	char *admin_uids;     /* option text; resolved into admins below */
 	char *admin_group;    /* option text; resolved into admins below */
+	char *client_uids;    /* option text; resolved into clients below */
+	char *client_group;   /* option text; resolved into clients below */
 	char *metrics_listen; /* "" = no HTTP listener */
 	/* Resolved by config_load from admin_uids and admin_group, so the
 	 * per-request admin check never asks NSS (which may block). */
@@ -57,6 +61,9 @@ struct config {
 		bool has_group;
 		gid_t gid; /* a peer whose gid is this one is an admin */
 	} admins;
+	/* The same from client_uids and client_group: who may open sessions.
+	 * Empty (no uids, no group) means every peer that reaches the socket. */
+	struct admin_set clients;
 };
 
 enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL };

@@ -14,43 +14,55 @@
 #include "agent/metrics.h"
 #include "agent/sessions.h"
 
+/*
+ * Every method and its authorisation class (PROTOCOL.md, "Who may call
+ * what"): M_READ answers anyone (fleet views; another uid's intents and
+ * data come back nil with redacted: true), M_OWNER acts only on what the
+ * caller's uid owns through its sessions — the handlers' statements check
+ * the owner in the same transaction, and admins pass — and M_ADMIN is
+ * refused here to anyone but an admin.
+ */
 static const struct method methods[] = {
-    {"agent.hello", rpc_agent_hello, 0},
-    {"agent.ping", rpc_agent_ping, 0},
-    {"agent.status", rpc_agent_status, 0},
-    {"session.open", rpc_session_open, M_DB},
-    {"session.keepalive", rpc_session_keepalive, M_SESSION},
-    {"session.close", rpc_session_close, M_DB | M_SESSION},
-    {"lease.acquire", rpc_lease_acquire, M_DB | M_SESSION},
-    {"lease.release", rpc_lease_release, M_DB | M_SESSION},
-    {"lease.status", rpc_lease_status, M_DB},
-    {"lease.list", rpc_lease_list, M_DB},
-    {"fleet.agents", rpc_fleet_agents, M_DB},
-    {"fleet.sessions", rpc_fleet_sessions, M_DB},
-    {"quota.set", rpc_quota_set, M_DB | M_ADMIN},
-    {"quota.get", rpc_quota_get, M_DB},
-    {"quota.list", rpc_quota_list, M_DB},
-    {"permit.claim", rpc_permit_claim, M_DB | M_SESSION},
-    {"permit.update", rpc_permit_update, M_DB | M_SESSION},
-    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_DB | M_SESSION},
-    /* resolve and release need the owner's session, or override (admin):
-     * the handlers check which */
-    {"permit.resolve", rpc_permit_resolve, M_DB},
-    {"permit.release", rpc_permit_release, M_DB},
-    {"permit.get", rpc_permit_get, M_DB},
-    {"permit.list", rpc_permit_list, M_DB},
-    {"permit.history", rpc_permit_history, M_DB},
-    {"permit.check", rpc_permit_check, M_DB},
-    {"record.put", rpc_record_put, M_DB | M_SESSION},
+    {"agent.hello", rpc_agent_hello, M_READ},
+    {"agent.ping", rpc_agent_ping, M_READ},
+    {"agent.status", rpc_agent_status, M_READ},
+    /* a new session needs client_uids/client_group; a resume, the owner */
+    {"session.open", rpc_session_open, M_OWNER | M_DB},
+    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION},
+    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION},
+    {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION},
+    {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION},
+    {"lease.status", rpc_lease_status, M_READ | M_DB},
+    {"lease.list", rpc_lease_list, M_READ | M_DB},
+    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB},
+    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB},
+    {"quota.set", rpc_quota_set, M_ADMIN | M_DB},
+    {"quota.get", rpc_quota_get, M_READ | M_DB},
+    {"quota.list", rpc_quota_list, M_READ | M_DB},
+    /* a limit from a non-admin only creates a missing quota */
+    {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION},
+    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION},
+    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION},
+    /* resolve and release need the owner's session (or its uid, for an
+     * uncertain permit), or an admin; override: true is admin only. The
+     * handlers check which */
+    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB},
+    {"permit.release", rpc_permit_release, M_OWNER | M_DB},
+    {"permit.get", rpc_permit_get, M_READ | M_DB},
+    {"permit.list", rpc_permit_list, M_READ | M_DB},
+    {"permit.history", rpc_permit_history, M_READ | M_DB},
+    {"permit.check", rpc_permit_check, M_READ | M_DB},
+    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION},
     /* update and settle also run for a session the agent declared lost, so
      * its former owner hears `fenced` (or `session_expired`): records.c */
-    {"record.update", rpc_record_update, M_DB},
-    {"record.settle", rpc_record_settle, M_DB},
-    {"record.get", rpc_record_get, M_DB},
-    {"record.list", rpc_record_list, M_DB},
+    {"record.update", rpc_record_update, M_OWNER | M_DB},
+    {"record.settle", rpc_record_settle, M_OWNER | M_DB},
+    {"record.get", rpc_record_get, M_READ | M_DB},
+    {"record.list", rpc_record_list, M_READ | M_DB},
     /* a session unless dry_run; answers liveness_read: false by itself
-     * while the database is down */
-    {"record.recover", rpc_record_recover, M_DB | M_DB_DOWN_OK},
+     * while the database is down. Only the caller's uid's dead owners'
+     * records, unless an admin */
+    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK},
 };
 
 static const struct method *find_method(const char *name, size_t len)
@@ -70,6 +82,22 @@ size_t dispatch_method_count(void)
 const char *dispatch_method_name(size_t i)
 {
 	return i < dispatch_method_count() ? methods[i].name : "unknown";
+}
+
+const char *dispatch_method_class(size_t i)
+{
+	if (i >= dispatch_method_count())
+		return "unknown";
+	switch (methods[i].flags & M_CLASS_MASK) {
+	case M_READ:
+		return "read";
+	case M_OWNER:
+		return "owner";
+	case M_ADMIN:
+		return "admin";
+	default:
+		return "unknown"; /* a table entry without exactly one class */
+	}
 }
 
 void req_log_kv(const struct request *req, char *buf, size_t len)
@@ -148,6 +176,12 @@ void req_fail(struct request *req, enum pgc_error_code code, const char *fmt, ..
 		req_log_kv(req, kv, sizeof(kv));
 		log_write(&req->ag->log, LOG_LEVEL_ERROR, "dispatch", kv, "%s failed: %s",
 			  req->method->name, msg);
+	} else if (code == PGC_E_FORBIDDEN) {
+		/* every refusal of the authorisation rules, once, with who asked */
+		char kv[256];
+		req_log_kv(req, kv, sizeof(kv));
+		log_write(&req->ag->log, LOG_LEVEL_WARN, "authz", kv, "uid %u refused %s: %s",
+			  (unsigned)req->conn->uid, req->method->name, msg);
 	}
 	req_count(req, code);
 	send_error(req->conn, req->msgid, code, msg);
@@ -175,6 +209,16 @@ bool req_query(struct request *req, const char *sql, int nparams, const char *co
 	return true;
 }
 
+static bool in_uid_set(const struct admin_set *a, uid_t uid, gid_t gid)
+{
+	if (a->has_group && gid == a->gid)
+		return true;
+	for (size_t i = 0; i < a->nuids; i++)
+		if (a->uids[i] == uid)
+			return true;
+	return false;
+}
+
 bool req_is_admin(const struct request *req)
 {
 	const struct conn *c = req->conn;
@@ -182,11 +226,41 @@ bool req_is_admin(const struct request *req)
 
 	if (c->uid == 0 || c->uid == geteuid())
 		return true;
-	if (a->has_group && c->gid == a->gid)
+	return in_uid_set(a, c->uid, c->gid);
+}
+
+bool req_may_open_sessions(const struct request *req)
+{
+	const struct admin_set *c = &req->ag->cfg.clients;
+	if (!c->has_group && c->nuids == 0)
+		return true; /* not narrowed: whoever reaches the socket */
+	return req_is_admin(req) || in_uid_set(c, req->conn->uid, req->conn->gid);
+}
+
+size_t req_reply_budget(const struct request *req)
+{
+	size_t out = (size_t)req->ag->cfg.max_output_bytes;
+	/* headroom for the envelope and notifications queued beside it */
+	return out > 2 * 65536 ? out - 65536 : out / 2;
+}
+
+/* Per field: its key (the longest is ~20 bytes) and MessagePack framing. */
+#define REPLY_FIELD_ALLOWANCE 32
+
+bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_page)
+{
+	size_t budget = req_reply_budget(req), total = 0;
+	int rows = PQntuples(res), cols = PQnfields(res);
+
+	for (int i = 0; i < rows && total <= budget; i++)
+		for (int j = 0; j < cols; j++)
+			total += (size_t)PQgetlength(res, i, j) + REPLY_FIELD_ALLOWANCE;
+	if (total <= budget)
 		return true;
-	for (size_t i = 0; i < a->nuids; i++)
-		if (a->uids[i] == c->uid)
-			return true;
+	req_fail(req, PGC_E_TOO_LARGE,
+		 "%s would answer more than %zu bytes, over the reply budget (max_output_bytes "
+		 "less headroom); %s",
+		 req->method->name, budget, how_to_page);
 	return false;
 }
 

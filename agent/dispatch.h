@@ -44,11 +44,15 @@ typedef void (*method_fn)(struct request *req);
 enum method_flags {
 	M_DB = 1 << 0,	    /* needs the database: `unavailable` while it is down */
 	M_SESSION = 1 << 1, /* needs an open session on the connection */
-	M_ADMIN = 1 << 2,   /* only for admin peers (root, the agent's user, admin_uids) */
 	/* with M_DB: the handler also runs while the database is down, and
 	 * answers that itself (record.recover) */
 	M_DB_DOWN_OK = 1 << 3,
+	/* The authorisation class; every method has exactly one. */
+	M_READ = 1 << 4,  /* anyone: views; others' intents and data redacted */
+	M_OWNER = 1 << 5, /* what the caller's uid owns, or an admin: handlers check */
+	M_ADMIN = 1 << 2, /* only for admin peers (root, the agent's user, admin_uids) */
 };
+#define M_CLASS_MASK (M_READ | M_OWNER | M_ADMIN)
 
 struct method {
 	const char *name;
@@ -62,6 +66,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len);
 /* The method table, for the metrics' labels: its size and each name. */
 size_t dispatch_method_count(void);
 const char *dispatch_method_name(size_t i);
+/* Its authorisation class: "read", "owner" or "admin". */
+const char *dispatch_method_class(size_t i);
 
 /* Formats the ids a log line about req carries: "conn=3 msgid=17
  * method=lease.acquire session=42" (session only when the connection has
@@ -100,6 +106,21 @@ bool req_param_bytes(struct request *req, const char *key, bool required, size_t
 bool req_param_array(struct request *req, const char *key, bool required, size_t min_items,
 		     size_t max_items, const msgpack_object **out);
 
+/*
+ * The reply budget: the most bytes one reply may take, so that none is
+ * dropped by max_output_bytes (it leaves room for notifications queued
+ * beside it). List-type calls check it before building a reply.
+ */
+size_t req_reply_budget(const struct request *req);
+
+/*
+ * True when the rows of res (as MessagePack: their text plus a per-field
+ * allowance for keys and framing) fit the reply budget. Otherwise answers
+ * `too_large` with "<method> would answer about N bytes, over the reply
+ * budget of M; <how_to_page>" and returns false.
+ */
+bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_page);
+
 /* For calls that need a session only sometimes: true when the connection
  * has one, else answers `no_session`/`session_expired` like dispatch does. */
 bool req_need_session(struct request *req);
@@ -117,5 +138,9 @@ bool req_query(struct request *req, const char *sql, int nparams, const char *co
 /* True when the peer may make admin calls: root, the agent's own user, a uid
  * in admin_uids, or a member of admin_group (by gid or membership). */
 bool req_is_admin(const struct request *req);
+
+/* True when the peer may open sessions: client_uids and client_group are
+ * both empty, or it is in one of them, or it is an admin. */
+bool req_may_open_sessions(const struct request *req);
 
 #endif

@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 #include "agent/dispatch.h"
 #include "agent/methods.h"
+#include "agent/pgrow.h"
 
 static int64_t int_at(const PGresult *res, int row, int col)
 {
@@ -75,13 +76,15 @@ static void sessions_done(const struct db_result *r, void *arg)
 	pgc_pack_cstr(pk, "sessions");
 	msgpack_pack_array(pk, (size_t)n);
 	for (int i = 0; i < n; i++) {
-		msgpack_pack_map(pk, 6);
+		msgpack_pack_map(pk, 7);
 		pgc_pack_kv_int(pk, "session", int_at(r->res, i, 0));
 		pgc_pack_kv_str(pk, "name", PQgetvalue(r->res, i, 1));
 		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, i, 2));
 		pgc_pack_kv_int(pk, "incarnation", int_at(r->res, i, 3));
 		pgc_pack_kv_int(pk, "opened_at", int_at(r->res, i, 4));
 		pgc_pack_kv_int(pk, "expires_at", int_at(r->res, i, 5));
+		/* nil: opened before owners were recorded */
+		pgrow_kv_int(pk, "owner_uid", r->res, i, 7);
 	}
 	/* now_at lets a client show ages by the database clock */
 	pgc_pack_kv_int(pk, "now_at", n ? int_at(r->res, 0, 6) : 0);
@@ -92,7 +95,7 @@ void rpc_fleet_sessions(struct request *req)
 {
 	req_query(req,
 		  "SELECT id, name, replica_id, incarnation, pgcoord.ms(opened_at), "
-		  "pgcoord.ms(expires_at), pgcoord.ms(now()) "
+		  "pgcoord.ms(expires_at), pgcoord.ms(now()), owner_uid "
 		  "FROM pgcoord.live_sessions ORDER BY id",
 		  0, NULL, sessions_done);
 }

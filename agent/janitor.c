@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/agent.h"
 #include "agent/db.h"
@@ -116,7 +117,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct janitor *j = arg;
 	struct agent *ag = j->ag;
-	char inc[24], ttl[24];
+	char inc[24], ttl[24], uid[24];
 	(void)fd;
 	(void)what;
 
@@ -130,10 +131,13 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	if (!j->session_id && !j->opening) {
 		snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 		snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
-		const char *params[4] = {ag->cfg.replica_id, inc, "pgcoord-agent", ttl};
-		if (db_query(ag->db, DB_LANE_HEARTBEAT,
-			     "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, true)", 4,
-			     params, opened, j))
+		/* the agent's own session is owned by the agent's user */
+		snprintf(uid, sizeof(uid), "%u", (unsigned)geteuid());
+		const char *params[5] = {ag->cfg.replica_id, inc, "pgcoord-agent", ttl, uid};
+		if (db_query(
+			ag->db, DB_LANE_HEARTBEAT,
+			"SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, true, $5)", 5,
+			params, opened, j))
 			j->opening = true;
 		return;
 	}

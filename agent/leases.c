@@ -534,6 +534,15 @@ static bool read_name(struct request *req, char **name)
 	return true;
 }
 
+/* The session's campaigns that wait and have not won. */
+static int campaigns_of(struct agent *ag, int64_t session_id)
+{
+	int n = 0;
+	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+		n += !l->dead && l->session_id == session_id && l->wait && !l->leader;
+	return n;
+}
+
 void rpc_lease_acquire(struct request *req)
 {
 	struct agent *ag = req->ag;
@@ -573,6 +582,17 @@ void rpc_lease_acquire(struct request *req)
 		return;
 	}
 	l = find(ag, name, session_id);
+	/* each waiting campaign polls the database until won: a session may
+	 * keep only so many */
+	if (wait && !(l && (l->wait || l->leader)) &&
+	    campaigns_of(ag, session_id) >= ag->cfg.max_lease_campaigns_per_session) {
+		req_fail(req, PGC_E_BUSY,
+			 "session %" PRId64 " already waits on %d lease campaigns "
+			 "(max_lease_campaigns_per_session); release one or acquire without wait",
+			 session_id, ag->cfg.max_lease_campaigns_per_session);
+		free(name);
+		return;
+	}
 	if (l) {
 		free(name);
 		l->wait = wait;
@@ -733,9 +753,22 @@ void rpc_lease_status(struct request *req)
 			return;
 		}
 		bool known = false;
-		for (struct lease_watch *w = reg(ag)->watches; w; w = w->next)
-			known |=
-			    w->session_id == req->conn->session->id && strcmp(w->name, name) == 0;
+		int watched = 0;
+		for (struct lease_watch *w = reg(ag)->watches; w; w = w->next) {
+			if (w->session_id != req->conn->session->id)
+				continue;
+			watched++;
+			known |= strcmp(w->name, name) == 0;
+		}
+		/* every watch is polled: a session may keep only so many */
+		if (!known && watched >= ag->cfg.max_lease_watches_per_session) {
+			req_fail(req, PGC_E_BUSY,
+				 "session %" PRId64 " already watches %d leases "
+				 "(max_lease_watches_per_session)",
+				 req->conn->session->id, watched);
+			free(name);
+			return;
+		}
 		struct lease_watch *w = known ? NULL : calloc(1, sizeof(*w));
 		if (w && (w->name = strdup(name)) != NULL) {
 			w->session_id = req->conn->session->id;
@@ -757,6 +790,8 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
+		return;
 	int n = PQntuples(r->res);
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 1);

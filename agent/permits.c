@@ -419,7 +419,7 @@ void rpc_permit_claim(struct request *req)
 	int on_loss = 0;
 	int64_t limit = 0;
 	char *keys = NULL, *weights = NULL, *intent_hex = NULL;
-	char session[24], limit_s[24], actor[256];
+	char session[24], limit_s[24], actor[256], uid[24];
 
 	if (!call) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
@@ -449,20 +449,27 @@ void rpc_permit_claim(struct request *req)
 	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit);
 	session_actor(req, actor, sizeof(actor));
-	const char *params[9] = {call->id,
-				 keys,
-				 weights,
-				 session,
-				 ag->cfg.replica_id,
-				 owner_loss_names[on_loss],
-				 intent_hex,
-				 has_limit ? limit_s : NULL,
-				 actor};
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	/* the uid rules (a non-admin's limit only creates a missing quota;
+	 * another uid's retirement does not block the id) are applied in the
+	 * same statement: permit_claim_as, migration 0006 */
+	const char *params[11] = {uid,
+				  req_is_admin(req) ? "true" : "false",
+				  call->id,
+				  keys,
+				  weights,
+				  session,
+				  ag->cfg.replica_id,
+				  owner_loss_names[on_loss],
+				  intent_hex,
+				  has_limit ? limit_s : NULL,
+				  actor};
 	/* guarantees 1, 3, 4: the whole admission is this one function call */
-	call_query(req, call,
-		   "SELECT * FROM pgcoord.permit_claim($1, $2::text[], $3::integer[], $4, $5, $6, "
-		   "$7::bytea, $8, $9)",
-		   9, params, claimed);
+	call_query(
+	    req, call,
+	    "SELECT * FROM pgcoord.permit_claim_as($1, $2, $3, $4::text[], $5::integer[], $6, "
+	    "$7, $8, $9::bytea, $10, $11)",
+	    11, params, claimed);
 	call = NULL;
 fail:
 	call_free(call);
@@ -575,8 +582,8 @@ static void resolved(const struct db_result *r, void *arg)
 	if (!r->ok)
 		req_fail_db(req, r);
 	else if (!refused(req, call, res, "resolve",
-			  "its owner, any session once it is uncertain, or an admin with "
-			  "override: true")) {
+			  "its owner, a session of its uid once it is uncertain, or an admin "
+			  "(with override: true while its owner is live)")) {
 		if (call->override)
 			log_warn(&req->ag->log, "permits",
 				 "operator uid %u resolved permit \"%s\" by override: now %s",
@@ -600,7 +607,7 @@ void rpc_permit_resolve(struct request *req)
 	struct permit_call *call = calloc(1, sizeof(*call));
 	char *evidence = NULL;
 	int outcome = 0;
-	char session[24], actor[256];
+	char session[24], actor[256], uid[24];
 	bool has_session;
 
 	if (!call) {
@@ -624,14 +631,19 @@ void rpc_permit_resolve(struct request *req)
 		session_actor(req, actor, sizeof(actor));
 	/* an operator without a session who says "running" holds it as nobody's:
 	 * it counts until an operator releases it */
-	const char *params[7] = {call->id,
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	/* another uid's permit (uncertain or not) is admin work */
+	const char *params[9] = {uid,
+				 req_is_admin(req) ? "true" : "false",
+				 call->id,
 				 has_session ? session : NULL,
 				 has_session ? ag->cfg.replica_id : NULL,
 				 outcome_names[outcome],
 				 evidence,
 				 call->override ? "true" : "false",
 				 actor};
-	call_query(req, call, "SELECT * FROM pgcoord.permit_resolve($1, $2, $3, $4, $5, $6, $7)", 7,
+	call_query(req, call,
+		   "SELECT * FROM pgcoord.permit_resolve_as($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9,
 		   params, resolved);
 	call = NULL;
 fail:
@@ -672,7 +684,7 @@ void rpc_permit_release(struct request *req)
 {
 	struct permit_call *call = calloc(1, sizeof(*call));
 	char *reason = NULL;
-	char session[24] = "", actor[256];
+	char session[24] = "", actor[256], uid[24];
 
 	if (!call) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
@@ -689,13 +701,17 @@ void rpc_permit_release(struct request *req)
 		operator_actor(req, actor, sizeof(actor));
 	else
 		session_actor(req, actor, sizeof(actor));
-	const char *params[5] = {call->id, session[0] ? session : NULL,
-				 call->override ? "true" : "false", actor,
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	const char *params[6] = {uid,
+				 call->id,
+				 session[0] ? session : NULL,
+				 call->override ? "true" : "false",
+				 actor,
 				 reason ? reason : (call->override ? "operator override" : NULL)};
 	/* guarantees 2 and 3: released exactly once, counters and audit rows in
 	 * the same transaction */
-	call_query(req, call, "SELECT * FROM pgcoord.permit_release($1, $2, $3, $4, $5)", 5, params,
-		   released);
+	call_query(req, call, "SELECT * FROM pgcoord.permit_release_as($1, $2, $3, $4, $5, $6)", 6,
+		   params, released);
 	call = NULL;
 fail:
 	call_free(call);
@@ -734,7 +750,8 @@ enum {
 	PC_KEY,
 	PC_WEIGHT,
 	PC_OWNER_LIVE,
-	PC_INTENT /* permit.get only */
+	PC_INTENT,  /* permit.get only */
+	PC_REDACTED /* permit.get only: the intent was withheld (another uid's) */
 };
 
 /* Packs the permit whose rows start at `row`; returns the first row of the
@@ -747,7 +764,7 @@ static int pack_permit(msgpack_packer *pk, const PGresult *res, int row, bool wi
 
 	while (end < n && strcmp(PQgetvalue(res, end, PC_ID), id) == 0)
 		end++;
-	msgpack_pack_map(pk, with_intent ? 19 : 18);
+	msgpack_pack_map(pk, with_intent ? 20 : 18);
 	pgrow_kv_str(pk, "id", res, row, PC_ID);
 	pgrow_kv_int(pk, "token", res, row, PC_TOKEN);
 	pgrow_kv_str(pk, "state", res, row, PC_STATE);
@@ -784,6 +801,7 @@ static int pack_permit(msgpack_packer *pk, const PGresult *res, int row, bool wi
 				msgpack_pack_bin_body(pk, buf, chunk);
 			}
 		}
+		pgc_pack_kv_bool(pk, "redacted", pgrow_bool(res, row, PC_REDACTED));
 	}
 	pgrow_kv_int(pk, "created_at", res, row, PC_CREATED);
 	pgrow_kv_int(pk, "phase_at", res, row, PC_PHASE_AT);
@@ -828,14 +846,20 @@ void rpc_permit_get(struct request *req)
 		call_free(call);
 		return;
 	}
-	const char *params[1] = {call->id};
+	char uid[24];
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	const char *params[3] = {call->id, uid, req_is_admin(req) ? "true" : "false"};
+	/* another uid's intent never leaves the database for a non-admin */
 	call_query(req, call,
-		   "SELECT " PERMIT_COLS ", s.intent "
+		   "SELECT " PERMIT_COLS ", CASE WHEN NOT r.redacted THEN s.intent END, r.redacted "
 		   "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
 		   "LEFT JOIN (pgcoord.permit_status s "
-		   "  JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id) ON s.id = $1 "
+		   "  JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id "
+		   "  CROSS JOIN LATERAL (SELECT NOT $3::boolean AND "
+		   "    pgcoord.session_owner_uid(s.owner_session) IS DISTINCT FROM $2::bigint "
+		   "    AS redacted) r) ON s.id = $1 "
 		   "ORDER BY pq.key",
-		   1, params, got);
+		   3, params, got);
 }
 
 static void listed(const struct db_result *r, void *arg)
@@ -849,6 +873,8 @@ static void listed(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_fit(req, res, "page with a smaller limit or narrower filters"))
+		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
 		if (!pgrow_null(res, i, PC_ID) &&
@@ -930,6 +956,8 @@ static void history_done(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
 		goto out;
 	}
+	if (!req_rows_fit(req, res, "read the permit's audit rows in the database"))
+		goto out;
 	int count = pgrow_null(res, 0, 2) ? 0 : n;
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 3);

@@ -151,6 +151,8 @@ static void quotas_listed(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_fit(req, res, "read the quotas one at a time with quota.get"))
+		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
 		count += !pgrow_null(res, i, 1);

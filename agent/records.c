@@ -181,10 +181,32 @@ static char *hex_bytea(const char *data, size_t len)
 	return out;
 }
 
-/* The record whose columns start at col, as a map. */
-static void pack_record(msgpack_packer *pk, const PGresult *res, int row, int col)
+/*
+ * A record_status row for reads ($3: the caller's uid, $4: whether it is an
+ * admin), followed by one more column, `redacted`: another uid's data never
+ * leaves the database for a non-admin.
+ */
+#define RECORD_READ_COLS                                                                           \
+	"s.kind, s.key, s.state, s.terminal, CASE WHEN NOT r.redacted THEN s.data_hex END AS "     \
+	"data_hex, "                                                                               \
+	"s.permit_id, s.owner_session, s.owner_replica, s.owner_live, s.token, s.created_at, "     \
+	"s.updated_at, s.settled_at, s.adopted_from, s.adopted_at, r.redacted"
+#define RECORD_READ_REDACTED                                                                       \
+	"CROSS JOIN LATERAL (SELECT NOT $4::boolean AND "                                          \
+	"pgcoord.session_owner_uid(s.owner_session) IS DISTINCT FROM $3::bigint AS redacted) r"
+
+/* What a record adds to a reply, at most: its data (hex in the database)
+ * and an allowance for the other fields (kind, key, state, permit and
+ * replica are each at most 200 bytes) and their keys. Over l, then b. */
+#define RECORD_REPLY_BYTES "coalesce(length(l.data_hex), 0) / 2 + 1280"
+#define RECORD_REPLY_BYTES_B "coalesce(length(b.data_hex), 0) / 2 + 1280"
+
+/* The record whose columns start at col, as a map; with_redacted: a
+ * `redacted` column follows them (RECORD_READ_COLS). */
+static void pack_record(msgpack_packer *pk, const PGresult *res, int row, int col,
+			bool with_redacted)
 {
-	msgpack_pack_map(pk, RS__COUNT);
+	msgpack_pack_map(pk, RS__COUNT + (with_redacted ? 1 : 0));
 	pgrow_kv_str(pk, "kind", res, row, col + RS_KIND);
 	pgrow_kv_str(pk, "key", res, row, col + RS_KEY);
 	pgrow_kv_str(pk, "state", res, row, col + RS_STATE);
@@ -200,14 +222,17 @@ static void pack_record(msgpack_packer *pk, const PGresult *res, int row, int co
 	pgrow_kv_int(pk, "settled_at", res, row, col + RS_SETTLED);
 	pgrow_kv_int(pk, "adopted_from", res, row, col + RS_ADOPTED_FROM);
 	pgrow_kv_int(pk, "adopted_at", res, row, col + RS_ADOPTED_AT);
+	if (with_redacted)
+		pgc_pack_kv_bool(pk, "redacted", pgrow_bool(res, row, col + RS__COUNT));
 }
 
 /* Replies {[created,] record, now_at} from a one-row result: now_at in
  * column 0, then `created` when has_created, then the record. */
-static void reply_record(struct request *req, const PGresult *res, bool has_created)
+static void reply_record(struct request *req, const PGresult *res, bool has_created,
+			 bool with_redacted)
 {
 	int col = has_created ? 2 : 1;
-	if (PQntuples(res) != 1 || PQnfields(res) != col + RS__COUNT) {
+	if (PQntuples(res) != 1 || PQnfields(res) != col + RS__COUNT + (with_redacted ? 1 : 0)) {
 		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows of %d columns",
 			 req->method->name, PQntuples(res), PQnfields(res));
 		return;
@@ -217,7 +242,7 @@ static void reply_record(struct request *req, const PGresult *res, bool has_crea
 	if (has_created)
 		pgc_pack_kv_bool(pk, "created", pgrow_bool(res, 0, 1));
 	pgc_pack_cstr(pk, "record");
-	pack_record(pk, res, 0, col);
+	pack_record(pk, res, 0, col, with_redacted);
 	pgrow_kv_int(pk, "now_at", res, 0, 0);
 	req_done(req);
 }
@@ -231,7 +256,7 @@ static void put_done(const struct db_result *r, void *arg)
 	if (!r->ok)
 		req_fail_db(req, r);
 	else
-		reply_record(req, r->res, true);
+		reply_record(req, r->res, true, false);
 }
 
 void rpc_record_put(struct request *req)
@@ -282,7 +307,7 @@ static void written(const struct db_result *r, void *arg)
 	if (!r->ok)
 		req_fail_db(req, r);
 	else
-		reply_record(req, r->res, false);
+		reply_record(req, r->res, false, false);
 }
 
 void rpc_record_update(struct request *req)
@@ -378,7 +403,7 @@ static void got(const struct db_result *r, void *arg)
 	else if (PQntuples(r->res) != 1 || pgrow_null(r->res, 0, 1 + RS_KIND))
 		req_fail(req, PGC_E_NOT_FOUND, "no record %s/%s", call->kind, call->key);
 	else
-		reply_record(req, r->res, false);
+		reply_record(req, r->res, false, true);
 	call_free(call);
 }
 
@@ -391,11 +416,15 @@ void rpc_record_get(struct request *req)
 		call_free(call);
 		return;
 	}
-	const char *params[2] = {call->kind, call->key};
+	char uid[24];
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	const char *params[4] = {call->kind, call->key, uid, req_is_admin(req) ? "true" : "false"};
 	call_query(req, call,
-		   "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		   "LEFT JOIN pgcoord.record_status s ON s.kind = $1 AND s.key = $2",
-		   2, params, got);
+		   "SELECT n.now_at, " RECORD_READ_COLS
+		   " FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		   "LEFT JOIN (pgcoord.record_status s " RECORD_READ_REDACTED ") "
+		   "ON s.kind = $1 AND s.key = $2",
+		   4, params, got);
 }
 
 static void listed(const struct db_result *r, void *arg)
@@ -416,12 +445,25 @@ static void listed(const struct db_result *r, void *arg)
 	bool truncated = count > limit;
 	if (truncated)
 		count = (int)limit;
+	if (count > 0 &&
+	    (size_t)pgrow_int(res, count - 1, 1 + RS__COUNT + 1) > req_reply_budget(req)) {
+		int fit = 0;
+		while (fit < count &&
+		       (size_t)pgrow_int(res, fit, 1 + RS__COUNT + 1) <= req_reply_budget(req))
+			fit++;
+		req_fail(req, PGC_E_TOO_LARGE,
+			 "record.list would answer more than %zu bytes, over the reply budget "
+			 "(max_output_bytes less headroom); page: ask with limit: %d or fewer, or "
+			 "narrow by kind, owner, live_owner or terminal",
+			 req_reply_budget(req), fit > 0 ? fit : 1);
+		return;
+	}
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 3);
 	pgc_pack_cstr(pk, "records");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0; i < count; i++)
-		pack_record(pk, res, i, 1);
+		pack_record(pk, res, i, 1, true);
 	pgc_pack_kv_bool(pk, "truncated", truncated);
 	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
 	req_done(req);
@@ -432,7 +474,7 @@ void rpc_record_list(struct request *req)
 	char *kind = NULL;
 	int64_t owner = 0, limit = RECORD_LIST_DEFAULT;
 	bool has_owner, live = false, has_live, terminal = false, has_terminal;
-	char owner_s[24], limit_s[24];
+	char owner_s[24], limit_s[24], uid[24], budget_s[24];
 
 	if (!req_param_str(req, "kind", false, RECORD_KIND_MAX, &kind))
 		return;
@@ -446,19 +488,32 @@ void rpc_record_list(struct request *req)
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
 	req->target_id = limit;
-	const char *params[5] = {kind, has_owner ? owner_s : NULL,
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
+	const char *params[8] = {kind,
+				 has_owner ? owner_s : NULL,
+				 uid,
+				 req_is_admin(req) ? "true" : "false",
 				 has_live ? (live ? "true" : "false") : NULL,
-				 has_terminal ? (terminal ? "true" : "false") : NULL, limit_s};
+				 has_terminal ? (terminal ? "true" : "false") : NULL,
+				 limit_s,
+				 budget_s};
+	/* the reply budget is kept in the database: rows stop once the
+	 * reply would be over it (the one that crosses it comes along, so
+	 * listed() can tell), never building a reply the output cap drops */
 	req_query(req,
 		  "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		  "LEFT JOIN (SELECT * FROM pgcoord.record_status s"
-		  " WHERE ($1::text IS NULL OR s.kind = $1)"
-		  "  AND ($2::bigint IS NULL OR s.owner_session = $2)"
-		  "  AND ($3::boolean IS NULL OR s.owner_live = $3)"
-		  "  AND ($4::boolean IS NULL OR s.terminal = $4)"
-		  " ORDER BY s.kind, s.key LIMIT $5::integer) s ON true "
+		  "LEFT JOIN (SELECT b.* FROM (SELECT l.*, sum(" RECORD_REPLY_BYTES ") OVER "
+		  "  (ORDER BY l.kind, l.key) AS reply_bytes FROM (SELECT " RECORD_READ_COLS
+		  "  FROM pgcoord.record_status s " RECORD_READ_REDACTED
+		  "  WHERE ($1::text IS NULL OR s.kind = $1)"
+		  "   AND ($2::bigint IS NULL OR s.owner_session = $2)"
+		  "   AND ($5::boolean IS NULL OR s.owner_live = $5)"
+		  "   AND ($6::boolean IS NULL OR s.terminal = $6)"
+		  "  ORDER BY s.kind, s.key LIMIT $7::integer) l) b "
+		  " WHERE b.reply_bytes - (" RECORD_REPLY_BYTES_B ") <= $8::bigint) s ON true "
 		  "ORDER BY s.kind, s.key",
-		  5, params, listed);
+		  8, params, listed);
 	free(kind);
 }
 
@@ -650,7 +705,7 @@ static void recovered(const struct db_result *r, void *arg)
 	pgc_pack_cstr(pk, "adopted");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0; i < count; i++)
-		pack_record(pk, res, i, RV_RECORD);
+		pack_record(pk, res, i, RV_RECORD, false);
 	pgc_pack_cstr(pk, "permits");
 	if (!pack_permits(pk, res, count))
 		msgpack_pack_array(pk, 0); /* out of memory: the records say which */
@@ -670,7 +725,7 @@ void rpc_record_recover(struct request *req)
 	char *kinds = NULL;
 	int64_t limit = RECORD_RECOVER_DEFAULT;
 	bool dry_run = false;
-	char session[24], limit_s[24], actor[256];
+	char session[24], limit_s[24], actor[256], uid[24], budget_s[24];
 
 	if (!call)
 		return;
@@ -691,19 +746,29 @@ void rpc_record_recover(struct request *req)
 	snprintf(session, sizeof(session), "%" PRId64, call->session);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit);
 	session_actor(req, call->session, actor, sizeof(actor));
+	/* the uid is the principal: a non-admin recovers only the records of
+	 * its own uid's dead sessions; NULL (an admin) recovers any */
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	const char *uid_or_all = req_is_admin(req) ? NULL : uid;
+	/* it adopts no more than one reply can carry; remaining says to call
+	 * again */
+	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
 	req->ctx = call;
 	if (dry_run) {
-		const char *params[3] = {call->session ? session : NULL, kinds, limit_s};
+		const char *params[5] = {call->session ? session : NULL, kinds, limit_s, uid_or_all,
+					 budget_s};
 		if (!db_query(ag->db, DB_LANE_REQUESTS,
-			      "SELECT * FROM pgcoord.record_recover_preview($1, $2::text[], $3)", 3,
-			      params, recovered, req))
+			      "SELECT * FROM pgcoord.record_recover_preview($1, $2::text[], $3, "
+			      "$4::bigint, $5::bigint)",
+			      5, params, recovered, req))
 			goto unqueued;
 	} else {
-		const char *params[4] = {session, kinds, limit_s, actor};
+		const char *params[6] = {session, kinds, limit_s, actor, uid_or_all, budget_s};
 		/* guarantee 8: the whole recovery is this one function call */
 		if (!db_query(ag->db, DB_LANE_REQUESTS,
-			      "SELECT * FROM pgcoord.record_recover($1, $2::text[], $3, $4)", 4,
-			      params, recovered, req))
+			      "SELECT * FROM pgcoord.record_recover($1, $2::text[], $3, $4, "
+			      "$5::bigint, $6::bigint)",
+			      6, params, recovered, req))
 			goto unqueued;
 	}
 	free(kinds);

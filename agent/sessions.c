@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/agent.h"
 #include "agent/conn.h"
@@ -17,12 +18,14 @@
 
 #define SESSION_NAME_MAX 200
 
-static struct session *session_new(struct agent *ag, int64_t id, const char *name)
+static struct session *session_new(struct agent *ag, int64_t id, const char *name,
+				   int64_t owner_uid)
 {
 	struct session *s = calloc(1, sizeof(*s));
 	if (!s)
 		return NULL;
 	s->id = id;
+	s->owner_uid = owner_uid;
 	s->name = strdup(name ? name : "");
 	if (!s->name) {
 		free(s);
@@ -82,7 +85,7 @@ void sessions_detach(struct agent *ag, struct conn *c)
 
 void sessions_add_internal(struct agent *ag, int64_t id)
 {
-	struct session *s = session_new(ag, id, "pgcoord-agent");
+	struct session *s = session_new(ag, id, "pgcoord-agent", (int64_t)geteuid());
 	if (s)
 		s->internal = true;
 }
@@ -92,7 +95,7 @@ void sessions_adopt_detached(struct agent *ag, int64_t id)
 	struct session *s;
 	if (sessions_find(ag, id))
 		return;
-	s = session_new(ag, id, "");
+	s = session_new(ag, id, "", -1);
 	if (s)
 		s->detached_ms = mono_ms();
 }
@@ -235,7 +238,7 @@ static void opened(const struct db_result *r, void *arg)
 		return;
 	}
 	id = strtoll(PQgetvalue(r->res, 0, 0), NULL, 10);
-	s = session_new(ag, id, "");
+	s = session_new(ag, id, "", (int64_t)c->uid);
 	if (!s) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		return;
@@ -257,6 +260,19 @@ static void opened(const struct db_result *r, void *arg)
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened for pid %d uid %u", (int)c->pid,
 		  (unsigned)c->uid);
 	req_done(req);
+}
+
+/* Sessions answer to the uid that opened them: another uid (not an admin)
+ * may not resume one. A session of unknown owner (opened before owners were
+ * recorded) is for admins only. */
+static void fail_not_owner(struct request *req, const struct session *s)
+{
+	char owner[24] = "no recorded uid";
+	if (s->owner_uid >= 0)
+		snprintf(owner, sizeof(owner), "uid %" PRId64, s->owner_uid);
+	req_fail(req, PGC_E_FORBIDDEN,
+		 "session %" PRId64 " belongs to %s; resuming another uid's session needs admin",
+		 s->id, owner);
 }
 
 static void resumed(const struct db_result *r, void *arg)
@@ -283,6 +299,12 @@ static void resumed(const struct db_result *r, void *arg)
 			 "session %lld is no longer live; open a new one", (long long)id);
 		return;
 	}
+	/* the database knows the owner of a predecessor's session: keep it */
+	s->owner_uid = PQgetisnull(r->res, 0, 2) ? -1 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+	if (strcmp(PQgetvalue(r->res, 0, 3), "t") != 0) {
+		fail_not_owner(req, s);
+		return;
+	}
 	if (req->conn->closed || req->conn->session) {
 		s->detached_ms = mono_ms();
 		req_fail(req, PGC_E_CONFLICT, "the connection closed or opened another session");
@@ -297,8 +319,8 @@ static void resumed(const struct db_result *r, void *arg)
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
-	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d",
-		  (int)req->conn->pid);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d uid %u",
+		  (int)req->conn->pid, (unsigned)req->conn->uid);
 	req_done(req);
 }
 
@@ -308,10 +330,18 @@ void rpc_session_open(struct request *req)
 	char *name = NULL;
 	int64_t resume = 0;
 	bool has_resume = false;
-	char inc[24], ttl[24], idbuf[24];
+	char inc[24], ttl[24], idbuf[24], uid[24];
 
 	if (!req_param_str(req, "name", false, SESSION_NAME_MAX, &name) ||
 	    !req_param_int(req, "resume", false, 1, INT64_MAX, &resume, &has_resume)) {
+		return;
+	}
+	if (!req_may_open_sessions(req)) {
+		free(name);
+		req_fail(req, PGC_E_FORBIDDEN,
+			 "uid %u may not open sessions: it is not in client_uids or client_group "
+			 "(admins always may)",
+			 (unsigned)req->conn->uid);
 		return;
 	}
 	if (req->conn->session) {
@@ -322,6 +352,7 @@ void rpc_session_open(struct request *req)
 	}
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	if (has_resume) {
 		struct session *s = sessions_find(ag, resume);
 		free(name);
@@ -333,6 +364,13 @@ void rpc_session_open(struct request *req)
 			    (long long)resume);
 			return;
 		}
+		/* before saying whether it is attached: another uid learns
+		 * nothing about the session */
+		if (s->owner_uid != -1 && s->owner_uid != (int64_t)req->conn->uid &&
+		    !req_is_admin(req)) {
+			fail_not_owner(req, s);
+			return;
+		}
 		if (s->conn || s->busy) {
 			req_fail(req, PGC_E_CONFLICT,
 				 "session %lld is attached to another connection",
@@ -340,17 +378,21 @@ void rpc_session_open(struct request *req)
 			return;
 		}
 		snprintf(idbuf, sizeof(idbuf), "%" PRId64, resume);
-		const char *params[4] = {idbuf, ag->cfg.replica_id, inc, ttl};
+		const char *params[6] = {
+		    idbuf, ag->cfg.replica_id, inc, ttl, uid, req_is_admin(req) ? "true" : "false"};
 		req->target_id = resume;
+		/* the database checks the owner too: it alone knows the owner
+		 * of a predecessor's session */
 		if (req_query(req,
-			      "SELECT session_id, name FROM pgcoord.session_resume($1, $2, $3, $4)",
-			      4, params, resumed))
+			      "SELECT session_id, name, owner_uid, resumed "
+			      "FROM pgcoord.session_resume($1, $2, $3, $4, $5, $6)",
+			      6, params, resumed))
 			s->busy = true;
 		return;
 	}
-	const char *params[4] = {ag->cfg.replica_id, inc, name ? name : "", ttl};
-	req_query(req, "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4)", 4, params,
-		  opened);
+	const char *params[5] = {ag->cfg.replica_id, inc, name ? name : "", ttl, uid};
+	req_query(req, "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, false, $5)", 5,
+		  params, opened);
 	free(name);
 }
 

@@ -17,6 +17,9 @@ struct session {
 	struct session *next, *prev;
 	int64_t id;
 	char *name;
+	/* the uid that opened it (SO_PEERCRED); -1 for a predecessor's
+	 * session not yet resumed, whose uid only the database knows */
+	int64_t owner_uid;
 	struct conn *conn;    /* NULL while detached */
 	uint64_t detached_ms; /* CLOCK_MONOTONIC start of the grace period */
 	bool busy;	      /* a resume or close is in flight */

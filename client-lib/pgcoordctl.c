@@ -538,9 +538,10 @@ static int cmd_agents(struct ctl *ctx, int argc, char **argv)
 static int cmd_sessions(struct ctl *ctx, int argc, char **argv)
 {
 	static const struct ctl_column cols[] = {
-	    {"SESSION", "session", CTL_FMT_AUTO},    {"NAME", "name", CTL_FMT_AUTO},
-	    {"REPLICA", "replica_id", CTL_FMT_AUTO}, {"INCARNATION", "incarnation", CTL_FMT_AUTO},
-	    {"OPENED", "opened_at", CTL_FMT_AGE},    {"EXPIRES", "expires_at", CTL_FMT_AGE},
+	    {"SESSION", "session", CTL_FMT_AUTO},	  {"NAME", "name", CTL_FMT_AUTO},
+	    {"UID", "owner_uid", CTL_FMT_AUTO},		  {"REPLICA", "replica_id", CTL_FMT_AUTO},
+	    {"INCARNATION", "incarnation", CTL_FMT_AUTO}, {"OPENED", "opened_at", CTL_FMT_AGE},
+	    {"EXPIRES", "expires_at", CTL_FMT_AGE},
 	};
 	return list_command(ctx, "fleet.sessions", "sessions", cols,
 			    sizeof(cols) / sizeof(cols[0]));

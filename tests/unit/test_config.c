@@ -142,6 +142,41 @@ Test(config, cross_checks_say_what_to_change)
 	config_free(&cfg);
 }
 
+/* Who may open sessions: a typo must stop the agent, naming the value, not
+ * lock every client out (or let everyone in) silently. */
+Test(config, client_uids_and_client_group_are_resolved_or_refused_by_name)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *uids[] = {"--client-uids", "1001, 1002,1003"};
+	cr_assert(load(&cfg, NULL, 2, uids, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.clients.nuids, 3);
+	cr_assert_eq(cfg.clients.uids[1], 1002);
+	cr_assert_not(cfg.clients.has_group);
+	cr_assert_eq(cfg.admins.nuids, 0, "client_uids leaked into the admins");
+	config_free(&cfg);
+
+	char *bad[] = {"--client-uids", "1001,alice"};
+	cr_assert(!load(&cfg, NULL, 2, bad, err, sizeof(err)));
+	cr_assert(strstr(err, "client_uids: \"1001,alice\" is not a comma-separated list of "
+			      "numeric uids"),
+		  "%s", err);
+	config_free(&cfg);
+
+	char *group[] = {"--client-group", "root"};
+	cr_assert(load(&cfg, NULL, 2, group, err, sizeof(err)), "%s", err);
+	cr_assert(cfg.clients.has_group);
+	cr_assert_eq(cfg.clients.gid, 0);
+	config_free(&cfg);
+
+	char *nogroup[] = {"--client-group", "no-such-group-pgcoord"};
+	cr_assert(!load(&cfg, NULL, 2, nogroup, err, sizeof(err)));
+	cr_assert(strstr(err, "client_group: no group named \"no-such-group-pgcoord\" on this "
+			      "host"),
+		  "%s", err);
+	config_free(&cfg);
+}
+
 /* A retention horizon a retry could outlive is refused; 0 and an hour pass. */
 Test(config, retention_is_off_or_at_least_an_hour)
 {

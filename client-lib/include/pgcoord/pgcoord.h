@@ -146,7 +146,8 @@ pgcoord_err pgcoord_ping(pgcoord *c, int timeout_ms);
 /* Opens a session named name (free text, for operators). *session_id may be NULL. */
 pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms, int64_t *session_id);
 
-/* Re-attaches a session this agent still holds in its grace period. */
+/* Re-attaches a session this agent still holds in its grace period. Only the
+ * uid that opened it (or an admin) may: PGCOORD_E_FORBIDDEN otherwise. */
 pgcoord_err pgcoord_session_resume(pgcoord *c, int64_t session_id, int timeout_ms);
 
 pgcoord_err pgcoord_session_close(pgcoord *c, int timeout_ms);
@@ -184,7 +185,8 @@ typedef struct pgcoord_claim pgcoord_claim;
  * Owner. Claims weights[i] (NULL: 1 each) of quota keys[i] for i <
  * nquotas, all or nothing, as permit `id` (1..200 bytes). intent (may be
  * NULL) is stored with the permit in the same transaction, up to 64 KiB.
- * limit >= 0 also sets the (single) quota's limit, creating it if needed;
+ * limit >= 0 also sets the (single) quota's limit, creating it if needed
+ * (from a non-admin: only creating it; an existing limit stays);
  * PGCOORD_NO_LIMIT leaves it. On PGCOORD_OK, *out owns the outcome (free it
  * with pgcoord_claim_free); a denial is PGCOORD_OK with status DENIED.
  * PGCOORD_E_UNAVAILABLE / _TIMEOUT / _CALL_TIMEOUT mean "not known to be
@@ -238,8 +240,9 @@ typedef enum pgcoord_outcome {
 
 /*
  * Settles a permit on observed evidence (required, non-empty). Without
- * PGCOORD_OVERRIDE it needs a session and works on permits that are
- * uncertain or the session's own; RUNNING makes the session the owner.
+ * PGCOORD_OVERRIDE it needs a session and works on permits of the caller's
+ * uid (any, for an admin) that are uncertain or the session's own; RUNNING
+ * makes the session the owner.
  */
 pgcoord_err pgcoord_permit_resolve(pgcoord *c, const char *id, pgcoord_outcome outcome,
 				   const char *evidence, unsigned flags, int timeout_ms);
