@@ -736,3 +736,13 @@ void config_print(const struct config *cfg, FILE *out)
 		fprintf(out, "%s = %s\n", config_options[i].name, value);
 	}
 }
+
+bool uid_set_has(const struct admin_set *set, uid_t uid, gid_t gid)
+{
+	if (set->has_group && gid == set->gid)
+		return true;
+	for (size_t i = 0; i < set->nuids; i++)
+		if (set->uids[i] == uid)
+			return true;
+	return false;
+}

@@ -66,6 +66,10 @@ struct config {
 	struct admin_set clients;
 };
 
+/* True when the peer (uid, primary gid) is in the set: a listed uid, or the
+ * set's group as its gid (members of the group are listed as uids). */
+bool uid_set_has(const struct admin_set *set, uid_t uid, gid_t gid);
+
 enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL };
 
 struct option_def {

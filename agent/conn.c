@@ -30,16 +30,9 @@ static void conn_free(struct conn *c)
 
 bool conn_peer_is_admin(const struct agent *ag, uid_t uid, gid_t gid)
 {
-	const struct admin_set *a = &ag->cfg.admins;
-
 	if (uid == 0 || uid == geteuid())
 		return true;
-	if (a->has_group && gid == a->gid)
-		return true;
-	for (size_t i = 0; i < a->nuids; i++)
-		if (a->uids[i] == uid)
-			return true;
-	return false;
+	return uid_set_has(&ag->cfg.admins, uid, gid);
 }
 
 void conn_ref(struct conn *c)

@@ -209,24 +209,9 @@ bool req_query(struct request *req, const char *sql, int nparams, const char *co
 	return true;
 }
 
-static bool in_uid_set(const struct admin_set *a, uid_t uid, gid_t gid)
-{
-	if (a->has_group && gid == a->gid)
-		return true;
-	for (size_t i = 0; i < a->nuids; i++)
-		if (a->uids[i] == uid)
-			return true;
-	return false;
-}
-
 bool req_is_admin(const struct request *req)
 {
-	const struct conn *c = req->conn;
-	const struct admin_set *a = &req->ag->cfg.admins;
-
-	if (c->uid == 0 || c->uid == geteuid())
-		return true;
-	return in_uid_set(a, c->uid, c->gid);
+	return conn_peer_is_admin(req->ag, req->conn->uid, req->conn->gid);
 }
 
 bool req_may_open_sessions(const struct request *req)
@@ -234,7 +219,7 @@ bool req_may_open_sessions(const struct request *req)
 	const struct admin_set *c = &req->ag->cfg.clients;
 	if (!c->has_group && c->nuids == 0)
 		return true; /* not narrowed: whoever reaches the socket */
-	return req_is_admin(req) || in_uid_set(c, req->conn->uid, req->conn->gid);
+	return req_is_admin(req) || uid_set_has(c, req->conn->uid, req->conn->gid);
 }
 
 size_t req_reply_budget(const struct request *req)
