@@ -39,6 +39,7 @@ struct db_conn {
 	struct db_query *query;
 	PGresult *result; /* the answer kept for the query: its result or first error */
 	int phase;	  /* statements of the pipeline whose results are all read */
+	bool rolled_back; /* the server reported an error before the Sync */
 };
 
 struct db_lane {
@@ -253,10 +254,21 @@ static void conn_lost(struct db_conn *c, const char *why)
 {
 	struct db *db = c->lane->db;
 	struct db_query *q = c->query;
-	char msg[512];
+	char msg[512], answer[512] = "";
+	enum pgc_error_code code = PGC_E_UNAVAILABLE;
 
 	one_line(msg, sizeof(msg), why);
 	log_warn(db->log, "db", "%s connection lost: %s", lane_names[c->lane->id], msg);
+	/* An error the server reported for the bounds or the statement means
+	 * its transaction rolled back (the commit comes only at the Sync), as
+	 * when a backend is terminated mid-statement: that outcome is known.
+	 * Only a loss after the statement succeeded leaves it unknown. */
+	if (q && c->rolled_back && c->result) {
+		const char *sqlstate = PQresultErrorField(c->result, PG_DIAG_SQLSTATE);
+		code = db_error_for_sqlstate(sqlstate);
+		one_line(answer, sizeof(answer),
+			 PQresultErrorField(c->result, PG_DIAG_MESSAGE_PRIMARY));
+	}
 	event_del(c->io);
 	if (c->result) {
 		PQclear(c->result);
@@ -272,9 +284,13 @@ static void conn_lost(struct db_conn *c, const char *why)
 	lane_update_up(c->lane);
 	if (q) {
 		q->running_on = NULL;
-		query_fail(q, PGC_E_UNAVAILABLE, true,
-			   "the database connection was lost while the request ran; its "
-			   "outcome is unknown, retry with the same ids");
+		if (answer[0])
+			query_fail(q, code == PGC_E_INTERNAL ? PGC_E_UNAVAILABLE : code, false,
+				   answer);
+		else
+			query_fail(q, PGC_E_UNAVAILABLE, true,
+				   "the database connection was lost while the request ran; its "
+				   "outcome is unknown, retry with the same ids");
 	}
 }
 
@@ -434,6 +450,7 @@ static void conn_read(struct db_conn *c)
 		if (error && !kept_error) {
 			PQclear(c->result);
 			c->result = res;
+			c->rolled_back = PQresultErrorField(res, PG_DIAG_SQLSTATE) != NULL;
 		} else if (!error && st != PGRES_PIPELINE_ABORTED && c->phase == 1 && !c->result) {
 			c->result = res;
 		} else {
@@ -531,6 +548,7 @@ static void conn_run(struct db_conn *c, struct db_query *q)
 	snprintf(bound, sizeof(bound), "%dms", db_bound_ms(q, c->lane->db->query_timeout_ms));
 	c->query = q;
 	c->phase = 0;
+	c->rolled_back = false;
 	q->running_on = c;
 	c->state = CONN_BUSY;
 	c->lane->db->stats.queries++;

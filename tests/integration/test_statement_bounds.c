@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "itest.h"
 #include "pgcoord/pgcoord.h"
+#include "proto/codec.h"
 
 TestSuite(statement_bounds, .timeout = 120);
 
@@ -113,6 +115,73 @@ Test(statement_bounds, a_claim_behind_a_lock_stops_in_the_database_and_never_adm
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 1);
 
 	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A backend terminated while the claim waits: the server's error comes
+ * before the Sync, so the claim's transaction rolled back and the answer
+ * says what happened (not "outcome unknown"); nothing is admitted. */
+Test(statement_bounds, a_claim_whose_backend_is_terminated_rolled_back_and_never_admits)
+{
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	struct hagent *a = hagent_start(db, "r1", NULL); /* query_timeout_ms 5000 */
+	int fd = iconnect(hagent_socket(a));
+	isession_open(fd, "victim");
+	hdb_exec(db, "INSERT INTO pgcoord.quotas (key, \"limit\") VALUES ('q', 5)");
+
+	PGconn *locker = hdb_connect(db);
+	exec_ok(locker, "BEGIN");
+	exec_ok(locker, "SELECT * FROM pgcoord.quotas WHERE key = 'q' FOR UPDATE");
+
+	struct iparams p;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "id", "p2");
+	msgpack_pack_str(pk, 6);
+	msgpack_pack_str_body(pk, "quotas", 6);
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 1);
+	pgc_pack_kv_str(pk, "key", "q");
+	uint32_t msgid = inext_msgid();
+	cr_assert(hraw_send_request(fd, msgid, "permit.claim", p.sb.data, p.sb.size));
+	iparams_destroy(&p);
+
+	cr_assert(iwait_sql(db, 3000,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND wait_event_type = 'Lock' AND pid <> %d",
+			    PQbackendPID(locker)),
+		  "the claim never waited for the lock");
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+				    "WHERE datname = current_database() AND wait_event_type = "
+				    "'Lock' AND pid <> %d",
+				    PQbackendPID(locker)),
+		     1);
+
+	struct ireply r;
+	char err[256];
+	msgpack_unpacked_init(&r.u);
+	cr_assert_eq(hraw_recv_msg(fd, 4000, &r.u), HRAW_MSG, "no answer to the claim");
+	memset(&r.m, 0, sizeof(r.m));
+	cr_assert(pgc_parse_message(&r.u.data, &r.m, err, sizeof(err)), "%s", err);
+	cr_assert_eq(r.m.msgid, msgid);
+	if (hbouncer_enabled()) {
+		/* PgBouncer closes its client on a server's death: the agent
+		 * cannot tell, and says the outcome is unknown */
+		ierr(&r, "unavailable", true, (const char *const[]){NULL});
+	} else {
+		ierr(&r, "unavailable", true,
+		     (const char *const[]){"terminating connection", NULL});
+	}
+	ireply_destroy(&r);
+
+	exec_ok(locker, "ROLLBACK");
+	PQfinish(locker);
+	hsleep_ms(500);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'p2'"), 0);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 0);
+	close(fd);
 	hagent_destroy(a);
 	hdb_drop(db);
 }
