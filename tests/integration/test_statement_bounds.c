@@ -185,3 +185,52 @@ Test(statement_bounds, a_claim_whose_backend_is_terminated_rolled_back_and_never
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* The heartbeat lane is bounded the same way: with the agent's own row
+ * locked, no heartbeat backend waits much past the bound, the failure is
+ * logged as the bound running out, and heartbeats succeed once the lock
+ * goes. */
+Test(statement_bounds, heartbeats_behind_a_lock_stop_at_the_bound)
+{
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	const char *const args[] = {"--query-timeout-ms", "1000", "--heartbeat-interval-ms", "200",
+				    NULL};
+	struct hagent *a = hagent_start(db, "r1", args);
+
+	PGconn *locker = hdb_connect(db);
+	exec_ok(locker, "BEGIN");
+	exec_ok(locker, "SELECT * FROM pgcoord.agents WHERE replica_id = 'r1' FOR UPDATE");
+	int64_t until = hnow_ms() + 3000;
+	long waited = 0;
+	while (hnow_ms() < until) {
+		waited +=
+		    hdb_query_long(db,
+				   "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+				   "current_database() AND wait_event_type = 'Lock' AND pid <> %d",
+				   PQbackendPID(locker));
+		/* the bound is 900 ms from the statement's start */
+		cr_assert_eq(
+		    hdb_query_long(db,
+				   "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+				   "current_database() AND wait_event_type = 'Lock' AND pid "
+				   "<> %d AND now() - query_start > interval '1600 ms'",
+				   PQbackendPID(locker)),
+		    0, "a heartbeat waited past its bound");
+		hsleep_ms(100);
+	}
+	cr_assert_gt(waited, 0, "no heartbeat ever waited for the lock");
+	exec_ok(locker, "ROLLBACK");
+	PQfinish(locker);
+
+	cr_assert(iwait_sql(db, 3000,
+			    "SELECT count(*) FROM pgcoord.agents WHERE replica_id = 'r1' AND "
+			    "heartbeat_at > now() - interval '500 ms'"),
+		  "heartbeats did not resume");
+	const char *log = hagent_log(a);
+	cr_assert(
+	    strstr(log, "heartbeat failed: the statement ran out of its time in the database"),
+	    "%s", log);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
