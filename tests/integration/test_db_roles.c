@@ -199,3 +199,28 @@ Test(db_roles, migrate_repins_and_regrants_what_a_later_change_reset)
 	assert_allowed(db, "SELECT pgcoord.secure_functions_probe()");
 	hdb_drop(db);
 }
+
+Test(db_roles, migrate_names_a_runtime_role_that_does_not_exist)
+{
+	struct harness_db *db = hdb_create();
+	const char *argv[] = {
+	    iagent_bin(),   "migrate", "--database-url", hdb_owner_conninfo(db), "--runtime-role",
+	    "no_such_role", NULL};
+	char *out = NULL;
+	int rc = hrun(argv, &out);
+	cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "no_such_role") && strstr(out, "does not exist"), "%s", out);
+	free(out);
+	/* the migrations themselves stand; only the grant failed */
+	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"),
+		     ischema_latest());
+	cr_assert_eq(unpinned(db), 0);
+
+	const char *no_value[] = {iagent_bin(),		  "migrate",	    "--database-url",
+				  hdb_owner_conninfo(db), "--runtime-role", NULL};
+	rc = hrun(no_value, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "--runtime-role needs a role name"), "%s", out);
+	free(out);
+	hdb_drop(db);
+}
