@@ -39,7 +39,9 @@ const struct option_def config_options[] = {
      "How long a session whose client disconnected stays resumable."},
     {"query_timeout_ms", OPT_INT, OFF(query_timeout_ms), "5000", 100, 600000, false, true,
      "Longest wait for a database answer (queueing included) before a request fails "
-     "with a retryable timeout."},
+     "with a retryable timeout. Each statement also carries this bound, less max(100 ms, "
+     "10 %), as its statement_timeout and lock_timeout, so the database stops and rolls it "
+     "back first: the timeout then says nothing changed."},
     {"connect_timeout_ms", OPT_INT, OFF(connect_timeout_ms), "5000", 100, 600000, false, true,
      "Longest wait for one database connection attempt."},
     {"reconnect_max_ms", OPT_INT, OFF(reconnect_max_ms), "5000", 100, 600000, false, true,

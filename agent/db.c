@@ -25,6 +25,7 @@ struct db_query {
 	const bool *abandoned; /* when true before it is sent, it is not sent */
 	struct event *deadline;
 	struct timespec queued_at; /* for the latency histogram */
+	struct timespec due;	   /* queued_at + query_timeout_ms */
 };
 
 struct db_conn {
@@ -36,7 +37,9 @@ struct db_conn {
 	int backoff_ms;
 	bool failing; /* logged this outage already: later attempts log at debug */
 	struct db_query *query;
-	PGresult *result;
+	PGresult *result; /* the answer kept for the query: its result or first error */
+	int phase;	  /* statements of the pipeline whose results are all read */
+	bool rolled_back; /* the server reported an error before the Sync */
 };
 
 struct db_lane {
@@ -112,10 +115,12 @@ enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
 	 * conflicts and read-only standbys: a retry may well succeed */
 	if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
 	    strncmp(sqlstate, "57P", 3) == 0 || strcmp(sqlstate, "40001") == 0 ||
-	    strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "25006") == 0 ||
-	    strcmp(sqlstate, "55P03") == 0)
+	    strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "25006") == 0)
 		return PGC_E_UNAVAILABLE;
-	if (strcmp(sqlstate, "57014") == 0) /* query_canceled: statement_timeout */
+	/* the server-side bound (db_bound_ms) ran out: statement_timeout
+	 * (query_canceled) or lock_timeout (lock_not_available); the statement
+	 * rolled back, so a retry is safe */
+	if (strcmp(sqlstate, "57014") == 0 || strcmp(sqlstate, "55P03") == 0)
 		return PGC_E_TIMEOUT;
 	return PGC_E_INTERNAL;
 }
@@ -249,10 +254,21 @@ static void conn_lost(struct db_conn *c, const char *why)
 {
 	struct db *db = c->lane->db;
 	struct db_query *q = c->query;
-	char msg[512];
+	char msg[512], answer[512] = "";
+	enum pgc_error_code code = PGC_E_UNAVAILABLE;
 
 	one_line(msg, sizeof(msg), why);
 	log_warn(db->log, "db", "%s connection lost: %s", lane_names[c->lane->id], msg);
+	/* An error the server reported for the bounds or the statement means
+	 * its transaction rolled back (the commit comes only at the Sync), as
+	 * when a backend is terminated mid-statement: that outcome is known.
+	 * Only a loss after the statement succeeded leaves it unknown. */
+	if (q && c->rolled_back && c->result) {
+		const char *sqlstate = PQresultErrorField(c->result, PG_DIAG_SQLSTATE);
+		code = db_error_for_sqlstate(sqlstate);
+		one_line(answer, sizeof(answer),
+			 PQresultErrorField(c->result, PG_DIAG_MESSAGE_PRIMARY));
+	}
 	event_del(c->io);
 	if (c->result) {
 		PQclear(c->result);
@@ -268,9 +284,13 @@ static void conn_lost(struct db_conn *c, const char *why)
 	lane_update_up(c->lane);
 	if (q) {
 		q->running_on = NULL;
-		query_fail(q, PGC_E_UNAVAILABLE, true,
-			   "the database connection was lost while the request ran; its "
-			   "outcome is unknown, retry with the same ids");
+		if (answer[0])
+			query_fail(q, code == PGC_E_INTERNAL ? PGC_E_UNAVAILABLE : code, false,
+				   answer);
+		else
+			query_fail(q, PGC_E_UNAVAILABLE, true,
+				   "the database connection was lost while the request ran; its "
+				   "outcome is unknown, retry with the same ids");
 	}
 }
 
@@ -302,7 +322,7 @@ static void conn_connect_step(struct db_conn *c)
 		return;
 	case PGRES_POLLING_OK:
 		evtimer_del(c->timer);
-		if (PQsetnonblocking(c->pg, 1) != 0) {
+		if (PQsetnonblocking(c->pg, 1) != 0 || !PQenterPipelineMode(c->pg)) {
 			conn_connect_failed(c);
 			return;
 		}
@@ -362,6 +382,17 @@ static void conn_finish_query(struct db_conn *c)
 		r.message = msg;
 		r.error = db_error_for_sqlstate(r.sqlstate);
 		r.refusal = db_sqlstate_is_refusal(r.sqlstate);
+		if (r.error == PGC_E_TIMEOUT) {
+			/* the server's words, e.g. "canceling statement due to
+			 * statement timeout", as they were */
+			char why[sizeof(msg)];
+			memcpy(why, msg, sizeof(why));
+			snprintf(msg, sizeof(msg),
+				 "the statement ran out of its time in the database (%.200s; just "
+				 "under query_timeout_ms) and was rolled back: nothing changed, "
+				 "retry",
+				 why);
+		}
 		/* an error reply means the statement's transaction rolled back */
 		r.outcome_unknown = false;
 		/* a refusal is the schema answering, not the database failing */
@@ -378,6 +409,14 @@ static void conn_finish_query(struct db_conn *c)
 	lane_pump(c->lane);
 }
 
+/*
+ * A query is a pipeline of three parts (conn_run): the bounds, the statement,
+ * the Sync. libpq hands back each statement's results followed by a NULL,
+ * then PGRES_PIPELINE_SYNC once the implicit transaction has ended. The
+ * answer is kept from the first error, else from the statement's first
+ * result, and given only at the Sync: an error committing at the Sync must
+ * still turn an OK into a failure.
+ */
 static void conn_read(struct db_conn *c)
 {
 	if (!PQconsumeInput(c->pg)) {
@@ -387,13 +426,36 @@ static void conn_read(struct db_conn *c)
 	while (!PQisBusy(c->pg)) {
 		PGresult *res = PQgetResult(c->pg);
 		if (!res) {
+			c->phase++; /* the end of one statement's results */
+			continue;
+		}
+		ExecStatusType st = PQresultStatus(res);
+		if (st == PGRES_PIPELINE_SYNC) {
+			PQclear(res);
 			conn_finish_query(c);
 			return;
 		}
-		if (!c->result)
-			c->result = res;
-		else
+		bool error = st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE ||
+			     st == PGRES_NONFATAL_ERROR;
+		bool kept_error = c->result && PQresultStatus(c->result) != PGRES_TUPLES_OK &&
+				  PQresultStatus(c->result) != PGRES_COMMAND_OK;
+		if (error && !PQresultErrorField(res, PG_DIAG_SQLSTATE) &&
+		    PQstatus(c->pg) == CONNECTION_BAD) {
+			/* libpq's own report of a broken connection: the commit
+			 * may have been under way */
 			PQclear(res);
+			conn_lost(c, PQerrorMessage(c->pg));
+			return;
+		}
+		if (error && !kept_error) {
+			PQclear(c->result);
+			c->result = res;
+			c->rolled_back = PQresultErrorField(res, PG_DIAG_SQLSTATE) != NULL;
+		} else if (!error && st != PGRES_PIPELINE_ABORTED && c->phase == 1 && !c->result) {
+			c->result = res;
+		} else {
+			PQclear(res);
+		}
 	}
 	conn_wait(c, EV_READ);
 }
@@ -447,14 +509,53 @@ static void conn_io_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/*
+ * The statement's server-side bound: what is left of its deadline less a
+ * margin (max(100 ms, 10 %) of query_timeout_ms, at most half of it), so the
+ * database gives up, rolls back and answers before the agent's own deadline
+ * would have to drop the connection with the outcome unknown.
+ */
+static int db_bound_ms(const struct db_query *q, int query_timeout_ms)
+{
+	struct timespec now;
+	int margin = query_timeout_ms / 10 > 100 ? query_timeout_ms / 10 : 100;
+	if (margin > query_timeout_ms / 2)
+		margin = query_timeout_ms / 2;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	long long left = (long long)(q->due.tv_sec - now.tv_sec) * 1000 +
+			 (q->due.tv_nsec - now.tv_nsec) / 1000000;
+	left -= margin;
+	return left < 1 ? 1 : (int)left; /* 0 would mean no bound at all */
+}
+
+/*
+ * Sends q as one pipeline: set_config() of statement_timeout and
+ * lock_timeout, local to the transaction, then the statement, then one
+ * Sync, so both run in a single implicit transaction and one round trip.
+ * The server arms statement_timeout when a protocol message starts and
+ * disarms it after each Execute (PostgreSQL 13+), so the statement's own
+ * Parse starts a timer with the value just set; lock_timeout is read at
+ * every lock wait. No SET, no named statements: nothing outlives the
+ * transaction, which keeps PgBouncer's transaction pooling safe.
+ */
 static void conn_run(struct db_conn *c, struct db_query *q)
 {
+	static const char bound_sql[] = "SELECT set_config('statement_timeout', $1, true), "
+					"set_config('lock_timeout', $2, true)";
+	char bound[32];
+	const char *bounds[2] = {bound, bound};
+
+	snprintf(bound, sizeof(bound), "%dms", db_bound_ms(q, c->lane->db->query_timeout_ms));
 	c->query = q;
+	c->phase = 0;
+	c->rolled_back = false;
 	q->running_on = c;
 	c->state = CONN_BUSY;
 	c->lane->db->stats.queries++;
-	if (!PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
-			       NULL, NULL, 0)) {
+	if (!PQsendQueryParams(c->pg, bound_sql, 2, NULL, bounds, NULL, NULL, 0) ||
+	    !PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
+			       NULL, NULL, 0) ||
+	    !PQpipelineSync(c->pg)) {
 		conn_lost(c, PQerrorMessage(c->pg));
 		return;
 	}
@@ -540,6 +641,13 @@ bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, in
 	q->arg = arg;
 	q->abandoned = abandoned;
 	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
+	q->due = q->queued_at;
+	q->due.tv_sec += db->query_timeout_ms / 1000;
+	q->due.tv_nsec += (long)(db->query_timeout_ms % 1000) * 1000000;
+	if (q->due.tv_nsec >= 1000000000) {
+		q->due.tv_sec++;
+		q->due.tv_nsec -= 1000000000;
+	}
 	q->nparams = nparams;
 	q->sql = strdup(sql);
 	q->params = nparams ? calloc((size_t)nparams, sizeof(char *)) : NULL;

@@ -3,10 +3,13 @@
  *
  * Two lanes of connections: REQUESTS (pool_size connections serving client
  * calls) and HEARTBEAT (one connection for heartbeats and lease renewals, so
- * liveness never queues behind traffic). Every query is one statement sent
- * with PQsendQueryParams (unnamed statements: works through PgBouncer in
- * transaction mode). The loop never blocks on the database: connects are
- * driven by PQconnectPoll, results by PQconsumeInput/PQisBusy.
+ * liveness never queues behind traffic). Every query is one statement, sent
+ * in libpq pipeline mode behind a set_config() of statement_timeout and
+ * lock_timeout local to its transaction (unnamed statements, no SET: works
+ * through PgBouncer in transaction mode), so the database itself stops a
+ * statement just before the agent would give up on it. The loop never
+ * blocks on the database: connects are driven by PQconnectPoll, results by
+ * PQconsumeInput/PQisBusy.
  */
 #ifndef PGCOORD_AGENT_DB_H
 #define PGCOORD_AGENT_DB_H
@@ -62,8 +65,12 @@ void db_update_timeouts(struct db *db, const struct db_settings *settings);
  * are copied. Returns false, without calling done, when the lane has no
  * connection up (the caller answers `unavailable` at once: fail closed) or
  * its queue is full. The deadline (query_timeout_ms) covers queueing and
- * execution; on expiry done gets TIMEOUT and a running statement's
- * connection is dropped, since libpq cannot cancel without blocking.
+ * execution. The statement's server-side bound is what is left of it less
+ * max(100 ms, 10 %): when that runs out the database rolls the statement
+ * back and done gets TIMEOUT with outcome_unknown false, the connection
+ * kept. Only if the database does not answer even then does the deadline
+ * drop the connection (libpq cannot cancel without blocking) and done gets
+ * TIMEOUT with outcome_unknown true.
  */
 __attribute__((warn_unused_result)) bool db_query(struct db *db, enum db_lane_id lane,
 						  const char *sql, int nparams,
@@ -93,7 +100,8 @@ struct db_stats {
 };
 void db_get_stats(const struct db *db, struct db_stats *out);
 
-/* Maps a failed result's SQLSTATE to the wire error a client should see.
+/* Maps a failed result's SQLSTATE to the wire error a client should see:
+ * 57014 (statement_timeout) and 55P03 (lock_timeout) are TIMEOUT.
  * The schema's deliberate refusals (PCNFD not_found, PCFEN fenced, PCCFL
  * conflict, PCFBD forbidden, PCSEX session_expired) map to their codes. */
 enum pgc_error_code db_error_for_sqlstate(const char *sqlstate);

@@ -360,6 +360,15 @@ static void schema_done(const struct db_result *r, void *arg)
 		return;
 	if (r->ok) {
 		version = atoi(PQgetvalue(r->res, 0, 0));
+	} else if (r->sqlstate && strcmp(r->sqlstate, "42501") == 0) {
+		/* insufficient_privilege: a runtime role nobody granted yet */
+		log_error(&ag->log, "identity",
+			  "this database role may not read the schema version (%s): as the "
+			  "schema's owner, run `pgcoord-agent migrate --runtime-role ROLE` (or "
+			  "`pgcoordctl migrate --runtime-role ROLE`) for the role the agent uses",
+			  r->message);
+		agent_exit(ag, 1);
+		return;
 	} else if (!migrate_error_means_empty(r->sqlstate)) {
 		log_warn(&ag->log, "identity", "cannot read the schema version: %s; retrying",
 			 r->message);

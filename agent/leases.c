@@ -236,14 +236,22 @@ static void tell(struct lease *l, const char *method, struct change_note *note)
 		conn_notify(s->conn, method, fill_change, note);
 }
 
+/* The lease name is the client's: escaped, so it cannot forge a line. */
+static void lease_log_kv(const struct lease *l, char *kv, size_t len)
+{
+	kv[0] = '\0';
+	log_kv_str(kv, len, "lease", l->name);
+	log_kv_int(kv, len, "session", l->session_id);
+	log_kv_int(kv, len, "epoch", l->epoch);
+}
+
 static void belief_start(struct lease *l)
 {
 	struct change_note note = {l,	 true, "acquired", l->session_id, l->ag->cfg.replica_id,
 				   false};
-	char kv[300];
+	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
 	l->leader = true;
-	snprintf(kv, sizeof(kv), "lease=\"%s\" session=%" PRId64 " epoch=%" PRId64, l->name,
-		 l->session_id, l->epoch);
+	lease_log_kv(l, kv, sizeof(kv));
 	log_write(&l->ag->log, LOG_LEVEL_INFO, "leases", kv, "leadership belief starts");
 	tell(l, "lease.changed", &note);
 	if (l->on_change)
@@ -254,13 +262,12 @@ static void belief_end(struct lease *l, const char *reason, int64_t holder_sessi
 		       const char *holder_replica)
 {
 	struct change_note note = {l, false, reason, holder_session, holder_replica, false};
-	char kv[300];
+	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
 	if (!l->leader)
 		return;
 	l->leader = false;
 	evtimer_del(l->belief_timer);
-	snprintf(kv, sizeof(kv), "lease=\"%s\" session=%" PRId64 " epoch=%" PRId64, l->name,
-		 l->session_id, l->epoch);
+	lease_log_kv(l, kv, sizeof(kv));
 	log_write(&l->ag->log, LOG_LEVEL_WARN, "leases", kv, "leadership belief ends: %s", reason);
 	tell(l, "lease.changed", &note);
 	if (l->on_change)

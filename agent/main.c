@@ -3,7 +3,7 @@
  * order of start-up and shutdown.
  *
  *   pgcoord-agent [--config FILE] [--OPTION VALUE ...]   serve
- *   pgcoord-agent migrate [--config FILE] [--database-url URL]
+ *   pgcoord-agent migrate [--config FILE] [--database-url URL] [--runtime-role ROLE]
  *   pgcoord-agent --check-config [--config FILE] [...]
  *
  * Exit status: 0 clean stop; 1 refused to start or lost its identity;
@@ -36,7 +36,8 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 		"usage: pgcoord-agent [--config FILE] [--OPTION VALUE ...]\n"
-		"       pgcoord-agent migrate [--config FILE] [--database-url URL]\n"
+		"       pgcoord-agent migrate [--config FILE] [--database-url URL] [--runtime-role "
+		"ROLE]\n"
 		"       pgcoord-agent --check-config [--config FILE] [--OPTION VALUE ...]\n"
 		"       pgcoord-agent --help | --version\n\n"
 		"Options come from the config file (default %s, `key = value`),\n"
@@ -117,20 +118,24 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 
 /* Pulls --config FILE out of argv (it decides where the other options come
  * from, so it is read first). */
-static bool take_config_flag(int *argc, char **argv, const char **path)
+/* Removes "FLAG VALUE" / "FLAG=VALUE" from argv (the last one wins) and
+ * points *value at it; false, having said why, when the value is missing. */
+static bool take_flag(int *argc, char **argv, const char *flag, const char *what,
+		      const char **value)
 {
+	size_t flen = strlen(flag);
 	for (int i = 0; i < *argc; i++) {
 		const char *a = argv[i];
 		int drop = 0;
-		if (strcmp(a, "--config") == 0) {
+		if (strcmp(a, flag) == 0) {
 			if (i + 1 >= *argc) {
-				fprintf(stderr, "pgcoord-agent: --config needs a file name\n");
+				fprintf(stderr, "pgcoord-agent: %s needs %s\n", flag, what);
 				return false;
 			}
-			*path = argv[i + 1];
+			*value = argv[i + 1];
 			drop = 2;
-		} else if (strncmp(a, "--config=", 9) == 0) {
-			*path = a + 9;
+		} else if (strncmp(a, flag, flen) == 0 && a[flen] == '=') {
+			*value = a + flen + 1;
 			drop = 1;
 		}
 		if (drop) {
@@ -143,15 +148,17 @@ static bool take_config_flag(int *argc, char **argv, const char **path)
 	return true;
 }
 
-static int run_migrate(const struct config *cfg)
+static int run_migrate(const struct config *cfg, const char *runtime_role)
 {
 	char err[1024];
 	int applied = 0, version = 0;
-	if (!migrate_apply(cfg->database_url, &applied, &version, err, sizeof(err))) {
+	if (!migrate_apply(cfg->database_url, runtime_role, &applied, &version, err, sizeof(err))) {
 		fprintf(stderr, "pgcoord-agent migrate: %s\n", err);
 		return 1;
 	}
 	printf("applied %d migration(s); schema at version %d\n", applied, version);
+	if (runtime_role)
+		printf("granted the runtime role %s\n", runtime_role);
 	return 0;
 }
 
@@ -242,7 +249,7 @@ out:
 int main(int argc, char **argv)
 {
 	struct agent ag;
-	const char *config_path = NULL;
+	const char *config_path = NULL, *runtime_role = NULL;
 	bool migrate = false, check = false;
 	char err[1024];
 	int rc;
@@ -273,8 +280,14 @@ int main(int argc, char **argv)
 			i--;
 		}
 	}
-	if (!take_config_flag(&argc, argv, &config_path))
+	if (!take_flag(&argc, argv, "--config", "a file name", &config_path))
 		return 2;
+	if (migrate && !take_flag(&argc, argv, "--runtime-role", "a role name", &runtime_role))
+		return 2;
+	if (runtime_role && !runtime_role[0]) {
+		fprintf(stderr, "pgcoord-agent: --runtime-role needs a role name\n");
+		return 2;
+	}
 	config_defaults(&ag.cfg);
 	if (!config_load(&ag.cfg, config_path, config_path != NULL, argc, argv, err, sizeof(err)) ||
 	    !config_validate(&ag.cfg, err, sizeof(err))) {
@@ -291,7 +304,7 @@ int main(int argc, char **argv)
 		config_print(&ag.cfg, stdout);
 		rc = 0;
 	} else if (migrate) {
-		rc = run_migrate(&ag.cfg);
+		rc = run_migrate(&ag.cfg, runtime_role);
 	} else {
 		/* a client that vanished mid-write must not kill the agent */
 		signal(SIGPIPE, SIG_IGN);

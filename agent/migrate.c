@@ -98,6 +98,58 @@ rollback:
 	return false;
 }
 
+/*
+ * After the migrations: every function SECURITY DEFINER with a pinned
+ * search_path and not PUBLIC's (pgcoord.secure_functions, from 0007), again
+ * on every run, since a later CREATE OR REPLACE FUNCTION resets that; then,
+ * when asked, the runtime role's grants, which must cover functions added
+ * since it was last granted. A schema from before 0007 has neither.
+ */
+static bool secure_and_grant(PGconn *conn, const char *runtime_role, char *err, size_t errlen)
+{
+	const char *what = "securing the pgcoord functions";
+	PGresult *res =
+	    PQexec(conn, "SELECT to_regprocedure('pgcoord.secure_functions()') IS NOT NULL");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		snprintf(err, errlen, "%s: %s", what, PQerrorMessage(conn));
+		PQclear(res);
+		return false;
+	}
+	bool present = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	if (!present) {
+		if (runtime_role) {
+			snprintf(err, errlen,
+				 "--runtime-role: this schema has no runtime role "
+				 "support (pgcoord.grant_runtime)");
+			return false;
+		}
+		return true;
+	}
+	if (!exec_ok(conn, "BEGIN", what, err, errlen))
+		return false;
+	if (!exec_ok(conn, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", what, err,
+		     errlen) ||
+	    !exec_ok(conn, "SELECT pgcoord.secure_functions()", what, err, errlen))
+		goto rollback;
+	if (runtime_role) {
+		const char *params[1] = {runtime_role};
+		res = PQexecParams(conn, "SELECT pgcoord.grant_runtime($1)", 1, NULL, params, NULL,
+				   NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+			snprintf(err, errlen, "granting the runtime role %s: %s", runtime_role,
+				 PQerrorMessage(conn));
+			PQclear(res);
+			goto rollback;
+		}
+		PQclear(res);
+	}
+	return exec_ok(conn, "COMMIT", what, err, errlen);
+rollback:
+	PQclear(PQexec(conn, "ROLLBACK"));
+	return false;
+}
+
 /* CREATE … IF NOT EXISTS notices are expected on every run after the first */
 static void ignore_notice(void *arg, const char *message)
 {
@@ -105,7 +157,8 @@ static void ignore_notice(void *arg, const char *message)
 	(void)message;
 }
 
-bool migrate_apply(const char *conninfo, int *applied, int *version, char *err, size_t errlen)
+bool migrate_apply(const char *conninfo, const char *runtime_role, int *applied, int *version,
+		   char *err, size_t errlen)
 {
 	PGconn *conn = PQconnectdb(conninfo ? conninfo : "");
 	bool ok = true;
@@ -128,6 +181,8 @@ bool migrate_apply(const char *conninfo, int *applied, int *version, char *err, 
 			*version = migrations[i].version;
 		}
 	}
+	if (ok)
+		ok = secure_and_grant(conn, runtime_role, err, errlen);
 	if (!ok)
 		err[strcspn(err, "\n")] = '\0';
 	PQfinish(conn);

@@ -70,6 +70,7 @@ struct ctl {
 	int timeout_ms;
 	bool json;
 	const char *database_url; /* migrate */
+	const char *runtime_role; /* migrate */
 	/* quota and permits */
 	const char *lapse_after;
 	const char *state;
@@ -119,6 +120,7 @@ enum ctl_opt_id {
 	OPT_TIMEOUT,
 	OPT_VERSION,
 	OPT_DATABASE_URL,
+	OPT_RUNTIME_ROLE,
 	OPT_LAPSE_AFTER,
 	OPT_STATE,
 	OPT_QUOTA,
@@ -172,7 +174,7 @@ static const struct ctl_command commands[] = {
      "registered and its database is up"},
     {"agents", cmd_agents, 0, "", "every registered agent of the fleet"},
     {"sessions", cmd_sessions, 0, "", "the live sessions of the whole fleet"},
-    {"migrate", cmd_migrate, 0, "[--database-url URL]",
+    {"migrate", cmd_migrate, 0, "[--database-url URL] [--runtime-role ROLE]",
      "apply pending schema migrations with libpq (no agent needed)"},
     {"quotas", cmd_quotas, 0, "", "every quota: limit, in flight (held, uncertain), room left"},
     {"quota", cmd_quota, 3, "KEY | set KEY LIMIT [--lapse-after S]",
@@ -212,6 +214,9 @@ static const struct ctl_option options[] = {
     {"version", no_argument, OPT_VERSION, NULL, NULL, "show the version"},
     {"database-url", required_argument, OPT_DATABASE_URL, "migrate", "URL",
      "libpq URL or conninfo (default: $PGCOORD_DATABASE_URL, else libpq's defaults)"},
+    {"runtime-role", required_argument, OPT_RUNTIME_ROLE, "migrate", "ROLE",
+     "grant ROLE what the agent needs to run as it (EXECUTE on the functions, SELECT on "
+     "what it reads); connect as the schema's owner"},
     {"lapse-after", required_argument, OPT_LAPSE_AFTER, "quota", "S",
      "quota set: release permits uncertain for longer than S seconds (0: never)"},
     {"state", required_argument, OPT_STATE, "permits", "S",
@@ -557,7 +562,7 @@ static int cmd_migrate(struct ctl *ctx, int argc, char **argv)
 		url = getenv("PGCOORD_DATABASE_URL");
 	if (!url)
 		url = ""; /* libpq's PG* environment and defaults */
-	if (!migrate_apply(url, &applied, &version, err, sizeof(err))) {
+	if (!migrate_apply(url, ctx->runtime_role, &applied, &version, err, sizeof(err))) {
 		/* err comes from migrate/libpq and never repeats the password. */
 		fprintf(stderr, "pgcoordctl: migrate: %s\n", err);
 		return CTL_EXIT_FAILED;
@@ -1344,6 +1349,13 @@ int main(int argc, char **argv)
 			break;
 		case OPT_DATABASE_URL:
 			ctx.database_url = optarg;
+			break;
+		case OPT_RUNTIME_ROLE:
+			if (!optarg[0]) {
+				rc = usage_error("--runtime-role needs a role name");
+				goto out;
+			}
+			ctx.runtime_role = optarg;
 			break;
 		case OPT_LAPSE_AFTER:
 			ctx.lapse_after = optarg;

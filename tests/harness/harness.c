@@ -242,7 +242,8 @@ int hrun(const char *const *argv, char **output)
 struct harness_db {
 	char *name;
 	char *conninfo;
-	char *agent_conninfo; /* through PgBouncer, or a copy of conninfo */
+	char *agent_conninfo; /* the runtime role, through PgBouncer when enabled */
+	char *owner_conninfo; /* the owner (migrations), the same way */
 	PGconn *conn;	      /* for the query helpers; opened on first use */
 };
 
@@ -282,17 +283,22 @@ bool hbouncer_enabled(void)
 	return host && *host;
 }
 
-/* The same database through PgBouncer, which logs in to the server as the
- * superuser whatever the client's name (its [databases] wildcard). */
-static char *agent_conninfo(const char *dbname)
+/*
+ * How agents and migrations reach the database: through PgBouncer when
+ * enabled (it logs in to the server as the client's user), else straight to
+ * the server; as user, the owner ($PGCOORD_TEST_PGUSER, which migrates) or
+ * the runtime role ($PGCOORD_TEST_RUNTIME_ROLE, which agents run as).
+ */
+static char *client_conninfo(const char *dbname, const char *user)
 {
 	char buf[2048] = "";
+	bool bouncer = hbouncer_enabled();
 
-	if (!hbouncer_enabled())
-		return server_conninfo(dbname);
-	conninfo_add(buf, sizeof(buf), "host", henv("PGCOORD_TEST_PGBOUNCER_HOST"));
-	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGBOUNCER_PORT"));
-	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
+	conninfo_add(buf, sizeof(buf), "host",
+		     henv(bouncer ? "PGCOORD_TEST_PGBOUNCER_HOST" : "PGCOORD_TEST_PGHOST"));
+	conninfo_add(buf, sizeof(buf), "port",
+		     henv(bouncer ? "PGCOORD_TEST_PGBOUNCER_PORT" : "PGCOORD_TEST_PGPORT"));
+	conninfo_add(buf, sizeof(buf), "user", user);
 	conninfo_add(buf, sizeof(buf), "dbname", dbname);
 	return xstrdup(buf);
 }
@@ -340,7 +346,8 @@ struct harness_db *hdb_create(void)
 	 * across time (a pid reused by a later test). */
 	db->name = xasprintf("t_%ld_%u_%06x", (long)getpid(), next_serial(), rnd & 0xffffff);
 	db->conninfo = server_conninfo(db->name);
-	db->agent_conninfo = agent_conninfo(db->name);
+	db->agent_conninfo = client_conninfo(db->name, henv("PGCOORD_TEST_RUNTIME_ROLE"));
+	db->owner_conninfo = client_conninfo(db->name, henv("PGCOORD_TEST_PGUSER"));
 	db->conn = NULL;
 	sql = xasprintf("CREATE DATABASE \"%s\"", db->name);
 	PQclear(exec_or_fail(admin, sql));
@@ -373,6 +380,7 @@ void hdb_drop(struct harness_db *db)
 	free(admin_info);
 	free(db->conninfo);
 	free(db->agent_conninfo);
+	free(db->owner_conninfo);
 	free(db->name);
 	free(db);
 }
@@ -390,6 +398,11 @@ const char *hdb_name(const struct harness_db *db)
 const char *hdb_agent_conninfo(const struct harness_db *db)
 {
 	return db->agent_conninfo;
+}
+
+const char *hdb_owner_conninfo(const struct harness_db *db)
+{
+	return db->owner_conninfo;
 }
 
 PGconn *hdb_connect(const struct harness_db *db)
@@ -505,8 +518,13 @@ long hdb_query_long(struct harness_db *db, const char *sql, ...)
 
 void hdb_migrate(struct harness_db *db)
 {
-	const char *argv[] = {henv("PGCOORD_TEST_AGENT_BIN"), "migrate", "--database-url",
-			      db->agent_conninfo, NULL};
+	const char *argv[] = {henv("PGCOORD_TEST_AGENT_BIN"),
+			      "migrate",
+			      "--database-url",
+			      db->owner_conninfo,
+			      "--runtime-role",
+			      henv("PGCOORD_TEST_RUNTIME_ROLE"),
+			      NULL};
 	char *out;
 	int rc = hrun(argv, &out);
 

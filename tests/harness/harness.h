@@ -70,10 +70,12 @@ struct harness_db;
  * ("host=<socket dir> port=<port> user=postgres dbname=<name>"). The database
  * is empty: migrations are not applied (hdb_migrate does that).
  *
- * Under `with-postgres --pgbouncer` the handle also holds a second conninfo,
- * for the same database through PgBouncer: hagent_start and hdb_migrate use
- * that one, so the whole agent runs behind a transaction-mode pooler, while
- * the query helpers (the test's view of the truth) go to the server directly.
+ * Agents run as the runtime role and migrations as the owner (postgres), so
+ * the suite runs with the least privilege production is documented with.
+ * Under `with-postgres --pgbouncer` both go through PgBouncer: hagent_start
+ * and hdb_migrate use that path, so the whole agent runs behind a
+ * transaction-mode pooler, while the query helpers (the test's view of the
+ * truth) go to the server directly, as the owner.
  */
 struct harness_db *hdb_create(void);
 
@@ -88,8 +90,13 @@ const char *hdb_conninfo(const struct harness_db *db);
 const char *hdb_name(const struct harness_db *db);
 
 /* The conninfo agents get: through PgBouncer when hbouncer_enabled(), else
- * hdb_conninfo(db). Owned by db. */
+ * straight to the server, as the runtime role ($PGCOORD_TEST_RUNTIME_ROLE,
+ * which with-postgres creates: it may only execute the pgcoord functions and
+ * read what the agent reads, once hdb_migrate granted it). Owned by db. */
 const char *hdb_agent_conninfo(const struct harness_db *db);
+
+/* The same way, as the owner ($PGCOORD_TEST_PGUSER): for migrations. */
+const char *hdb_owner_conninfo(const struct harness_db *db);
 
 /* A new connection to db. The caller PQfinish()es it. */
 PGconn *hdb_connect(const struct harness_db *db);
@@ -111,8 +118,9 @@ char *hdb_query_value(struct harness_db *db, const char *sql, ...) HARNESS_PRINT
  * value that is not an integer. */
 long hdb_query_long(struct harness_db *db, const char *sql, ...) HARNESS_PRINTF(2, 3);
 
-/* Runs `pgcoord-agent migrate --database-url <agent conninfo>` and fails the
- * test unless it exits 0 (its output is in the failure message). */
+/* Runs `pgcoord-agent migrate --database-url <owner conninfo> --runtime-role
+ * <runtime role>` and fails the test unless it exits 0 (its output is in the
+ * failure message). */
 void hdb_migrate(struct harness_db *db);
 
 /* --- agents ------------------------------------------------------------ */

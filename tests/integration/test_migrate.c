@@ -34,7 +34,7 @@ static void assert_each_version_once(struct harness_db *db, int latest)
 
 static int agent_migrate(struct harness_db *db, char **out)
 {
-	const char *argv[] = {iagent_bin(), "migrate", "--database-url", hdb_agent_conninfo(db),
+	const char *argv[] = {iagent_bin(), "migrate", "--database-url", hdb_owner_conninfo(db),
 			      NULL};
 	return hrun(argv, out);
 }
@@ -77,7 +77,7 @@ Test(migrate, concurrent_migrate_runs_both_succeed_and_record_each_version_once)
 	for (int round = 0; round < 3; round++) {
 		struct harness_db *db = hdb_create();
 		const char *argv[] = {iagent_bin(), "migrate", "--database-url",
-				      hdb_agent_conninfo(db), NULL};
+				      hdb_owner_conninfo(db), NULL};
 		char *path[2], *out[2];
 		pid_t pid[2];
 		int total = 0;
@@ -151,10 +151,17 @@ Test(migrate, ctl_migrate_applies_the_schema_then_reports_it_up_to_date)
 {
 	struct harness_db *db = hdb_create();
 	int latest = ischema_latest();
-	const char *argv[] = {ictl_bin(), "migrate", "--database-url", hdb_agent_conninfo(db),
+	const char *argv[] = {ictl_bin(), "migrate", "--database-url", hdb_owner_conninfo(db),
 			      NULL};
-	const char *json_argv[] = {
-	    ictl_bin(), "--json", "migrate", "--database-url", hdb_agent_conninfo(db), NULL};
+	/* the last run also grants the runtime role the agent below runs as */
+	const char *json_argv[] = {ictl_bin(),
+				   "--json",
+				   "migrate",
+				   "--database-url",
+				   hdb_owner_conninfo(db),
+				   "--runtime-role",
+				   henv("PGCOORD_TEST_RUNTIME_ROLE"),
+				   NULL};
 	char expect[128], *out = NULL;
 
 	cr_assert_eq(hrun(argv, &out), 0, "pgcoordctl migrate failed:\n%s", out);
