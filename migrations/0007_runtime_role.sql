@@ -25,15 +25,16 @@ DECLARE
 	n integer := 0;
 BEGIN
 	FOR f IN
-		SELECT format('%I.%I(%s)', ns.nspname, p.proname,
-			      pg_catalog.pg_get_function_identity_arguments(p.oid)) AS sig
+		-- argument types, and ALTER FUNCTION (not ROUTINE, which also matches
+		-- OUT arguments): an overload adding a parameter stays unambiguous
+		SELECT p.oid::pg_catalog.regprocedure::text AS sig
 		FROM pg_catalog.pg_proc p
 		JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
-		WHERE ns.nspname = 'pgcoord' AND p.prokind IN ('f', 'p')
+		WHERE ns.nspname = 'pgcoord' AND p.prokind = 'f'
 	LOOP
-		EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER '
+		EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER '
 			       'SET search_path = pg_catalog, pgcoord, pg_temp', f.sig);
-		EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f.sig);
+		EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
 		n := n + 1;
 	END LOOP;
 	RETURN n;
@@ -51,14 +52,15 @@ DECLARE
 BEGIN
 	EXECUTE format('GRANT USAGE ON SCHEMA pgcoord TO %I', p_role);
 	FOR f IN
-		SELECT format('%I.%I(%s)', ns.nspname, p.proname,
-			      pg_catalog.pg_get_function_identity_arguments(p.oid)) AS sig
+		-- argument types, and ALTER FUNCTION (not ROUTINE, which also matches
+		-- OUT arguments): an overload adding a parameter stays unambiguous
+		SELECT p.oid::pg_catalog.regprocedure::text AS sig
 		FROM pg_catalog.pg_proc p
 		JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
-		WHERE ns.nspname = 'pgcoord' AND p.prokind IN ('f', 'p')
+		WHERE ns.nspname = 'pgcoord' AND p.prokind = 'f'
 		  AND p.proname NOT IN ('secure_functions', 'grant_runtime')
 	LOOP
-		EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %I', f.sig, p_role);
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.sig, p_role);
 	END LOOP;
 	EXECUTE format('GRANT SELECT ON pgcoord.schema_migrations, pgcoord.agents, '
 		       'pgcoord.live_sessions, pgcoord.leases, pgcoord.permits, '
