@@ -4,8 +4,11 @@
  * handler runs (parameter checks, authorisation, the database call, the
  * reply), and tests/fuzz/fake_db.c stands in for the database.
  *
- * Input: one control byte, then the bytes a client sends on one connection,
- * split into frames by the scanner with the agent's limits as conn.c does.
+ * Input: one control byte, then the bytes a client sends, split into frames
+ * by the scanner with the agent's limits as conn.c does. A frame that is a
+ * lone nil (0xc0) is not sent: the client hangs up there and reconnects as
+ * the other peer (root <-> unprivileged), so a later session.open {resume}
+ * meets a detached session, up to MAX_CONNS connections per input.
  *
  *   bits 0-2  how the fake database answers (enum fake_answer)
  *   bit 3     the peer is root (an admin); otherwise an unprivileged uid
@@ -48,6 +51,9 @@
 #define CTL_SEED_SHIFT 4
 #define CTL_PIPELINED 0x40
 #define CTL_STOPPING 0x80
+
+#define MAX_CONNS 4
+#define RECONNECT 0xc0
 
 /* Callbacks that queue more work settle well before this; more is a hang. */
 #define SETTLE_MAX_STEPS 100000
@@ -175,14 +181,17 @@ static void settle(struct agent *ag)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct agent ag;
-	struct conn *c;
+	struct conn *conns[MAX_CONNS], *c;
+	int nconns = 0;
 	uint8_t ctl;
 	size_t off = 1;
 	uid_t user = geteuid() == 4242 ? 4243 : 4242;
+	bool admin;
 
 	if (size < 1)
 		return 0;
 	ctl = data[0];
+	admin = ctl & CTL_ADMIN;
 	memset(&ag, 0, sizeof(ag));
 	ag.base = event_base_new();
 	if (!ag.base)
@@ -198,20 +207,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	snprintf(ag.id.host, sizeof(ag.id.host), "fuzz");
 	ag.db = db_create(ag.base, NULL, &ag.log, NULL, NULL);
 	ag.metrics = metrics;
-	if (!ag.db || !ag.metrics || !leases_start(&ag))
+	if (!ag.db || !leases_start(&ag))
 		abort();
 	fake_db_set(ag.db, (enum fake_answer)(ctl & CTL_ANSWER), (ctl >> CTL_SEED_SHIFT) & 3);
 
-	c = fake_conn(&ag, ctl & CTL_ADMIN ? 0 : user);
-	conn_ref(c); /* ours: c is read after it closes */
-	while (off < size && !c->closed && !c->closing) {
+	c = conns[nconns++] = fake_conn(&ag, admin ? 0 : user);
+	conn_ref(c); /* ours: each connection is read after it closes */
+	while (off < size && !c->closing) {
 		size_t frame_len = 0;
 		enum pgc_scan_result r =
 		    pgc_frame_scan(data + off, size - off, (size_t)ag.cfg.max_message_bytes,
 				   (unsigned)ag.cfg.max_depth, &frame_len);
 		if (r != PGC_SCAN_COMPLETE)
 			break; /* conn.c answers the framing error and closes */
-		dispatch_frame(c, (const char *)data + off, frame_len);
+		if (frame_len == 1 && data[off] == RECONNECT && nconns < MAX_CONNS) {
+			conn_close(c, "the client hung up to reconnect");
+			admin = !admin;
+			c = conns[nconns++] = fake_conn(&ag, admin ? 0 : user);
+			conn_ref(c);
+		} else if (!c->closed) {
+			dispatch_frame(c, (const char *)data + off, frame_len);
+		} else {
+			break; /* dropped for its output: nothing more is read */
+		}
 		off += frame_len;
 		if (!(ctl & CTL_PIPELINED))
 			settle(&ag);
@@ -231,8 +249,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	janitor_finish(&ag);
 	identity_finish(&ag);
 	event_base_free(ag.base);
-	if (c->inflight != 0)
-		die("a request never ended");
-	conn_unref(c);
+	for (int i = 0; i < nconns; i++) {
+		if (conns[i]->inflight != 0)
+			die("a request never ended");
+		conn_unref(conns[i]);
+	}
 	return 0;
 }
