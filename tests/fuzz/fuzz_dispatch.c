@@ -24,14 +24,14 @@
  * down the way main.c does at exit, so LeakSanitizer sees a leak in any
  * path that forgets something.
  */
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
+#include <errno.h>
 #include <event2/event.h>
 #include <msgpack.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
@@ -84,27 +84,34 @@ static void die(const char *what)
 	abort();
 }
 
-/* A connection as conn_create makes one, minus the socket: the bufferevent
- * has no fd and is never enabled, so replies stay in its output buffer. */
-static struct conn *fake_conn(struct agent *ag, uid_t uid)
+/* One client: its end of the socketpair, and the bytes the agent wrote to
+ * it that do not yet form a whole frame. */
+struct client {
+	int fd;
+	struct conn *c;
+	unsigned char *in;
+	size_t inlen, incap;
+};
+
+/* A connection made by conn_create itself on one end of a socketpair, so
+ * the bufferevent, timers, input buffer and scanner are the agent's own.
+ * SO_PEERCRED names this process; the peer's uid is set afterwards, as the
+ * listener would have read it from a different client. */
+static struct conn *connect_client(struct agent *ag, struct client *cl, uid_t uid)
 {
-	struct conn *c = calloc(1, sizeof(*c));
+	int sv[2];
+	struct conn *c;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+		abort();
+	c = conn_create(ag, sv[1]);
 	if (!c)
 		abort();
-	c->bev = bufferevent_socket_new(ag->base, -1, 0);
-	if (!c->bev)
-		abort();
-	c->ag = ag;
-	c->id = ++ag->next_conn_id;
 	c->uid = uid;
 	c->gid = uid;
-	c->pid = 1;
-	c->refs = 1;
-	c->next = ag->conns;
-	if (ag->conns)
-		ag->conns->prev = c;
-	ag->conns = c;
-	ag->nconns++;
+	memset(cl, 0, sizeof(*cl));
+	cl->fd = sv[0];
+	cl->c = c;
 	return c;
 }
 
@@ -127,29 +134,46 @@ static void check_error_map(const msgpack_object *e)
 		die("an error without retryable");
 }
 
-/* Everything queued for the client must be responses and notifications. */
-static void check_output(struct conn *c)
+/* Everything the agent wrote to the client must be responses and
+ * notifications. A frame cut short by the agent dropping the connection
+ * stays unread in cl->in. */
+static void check_output(struct client *cl)
 {
-	struct evbuffer *out;
-	size_t len, off = 0;
-	unsigned char *p;
+	size_t off = 0;
 
-	if (!c->bev)
-		return;
-	out = bufferevent_get_output(c->bev);
-	len = evbuffer_get_length(out);
-	p = evbuffer_pullup(out, (ev_ssize_t)len);
-	while (off < len) {
+	for (;;) {
+		ssize_t n;
+
+		if (cl->fd < 0)
+			break;
+		if (cl->incap - cl->inlen < 65536) {
+			size_t cap = cl->incap ? cl->incap * 2 : 65536;
+			unsigned char *p = realloc(cl->in, cap);
+			if (!p)
+				abort();
+			cl->in = p;
+			cl->incap = cap;
+		}
+		n = read(cl->fd, cl->in + cl->inlen, cl->incap - cl->inlen);
+		if (n <= 0)
+			break;
+		cl->inlen += (size_t)n;
+	}
+	while (off < cl->inlen) {
 		size_t frame_len = 0, used = 0;
 		msgpack_object reply;
 		struct pgc_message m;
 		char err[256];
+		enum pgc_scan_result r =
+		    pgc_frame_scan(cl->in + off, cl->inlen - off, (size_t)fuzz_cfg.max_output_bytes,
+				   PGC_DEFAULT_MAX_DEPTH, &frame_len);
 
-		if (pgc_frame_scan(p + off, len - off, (size_t)c->ag->cfg.max_output_bytes,
-				   PGC_DEFAULT_MAX_DEPTH, &frame_len) != PGC_SCAN_COMPLETE)
+		if (r == PGC_SCAN_NEED_MORE)
+			break;
+		if (r != PGC_SCAN_COMPLETE)
 			die("the agent sent bytes that are not one MessagePack object");
-		if (msgpack_unpack((const char *)p + off, frame_len, &used, reply_zone, &reply) !=
-		    MSGPACK_UNPACK_SUCCESS)
+		if (msgpack_unpack((const char *)cl->in + off, frame_len, &used, reply_zone,
+				   &reply) != MSGPACK_UNPACK_SUCCESS)
 			die("the agent sent a frame msgpack-c cannot decode");
 		if (!pgc_parse_message(&reply, &m, err, sizeof(err))) {
 			fprintf(stderr, "dispatch: the agent sent a bad envelope: %s\n", err);
@@ -162,18 +186,64 @@ static void check_output(struct conn *c)
 		msgpack_zone_clear(reply_zone);
 		off += frame_len;
 	}
-	evbuffer_drain(out, len);
+	memmove(cl->in, cl->in + off, cl->inlen - off);
+	cl->inlen -= off;
 }
 
-/* Answers queued queries and runs what became active, until nothing moves.
- * Timers set in the future (retries, renewals, grace) do not fire. */
-static void settle(struct agent *ag)
+/* Runs the loop until the agent has read what was sent and written what it
+ * queued: bufferevents read and write one readiness at a time. */
+static void pump(struct agent *ag, struct client *cl)
+{
+	for (int i = 0; i < 4; i++) {
+		event_base_loop(ag->base, EVLOOP_NONBLOCK);
+		check_output(cl);
+	}
+}
+
+/* Sends bytes as the client; the agent reads them through conn.c's own read
+ * path. Stops when the agent stops reading (it closed, or is closing after
+ * a framing error) or the socket stays full. */
+static void client_send(struct agent *ag, struct client *cl, const uint8_t *p, size_t len)
+{
+	int stuck = 0;
+
+	while (len > 0 && !cl->c->closed && !cl->c->closing && stuck < 16) {
+		ssize_t n = send(cl->fd, p, len, MSG_NOSIGNAL);
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			stuck = 0;
+		} else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			break;
+		} else {
+			stuck++;
+		}
+		pump(ag, cl);
+	}
+}
+
+/* The client hangs up: the agent sees EOF on its next read. */
+static void client_hangup(struct agent *ag, struct client *cl)
+{
+	pump(ag, cl);
+	close(cl->fd);
+	cl->fd = -1;
+	pump(ag, cl);
+}
+
+/* Answers queued queries and runs what became active, until nothing moves,
+ * reading the client's side as it goes. Timers set in the future (retries,
+ * renewals, grace, the connection deadlines) do not fire. */
+static void settle(struct agent *ag, struct client *cl)
 {
 	for (int i = 0; i < SETTLE_MAX_STEPS; i++) {
 		bool answered = fake_db_answer_one(ag->db);
 		event_base_loop(ag->base, EVLOOP_NONBLOCK);
-		if (!answered && fake_db_queued(ag->db) == 0)
+		check_output(cl);
+		if (!answered && fake_db_queued(ag->db) == 0) {
+			pump(ag, cl);
 			return;
+		}
 	}
 	die("the database queue never drained");
 }
@@ -181,7 +251,7 @@ static void settle(struct agent *ag)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct agent ag;
-	struct conn *conns[MAX_CONNS], *c;
+	struct client clients[MAX_CONNS], *cl;
 	int nconns = 0;
 	uint8_t ctl;
 	size_t off = 1;
@@ -211,34 +281,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	fake_db_set(ag.db, (enum fake_answer)(ctl & CTL_ANSWER), (ctl >> CTL_SEED_SHIFT) & 3);
 
-	c = conns[nconns++] = fake_conn(&ag, admin ? 0 : user);
-	conn_ref(c); /* ours: each connection is read after it closes */
-	while (off < size && !c->closing) {
+	cl = &clients[nconns++];
+	connect_client(&ag, cl, admin ? 0 : user);
+	conn_ref(cl->c); /* ours: each connection is read after it closes */
+	while (off < size && !cl->c->closed && !cl->c->closing) {
 		size_t frame_len = 0;
 		enum pgc_scan_result r =
 		    pgc_frame_scan(data + off, size - off, (size_t)ag.cfg.max_message_bytes,
 				   (unsigned)ag.cfg.max_depth, &frame_len);
-		if (r != PGC_SCAN_COMPLETE)
-			break; /* conn.c answers the framing error and closes */
+		if (r != PGC_SCAN_COMPLETE) {
+			/* the rest goes as it is: conn.c answers a framing error
+			 * and closes, or holds a partial frame */
+			client_send(&ag, cl, data + off, size - off);
+			break;
+		}
 		if (frame_len == 1 && data[off] == RECONNECT && nconns < MAX_CONNS) {
-			conn_close(c, "the client hung up to reconnect");
+			client_hangup(&ag, cl);
 			admin = !admin;
-			c = conns[nconns++] = fake_conn(&ag, admin ? 0 : user);
-			conn_ref(c);
-		} else if (!c->closed) {
-			dispatch_frame(c, (const char *)data + off, frame_len);
+			cl = &clients[nconns++];
+			connect_client(&ag, cl, admin ? 0 : user);
+			conn_ref(cl->c);
 		} else {
-			break; /* dropped for its output: nothing more is read */
+			client_send(&ag, cl, data + off, frame_len);
 		}
 		off += frame_len;
 		if (!(ctl & CTL_PIPELINED))
-			settle(&ag);
-		check_output(c);
+			settle(&ag, cl);
 	}
 	if (ctl & CTL_PIPELINED)
-		conn_close(c, "the client hung up with requests in flight");
-	settle(&ag);
-	check_output(c);
+		client_hangup(&ag, cl); /* with requests in flight */
+	settle(&ag, cl);
 
 	/* main.c's order at exit */
 	while (ag.conns)
@@ -250,9 +322,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	identity_finish(&ag);
 	event_base_free(ag.base);
 	for (int i = 0; i < nconns; i++) {
-		if (conns[i]->inflight != 0)
+		if (clients[i].c->inflight != 0)
 			die("a request never ended");
-		conn_unref(conns[i]);
+		conn_unref(clients[i].c);
+		if (clients[i].fd >= 0)
+			close(clients[i].fd);
+		free(clients[i].in);
 	}
 	return 0;
 }
