@@ -146,8 +146,8 @@ static void check_output(struct client *cl)
 
 		if (cl->fd < 0)
 			break;
-		if (cl->incap - cl->inlen < 65536) {
-			size_t cap = cl->incap ? cl->incap * 2 : 65536;
+		if (cl->incap - cl->inlen < 4096) {
+			size_t cap = cl->incap ? cl->incap * 2 : 8192;
 			unsigned char *p = realloc(cl->in, cap);
 			if (!p)
 				abort();
@@ -191,13 +191,13 @@ static void check_output(struct client *cl)
 }
 
 /* Runs the loop until the agent has read what was sent and written what it
- * queued: bufferevents read and write one readiness at a time. */
+ * queued (a bufferevent reads on one pass and writes on the next), then
+ * reads it as the client. */
 static void pump(struct agent *ag, struct client *cl)
 {
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 3; i++)
 		event_base_loop(ag->base, EVLOOP_NONBLOCK);
-		check_output(cl);
-	}
+	check_output(cl);
 }
 
 /* Sends bytes as the client; the agent reads them through conn.c's own read
@@ -232,14 +232,13 @@ static void client_hangup(struct agent *ag, struct client *cl)
 }
 
 /* Answers queued queries and runs what became active, until nothing moves,
- * reading the client's side as it goes. Timers set in the future (retries,
+ * then reads the client's side. Timers set in the future (retries,
  * renewals, grace, the connection deadlines) do not fire. */
 static void settle(struct agent *ag, struct client *cl)
 {
 	for (int i = 0; i < SETTLE_MAX_STEPS; i++) {
 		bool answered = fake_db_answer_one(ag->db);
 		event_base_loop(ag->base, EVLOOP_NONBLOCK);
-		check_output(cl);
 		if (!answered && fake_db_queued(ag->db) == 0) {
 			pump(ag, cl);
 			return;
