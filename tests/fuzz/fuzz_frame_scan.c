@@ -9,6 +9,9 @@
  * provably extends, how deep it nests, whether a type byte is invalid).
  * A frame the scanner accepts must also decode with msgpack-c to exactly
  * the same length, and every proper prefix of it must be "need more".
+ * The resumable pgc_scanner must agree with the one-shot scan when the same
+ * bytes arrive in two reads, split where the input's last byte says, and
+ * when they arrive one byte per read.
  */
 #include <msgpack.h>
 #include <stdint.h>
@@ -148,6 +151,62 @@ static void check_decodes(const uint8_t *data, size_t frame_len)
 	msgpack_unpacked_destroy(&u);
 }
 
+static void resume_fail(const char *what, size_t len, size_t k, size_t max_size, unsigned max_depth,
+			enum pgc_scan_result got, enum pgc_scan_result want)
+{
+	fprintf(stderr,
+		"frame scan: resumable scanner %s (len %zu, split at %zu, max_size %zu, "
+		"max_depth %u: scanner said %s, one-shot scan %s)\n",
+		what, len, k, max_size, max_depth, pgc_scan_result_name(got),
+		pgc_scan_result_name(want));
+	abort();
+}
+
+/* Feeds data[0..k) and then data[0..len); the answers must be the one-shot
+ * scan's for the same bytes, and an error must stay put. */
+static void check_resumed(const uint8_t *data, size_t len, size_t k, size_t max_size,
+			  unsigned max_depth, enum pgc_scan_result want, size_t want_len)
+{
+	struct pgc_scanner s;
+	size_t frame_len = 0, prefix_len = 0;
+	enum pgc_scan_result prefix = pgc_frame_scan(data, k, max_size, max_depth, &prefix_len);
+	enum pgc_scan_result r;
+
+	pgc_scanner_init(&s, max_size, max_depth, SIZE_MAX);
+	r = pgc_scanner_feed(&s, data, k, &frame_len);
+	if (r != prefix || (r == PGC_SCAN_COMPLETE && frame_len != prefix_len))
+		resume_fail("differs on the first read", len, k, max_size, max_depth, r, prefix);
+	if (r == PGC_SCAN_COMPLETE)
+		return; /* reset for the next frame; the rest is another frame */
+	frame_len = 0;
+	enum pgc_scan_result again = pgc_scanner_feed(&s, data, len, &frame_len);
+	if (r != PGC_SCAN_NEED_MORE) {
+		if (again != r)
+			resume_fail("forgot its error", len, k, max_size, max_depth, again, r);
+		return;
+	}
+	if (again != want || (again == PGC_SCAN_COMPLETE && frame_len != want_len))
+		resume_fail("differs once the rest arrived", len, k, max_size, max_depth, again,
+			    want);
+}
+
+/* One byte per read, as a dribbling client sends. */
+static void check_dribbled(const uint8_t *data, size_t len, size_t max_size, unsigned max_depth,
+			   enum pgc_scan_result want, size_t want_len)
+{
+	struct pgc_scanner s;
+	size_t frame_len = 0;
+	enum pgc_scan_result r = PGC_SCAN_NEED_MORE;
+	size_t k;
+
+	pgc_scanner_init(&s, max_size, max_depth, SIZE_MAX);
+	for (k = 1; k <= len && r == PGC_SCAN_NEED_MORE; k++)
+		r = pgc_scanner_feed(&s, data, k, &frame_len);
+	if (r != want || (r == PGC_SCAN_COMPLETE && frame_len != want_len))
+		resume_fail("differs fed a byte at a time", len, k - 1, max_size, max_depth, r,
+			    want);
+}
+
 static void check_one(const uint8_t *data, size_t len, size_t max_size, unsigned max_depth)
 {
 	struct ref r = {.p = data, .len = len, .owed = 1};
@@ -202,6 +261,11 @@ static void check_one(const uint8_t *data, size_t len, size_t max_size, unsigned
 		break;
 	default:
 		fail("an unknown result", len, max_size, max_depth, got, &r);
+	}
+	if (len > 0) {
+		check_resumed(data, len, 1 + (size_t)data[len - 1] * 257 % len, max_size, max_depth,
+			      got, frame_len);
+		check_dribbled(data, len, max_size, max_depth, got, frame_len);
 	}
 }
 
