@@ -2,9 +2,9 @@
  * fuzz_parse_message.c — libFuzzer target for the envelope check
  * (pgc_parse_message) and the typed readers handlers use on params.
  *
- * An input is taken the way the agent takes it: scanned with the default
- * limits, then decoded with msgpack-c. Whatever the parser answers must be
- * coherent (an accepted request has a method and a map or no params; a
+ * An input is taken the way the agent takes it: scanned by pgc_scanner with
+ * the default limits (size, depth and object count), then decoded with msgpack-c. Whatever the
+ * parser answers must be coherent (an accepted request has a method and a map or no params; a
  * refusal has a one-line reason). Every value in the tree then goes
  * through every typed reader, and an accepted request is packed again with
  * the codec's writers and must parse back to the same message.
@@ -134,13 +134,15 @@ static void round_trip(const struct pgc_message *m)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	msgpack_unpacked u;
+	struct pgc_scanner scan;
 	struct pgc_message m;
 	char err[128];
 	size_t frame_len = 0, off = 0;
 
 	/* Only what the agent would decode: a bounded, complete frame. */
-	if (pgc_frame_scan(data, size, PGC_DEFAULT_MAX_MESSAGE, PGC_DEFAULT_MAX_DEPTH,
-			   &frame_len) != PGC_SCAN_COMPLETE)
+	pgc_scanner_init(&scan, PGC_DEFAULT_MAX_MESSAGE, PGC_DEFAULT_MAX_DEPTH,
+			 PGC_DEFAULT_MAX_OBJECTS);
+	if (pgc_scanner_feed(&scan, data, size, &frame_len) != PGC_SCAN_COMPLETE)
 		return 0;
 	msgpack_unpacked_init(&u);
 	CHECK(msgpack_unpack_next(&u, (const char *)data, frame_len, &off) ==
