@@ -1,14 +1,17 @@
 /*
- * fuzz_dispatch.c — libFuzzer target for the agent's request path: frames go
- * through dispatch_frame on a hand-built agent and connection, every method
- * handler runs (parameter checks, authorisation, the database call, the
- * reply), and tests/fuzz/fake_db.c stands in for the database.
+ * fuzz_dispatch.c — libFuzzer target for the agent's request path: a client
+ * writes to a connection conn_create made on a socketpair, conn.c reads and
+ * frames the bytes and hands them to dispatch_frame on a hand-built agent,
+ * every method handler runs (parameter checks, authorisation, the database
+ * call, the reply), and tests/fuzz/fake_db.c stands in for the database.
  *
- * Input: one control byte, then the bytes a client sends, split into frames
- * by the scanner with the agent's limits as conn.c does. A frame that is a
- * lone nil (0xc0) is not sent: the client hangs up there and reconnects as
- * the other peer (root <-> unprivileged), so a later session.open {resume}
- * meets a detached session, up to MAX_CONNS connections per input.
+ * Input: one control byte, then the bytes a client sends. The client splits
+ * them into frames with the one-shot scanner to send one at a time; from
+ * the first one it cannot frame on, it sends the rest as it is and conn.c
+ * answers the framing error. A frame that is a lone nil (0xc0) is not sent:
+ * the client hangs up there and reconnects as the other peer (root <->
+ * unprivileged), so a later session.open {resume} meets a detached session,
+ * up to MAX_CONNS connections per input.
  *
  *   bits 0-2  how the fake database answers (enum fake_answer)
  *   bit 3     the peer is root (an admin); otherwise an unprivileged uid
