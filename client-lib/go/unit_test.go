@@ -1,0 +1,196 @@
+package pgcoord
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func TestDeadlineTakesTheEarlier(t *testing.T) {
+	if got := deadlineOf(1000, 500, 0); got != 1500 {
+		t.Fatalf("no mono deadline: got %d, want 1500", got)
+	}
+	if got := deadlineOf(1000, 500, 1200); got != 1200 {
+		t.Fatalf("agent's mono deadline first: got %d, want 1200", got)
+	}
+	if got := deadlineOf(1000, 500, 9000); got != 1500 {
+		t.Fatalf("a later mono deadline must not extend: got %d", got)
+	}
+}
+
+func TestRenewalOnlyExtendsTheSameEpoch(t *testing.T) {
+	c := &Client{beliefs: map[string]*belief{}, session: 7}
+	now := monoMillis()
+	c.noteBelief("lease.changed", map[string]interface{}{"name": "x", "leader": true,
+		"epoch": int64(3), "valid_ms": int64(5000), "session": int64(7)}, now)
+	if !c.IsLeader("x") {
+		t.Fatal("lease.changed leader: true did not start the belief")
+	}
+	c.noteBelief("lease.renewed", map[string]interface{}{"name": "x", "leader": true,
+		"epoch": int64(4), "valid_ms": int64(60000)}, now)
+	if _, _, dl := c.Leadership("x"); time.Until(dl) > 6*time.Second {
+		t.Fatal("a renewal of another epoch extended the belief")
+	}
+	c.noteBelief("lease.changed", map[string]interface{}{"name": "x", "leader": true,
+		"epoch": int64(5), "valid_ms": int64(5000), "session": int64(8)}, now)
+	if _, ep, _ := c.Leadership("x"); ep != 3 {
+		t.Fatal("another session's win became our belief")
+	}
+	c.noteBelief("session.suspended", map[string]interface{}{"session": int64(7),
+		"safe_ms": int64(100)}, now)
+	if _, _, dl := c.Leadership("x"); time.Until(dl) > 200*time.Millisecond {
+		t.Fatal("session.suspended did not cap the belief at safe_ms")
+	}
+	c.noteBelief("session.lost", map[string]interface{}{"session": int64(7)}, now)
+	if c.IsLeader("x") {
+		t.Fatal("session.lost did not end the belief")
+	}
+}
+
+func TestStaleStampEndsBelief(t *testing.T) {
+	c := &Client{beliefs: map[string]*belief{}, session: 1}
+	// Read now, but the queue was last seen empty 2 s ago: 1.5 s of
+	// valid_ms are already spent.
+	c.noteBelief("lease.changed", map[string]interface{}{"name": "x", "leader": true,
+		"epoch": int64(1), "valid_ms": int64(1500)}, monoMillis()-2000)
+	if c.IsLeader("x") {
+		t.Fatal("belief dated from the read, not from before the send")
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	frame := []byte{0x94, 0x01, 0x05, 0x83}
+	frame = append(frame, mustPack(t, "code")...)
+	frame = append(frame, mustPack(t, "timeout")...)
+	frame = append(frame, mustPack(t, "message")...)
+	frame = append(frame, mustPack(t, "no answer")...)
+	frame = append(frame, mustPack(t, "retryable")...)
+	frame = append(frame, 0xc3, 0xc0)
+	m, err := decodeMessage(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e error = m.err
+	if !errors.Is(e, ErrTimeout) || errors.Is(e, ErrBusy) || !Retryable(e) || m.msgid != 5 {
+		t.Fatalf("error mapping: %#v", m.err)
+	}
+	if !outcomeUnknown(e) || outcomeUnknown(ErrConflict) {
+		t.Fatal("outcome-unknown rule")
+	}
+}
+
+func TestRequestBytesAreCompact(t *testing.T) {
+	b, err := encodeRequest(1, "agent.ping", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte{0x94, 0x00, 0x01, 0xaa}, "agent.ping"...)
+	want = append(want, 0x91, 0x80)
+	if !bytes.Equal(b, want) {
+		t.Fatalf("got % x, want % x", b, want)
+	}
+}
+
+func mustPack(t *testing.T, v interface{}) []byte {
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fakePeer listens on a socket and answers each connection with serve.
+func fakePeer(t *testing.T, serve func(net.Conn)) string {
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return path
+}
+
+func TestFramingSplitAcrossReads(t *testing.T) {
+	path := fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 256)
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		// A notification and the reply, cut in the middle of both.
+		note := mustPack(t, []interface{}{2, "agent.db_up", []interface{}{map[string]interface{}{}}})
+		rep := mustPack(t, []interface{}{1, 1, nil, map[string]interface{}{"pong": true}})
+		all := append(note, rep...)
+		for i := range all {
+			c.Write(all[i : i+1])
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(time.Second)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-c.Notifications():
+		if n.Method != "agent.db_up" {
+			t.Fatalf("notification %q", n.Method)
+		}
+	case <-ctx.Done():
+		t.Fatal("no notification")
+	}
+}
+
+func TestGarbageIsAnErrorNotAHang(t *testing.T) {
+	for name, answer := range map[string][]byte{
+		"never-used byte":     {0xc1},
+		"not an envelope":     mustPack(t, map[string]interface{}{"a": 1}),
+		"closed":              nil,
+		"wrong kind":          mustPack(t, []interface{}{7, 1, nil, nil}),
+		"error without code":  mustPack(t, []interface{}{1, 1, map[string]interface{}{"x": 1}, nil}),
+		"result of bad shape": mustPack(t, []interface{}{1, 1, nil, "pong"}),
+	} {
+		answer := answer
+		t.Run(name, func(t *testing.T) {
+			path := fakePeer(t, func(c net.Conn) {
+				defer c.Close()
+				buf := make([]byte, 256)
+				c.Read(buf)
+				c.Write(answer)
+				time.Sleep(time.Second)
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = c.Status(ctx)
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("got %v (ctx %v), want a prompt error", err, ctx.Err())
+			}
+		})
+	}
+}
