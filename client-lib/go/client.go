@@ -312,6 +312,11 @@ func (c *Client) callHook(ctx context.Context, method string, params map[string]
 	if err != nil {
 		return err
 	}
+	if method == "lease.acquire" {
+		// A lease message is dated by when the queue was last seen
+		// empty: from now on that must be recent, also while idle.
+		cn.trackLeases()
+	}
 	raw, _, err := cn.call(ctx, method, params, onReply)
 	if err != nil {
 		return err

@@ -20,6 +20,11 @@ const (
 	// partialFrameTimeout: a message begun and not finished this long is
 	// a broken peer, as the agent judges its own peers.
 	partialFrameTimeout = 10 * time.Second
+	// quietSlice: while leases are tracked, the reader looks at the
+	// socket this often even when nothing comes, so the moment it last
+	// saw the queue empty (what a lease message is dated by) is never
+	// older than this (libpgcoord's PGCOORD_QUIET_SLICE_MS).
+	quietSlice = 50 * time.Millisecond
 )
 
 // reply is what a pending call receives. stamp is the monotonic moment
@@ -50,6 +55,9 @@ type conn struct {
 	err    error
 
 	notify func(m *message, stamp int64) // on the reader goroutine
+
+	dlmu     sync.Mutex // tracking and the read deadline change together
+	tracking bool
 }
 
 func dial(ctx context.Context, path string, notify func(*message, int64)) (*conn, error) {
@@ -85,6 +93,17 @@ func (c *conn) fail(err error) {
 	c.uc.Close()
 	for _, p := range calls {
 		p.ch <- reply{err: err}
+	}
+}
+
+// trackLeases makes the reader date messages to within a quietSlice from
+// now on, and wakes it if it is in a wait without a deadline.
+func (c *conn) trackLeases() {
+	c.dlmu.Lock()
+	defer c.dlmu.Unlock()
+	if !c.tracking {
+		c.tracking = true
+		_ = c.uc.SetReadDeadline(time.Now())
 	}
 }
 
@@ -180,15 +199,23 @@ func (c *conn) readLoop() {
 			copy(nb, buf)
 			buf = nb
 		}
+		var deadline time.Time
 		if len(buf) > 0 {
 			if partialSince.IsZero() {
 				partialSince = time.Now()
 			}
-			_ = c.uc.SetReadDeadline(partialSince.Add(partialFrameTimeout))
+			deadline = partialSince.Add(partialFrameTimeout)
 		} else {
 			partialSince = time.Time{}
-			_ = c.uc.SetReadDeadline(time.Time{})
 		}
+		c.dlmu.Lock()
+		if c.tracking {
+			if slice := time.Now().Add(quietSlice); deadline.IsZero() || slice.Before(deadline) {
+				deadline = slice
+			}
+		}
+		_ = c.uc.SetReadDeadline(deadline)
+		c.dlmu.Unlock()
 		wasEmpty := len(buf) == 0
 		room := buf[len(buf):cap(buf)]
 		var n int
@@ -217,6 +244,10 @@ func (c *conn) readLoop() {
 		})
 		if err == nil {
 			err = rerr
+		}
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) &&
+			(partialSince.IsZero() || time.Since(partialSince) < partialFrameTimeout) {
+			continue // a quiet slice ended: look again (and date the quiet)
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
