@@ -1,0 +1,300 @@
+package pgcoord
+
+// Integration tests: a real agent (PGCOORD_TEST_AGENT_BIN) on a real
+// PostgreSQL cluster given by tests/harness/with-postgres. Skipped when
+// not run under it (plain `go test` on a developer machine).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type testAgent struct {
+	t      *testing.T
+	db     string
+	socket string
+	cmd    *exec.Cmd
+}
+
+func needEnv(t *testing.T, name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		t.Skipf("%s is not set: run under tests/harness/with-postgres (meson test go-client)", name)
+	}
+	return v
+}
+
+func conninfo(db, user string) string {
+	return fmt.Sprintf("host=%s port=%s user=%s dbname=%s", os.Getenv("PGCOORD_TEST_PGHOST"),
+		os.Getenv("PGCOORD_TEST_PGPORT"), user, db)
+}
+
+// psql runs sql as the owner and returns the one value it printed.
+func (a *testAgent) psql(sql string) string {
+	return psqlOn(a.t, a.db, sql)
+}
+
+func psqlOn(t *testing.T, db, sql string) string {
+	t.Helper()
+	out, err := exec.Command("psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+		"-d", conninfo(db, os.Getenv("PGCOORD_TEST_PGUSER")), "-c", sql).CombinedOutput()
+	if err != nil {
+		t.Fatalf("psql %q: %v\n%s", sql, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// startAgent creates a database, migrates it as the owner and starts one
+// agent on it as the runtime role. Everything goes at the test's end.
+func startAgent(t *testing.T, extra ...string) *testAgent {
+	bin := needEnv(t, "PGCOORD_TEST_AGENT_BIN")
+	needEnv(t, "PGCOORD_TEST_PGHOST")
+	role := needEnv(t, "PGCOORD_TEST_RUNTIME_ROLE")
+	a := &testAgent{t: t, db: fmt.Sprintf("go_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)}
+	psqlOn(t, "postgres", fmt.Sprintf(`CREATE DATABASE "%s"`, a.db))
+	t.Cleanup(func() { psqlOn(t, "postgres", fmt.Sprintf(`DROP DATABASE IF EXISTS "%s" WITH (FORCE)`, a.db)) })
+	out, err := exec.Command(bin, "migrate", "--database-url",
+		conninfo(a.db, os.Getenv("PGCOORD_TEST_PGUSER")), "--runtime-role", role).CombinedOutput()
+	if err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	// A short directory: a socket path must fit in sun_path. Under the
+	// harness's dir, so its cleanup finds the agent whatever happens.
+	dir, err := os.MkdirTemp(os.Getenv("PGCOORD_TEST_TMP"), "go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	a.socket = filepath.Join(dir, "agent.sock")
+	log, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--database-url", conninfo(a.db, role), "--replica-id", "go-" + t.Name(),
+		"--socket-path", a.socket}, extra...)
+	a.cmd = exec.Command(bin, args...)
+	a.cmd.Stdout, a.cmd.Stderr = log, log
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.cmd.Process.Signal(syscall.SIGCONT)
+		a.cmd.Process.Kill()
+		a.cmd.Wait()
+		log.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("agent log:\n%s", b)
+		}
+	})
+	// Serving once agent.status says so (it registers with the database first).
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := Dial(ctx, a.socket, nil)
+		if err == nil {
+			st, err := c.Status(ctx)
+			c.Close()
+			if err == nil && st.State == "serving" && st.Registered {
+				cancel()
+				return a
+			}
+		}
+		cancel()
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the agent did not start serving in 15 s")
+	return nil
+}
+
+func (a *testAgent) client(ctx context.Context, session bool) *Client {
+	c, err := Dial(ctx, a.socket, &Options{ClientName: "go-test"})
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	a.t.Cleanup(func() { c.Close() })
+	if session {
+		if _, err := c.SessionOpen(ctx, "go-test"); err != nil {
+			a.t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func TestIntegrationPermits(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := a.client(ctx, true)
+	if _, err := c.QuotaSet(ctx, "tenant-a", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.PermitClaim(ctx, "job-1", []QuotaWeight{{Key: "tenant-a"}}, &ClaimOptions{Intent: []byte("run job 1")})
+	if err != nil || r.Status != "admitted" || !r.Mine {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	again, err := c.PermitClaim(ctx, "job-1", []QuotaWeight{{Key: "tenant-a"}}, &ClaimOptions{Intent: []byte("run job 1")})
+	if err != nil || again.Status != "held" || again.Token != r.Token {
+		t.Fatalf("retry of the same id: %+v %v", again, err)
+	}
+	d, err := c.PermitClaim(ctx, "job-2", []QuotaWeight{{Key: "tenant-a"}}, nil)
+	if err != nil || d.Status != "denied" || d.InFlight != 1 || d.Limit != 1 {
+		t.Fatalf("claim past the limit: %+v %v", d, err)
+	}
+	if got := a.psql(`SELECT in_flight FROM pgcoord.quotas WHERE key = 'tenant-a'`); got != "1" {
+		t.Fatalf("in_flight in the database: %s", got)
+	}
+	p, err := c.PermitGet(ctx, "job-1")
+	if err != nil || string(p.Intent) != "run job 1" || p.State != "held" {
+		t.Fatalf("permit.get: %+v %v", p, err)
+	}
+	if _, err := c.PermitUpdate(ctx, "job-1", "dispatched"); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := c.PermitRelease(ctx, "job-1", nil)
+	if err != nil || !rel.Released {
+		t.Fatalf("release: %+v %v", rel, err)
+	}
+	if got := a.psql(`SELECT in_flight FROM pgcoord.quotas WHERE key = 'tenant-a'`); got != "0" {
+		t.Fatalf("in_flight after release: %s", got)
+	}
+	if _, err := c.PermitClaim(ctx, "job-1", []QuotaWeight{{Key: "tenant-a"}}, nil); !errors.Is(err, ErrConflict) {
+		t.Fatalf("claim of a released id: %v, want conflict", err)
+	}
+	if _, err := c.PermitClaim(ctx, "job-3", []QuotaWeight{{Key: "nope"}}, nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown quota: %v", err)
+	}
+	if err := c.Call(ctx, "no.such", nil, nil); !errors.Is(err, ErrMethodNotFound) {
+		t.Fatalf("unknown method: %v", err)
+	}
+	if err := c.Call(ctx, "permit.get", map[string]interface{}{"id": 5}, nil); !errors.Is(err, ErrInvalidParams) {
+		t.Fatalf("wrong type: %v", err)
+	}
+	chk, err := c.PermitCheck(ctx)
+	if err != nil || !chk.OK {
+		t.Fatalf("check: %+v %v", chk, err)
+	}
+}
+
+// A claim whose outcome was not seen and is given up releases its id: a
+// late attempt can no longer take a slot, and the database says retired.
+func TestIntegrationGiveUpRetires(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := a.client(ctx, true)
+	if _, err := c.QuotaSet(ctx, "q", 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Hold the quota row so the claim waits inside the database.
+	lock := exec.Command("psql", "-X", "-q", "-d", conninfo(a.db, os.Getenv("PGCOORD_TEST_PGUSER")),
+		"-c", "BEGIN; SELECT 1 FROM pgcoord.quotas WHERE key = 'q' FOR UPDATE; SELECT pg_sleep(2); COMMIT;")
+	if err := lock.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Wait()
+	time.Sleep(300 * time.Millisecond)
+	short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := c.PermitClaim(short, "late", []QuotaWeight{{Key: "q"}}, nil)
+	scancel()
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("claim given up: %v, want ErrOutcomeUnknown", err)
+	}
+	lock.Wait()
+	if got := a.psql(`SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'`); got != "0" {
+		t.Fatalf("the given-up claim keeps a slot: in_flight %s", got)
+	}
+	if got := a.psql(`SELECT state FROM pgcoord.permits WHERE id = 'late'`); got != "released" {
+		t.Fatalf("permit 'late' is %q, want released", got)
+	}
+}
+
+func TestIntegrationElectAndFreeze(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	c1, c2 := a.client(ctx, true), a.client(ctx, true)
+	opts := &LeaseOptions{TTL: 2 * time.Second}
+	lead, resign, err := c1.Elect(ctx, "reconciler", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c1.IsLeader("reconciler") {
+		t.Fatal("Elect returned without belief")
+	}
+	if got := a.psql(`SELECT holder_session FROM pgcoord.leases WHERE name = 'reconciler'`); got != fmt.Sprint(c1.Session()) {
+		t.Fatalf("holder in the database %s, want session %d", got, c1.Session())
+	}
+	short, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if _, _, err := c2.Elect(short, "reconciler", opts); err == nil {
+		t.Fatal("a second leader")
+	}
+	scancel()
+	// Renewals keep the leadership past one ttl.
+	time.Sleep(2500 * time.Millisecond)
+	if lead.Err() != nil || !c1.IsLeader("reconciler") {
+		t.Fatal("leadership ended while the agent renewed it")
+	}
+	resign()
+	if c1.IsLeader("reconciler") || lead.Err() == nil {
+		t.Fatal("belief survived the resignation")
+	}
+	lead2, resign2, err := c2.Elect(ctx, "reconciler", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resign2()
+	// Freeze the agent: no renewal, no notification. The leadership
+	// must end before the row can expire for anyone else.
+	var expiresMs int64
+	fmt.Sscan(a.psql(`SELECT (extract(epoch FROM expires_at - now()) * 1000)::bigint FROM pgcoord.leases WHERE name = 'reconciler'`), &expiresMs)
+	frozen := time.Now()
+	a.cmd.Process.Signal(syscall.SIGSTOP)
+	select {
+	case <-lead2.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("leadership outlived a frozen agent")
+	}
+	ended := time.Since(frozen)
+	a.cmd.Process.Signal(syscall.SIGCONT)
+	if ended >= time.Duration(expiresMs)*time.Millisecond || ended >= 2*time.Second {
+		t.Fatalf("leadership ended %v after the freeze; the row could expire after %d ms", ended, expiresMs)
+	}
+}
+
+func TestIntegrationResume(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := a.client(ctx, true)
+	id := c.Session()
+	c.mu.Lock()
+	cn := c.cn
+	c.mu.Unlock()
+	cn.close()
+	k, err := c.SessionKeepalive(ctx)
+	if err != nil || k.Session != id {
+		t.Fatalf("keepalive after reconnect: %+v %v (session %d)", k, err, id)
+	}
+	if got := a.psql(fmt.Sprintf(`SELECT count(*) FROM pgcoord.sessions WHERE id = %d AND closed_at IS NULL`, id)); got != "1" {
+		t.Fatal("the resumed session is closed in the database")
+	}
+	if err := c.SessionClose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.psql(fmt.Sprintf(`SELECT count(*) FROM pgcoord.sessions WHERE id = %d AND closed_at IS NOT NULL`, id)); got != "1" {
+		t.Fatal("session.close left the session open")
+	}
+	if _, err := c.SessionKeepalive(ctx); !errors.Is(err, ErrNoSession) {
+		t.Fatalf("keepalive without a session: %v", err)
+	}
+}
