@@ -2,6 +2,7 @@ package pgcoord
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -46,11 +47,11 @@ func (b *belief) set(leader bool, epoch, until int64) {
 	b.changed = make(chan struct{})
 }
 
+// endBeliefsLocked ends every belief and wakes whoever waits on one (a
+// campaign waiting in Elect re-checks that the session is still there).
 func (c *Client) endBeliefsLocked() {
 	for _, b := range c.beliefs {
-		if b.leader {
-			b.set(false, b.epoch, 0)
-		}
+		b.set(false, b.epoch, 0)
 	}
 }
 
@@ -237,10 +238,13 @@ func (c *Client) Elect(ctx context.Context, name string, o *LeaseOptions) (conte
 	}
 	for {
 		c.mu.Lock()
-		lead, ch := b.leader && monoMillis() < b.untilMs, b.changed
+		lead, ch, session := b.leader && monoMillis() < b.untilMs, b.changed, c.session
 		c.mu.Unlock()
 		if lead {
 			break
+		}
+		if session == 0 {
+			return nil, nil, fmt.Errorf("%w: the session ended while campaigning for %q", ErrNotLeader, name)
 		}
 		select {
 		case <-ch:
