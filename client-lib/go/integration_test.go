@@ -6,6 +6,7 @@ package pgcoord
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -296,5 +297,53 @@ func TestIntegrationResume(t *testing.T) {
 	}
 	if _, err := c.SessionKeepalive(ctx); !errors.Is(err, ErrNoSession) {
 		t.Fatalf("keepalive without a session: %v", err)
+	}
+}
+
+// The example does real work: permit-cycle prints its JSON, replicas run
+// jobs on shared quotas, and a later replica recovers what an earlier one
+// left open.
+func TestIntegrationExampleScheduler(t *testing.T) {
+	a := startAgent(t)
+	bin := filepath.Join(t.TempDir(), "scheduler")
+	if out, err := exec.Command("go", "build", "-o", bin, "./examples/scheduler").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "-socket", a.socket, "permit-cycle", "-id", "pc-1", "-quota", "smoke").Output()
+	if err != nil {
+		t.Fatalf("permit-cycle: %v", err)
+	}
+	var pc struct {
+		Claim   map[string]interface{} `json:"claim"`
+		Release map[string]interface{} `json:"release"`
+	}
+	if err := json.Unmarshal(out, &pc); err != nil || pc.Claim["status"] != "admitted" || pc.Release["released"] != true {
+		t.Fatalf("permit-cycle printed %s (%v)", out, err)
+	}
+	if got := a.psql(`SELECT state FROM pgcoord.permits WHERE id = 'pc-1'`); got != "released" {
+		t.Fatalf("pc-1 is %q in the database", got)
+	}
+
+	// A replica whose connector drops every job leaves them open...
+	if out, err := exec.Command(bin, "-socket", a.socket, "run", "-jobs", "4", "-drop", "1",
+		"-name", "r1").CombinedOutput(); err != nil {
+		t.Fatalf("run r1: %v\n%s", err, out)
+	}
+	if got := a.psql(`SELECT count(*) FROM pgcoord.records WHERE kind = 'job' AND settled_at IS NULL`); got != "4" {
+		t.Fatalf("open jobs after r1: %s", got)
+	}
+	// ...and its successor adopts and settles them, then runs its own.
+	if out, err := exec.Command(bin, "-socket", a.socket, "run", "-jobs", "2", "-drop", "0",
+		"-name", "r2").CombinedOutput(); err != nil {
+		t.Fatalf("run r2: %v\n%s", err, out)
+	}
+	if got := a.psql(`SELECT count(*) FROM pgcoord.records WHERE kind = 'job' AND state = 'abandoned' AND adopted_from IS NOT NULL`); got != "4" {
+		t.Fatalf("jobs recovered by r2: %s", got)
+	}
+	if got := a.psql(`SELECT count(*) FROM pgcoord.records WHERE kind = 'job' AND state = 'done'`); got != "2" {
+		t.Fatalf("jobs done by r2: %s", got)
+	}
+	if got := a.psql(`SELECT coalesce(sum(in_flight), -1) FROM pgcoord.quotas WHERE key LIKE 'tenant-%'`); got != "0" {
+		t.Fatalf("tenant slots still taken: %s", got)
 	}
 }
