@@ -194,3 +194,43 @@ func TestGarbageIsAnErrorNotAHang(t *testing.T) {
 		})
 	}
 }
+
+// A lease message that comes after a quiet spell is dated by the last
+// slice that saw the queue empty, not by when the quiet began.
+func TestLeaseMessageAfterQuietSpell(t *testing.T) {
+	path := fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 256)
+		if _, err := c.Read(buf); err != nil { // lease.acquire
+			return
+		}
+		c.Write(mustPack(t, []interface{}{1, 1, nil, map[string]interface{}{
+			"name": "x", "leader": false, "epoch": 0, "valid_ms": 0,
+			"valid_until_mono_ms": 0, "campaigning": true}}))
+		time.Sleep(1500 * time.Millisecond)
+		c.Write(mustPack(t, []interface{}{2, "lease.changed", []interface{}{map[string]interface{}{
+			"name": "x", "epoch": 9, "leader": true, "valid_ms": 1000,
+			"valid_until_mono_ms": 0, "session": 4, "reason": "won"}}}))
+		time.Sleep(2 * time.Second)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.session = 4
+	if _, err := c.LeaseAcquire(ctx, "x", &LeaseOptions{Wait: true}); err != nil {
+		t.Fatal(err)
+	}
+	for !c.IsLeader("x") {
+		if ctx.Err() != nil {
+			t.Fatal("the win after 1.5 s of quiet was dated as old as the quiet")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ep, dl := c.Leadership("x"); ep != 9 || time.Until(dl) > time.Second {
+		t.Fatalf("epoch %d, deadline in %v", ep, time.Until(dl))
+	}
+}
