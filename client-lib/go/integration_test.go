@@ -203,7 +203,13 @@ func TestIntegrationGiveUpRetires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Wait()
-	time.Sleep(300 * time.Millisecond)
+	// The row is locked once the locker sleeps inside its transaction.
+	for a.psql(`SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep%' AND wait_event = 'PgSleep'`) != "1" {
+		if ctx.Err() != nil {
+			t.Fatal("the locker never took the quota row")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err := c.PermitClaim(short, "late", []QuotaWeight{{Key: "q"}}, nil)
 	scancel()
