@@ -238,6 +238,14 @@ func TestIntegrationElectAndFreeze(t *testing.T) {
 	if !c1.IsLeader("reconciler") {
 		t.Fatal("Elect returned without belief")
 	}
+	for won := false; !won; {
+		select {
+		case n := <-c1.Notifications():
+			won = n.Method == "lease.changed" && n.Params["name"] == "reconciler" && n.Params["leader"] == true
+		case <-time.After(3 * time.Second):
+			t.Fatal("no lease.changed on the notification channel")
+		}
+	}
 	if got := a.psql(`SELECT holder_session FROM pgcoord.leases WHERE name = 'reconciler'`); got != fmt.Sprint(c1.Session()) {
 		t.Fatalf("holder in the database %s, want session %d", got, c1.Session())
 	}

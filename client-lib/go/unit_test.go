@@ -234,3 +234,31 @@ func TestLeaseMessageAfterQuietSpell(t *testing.T) {
 		t.Fatalf("epoch %d, deadline in %v", ep, time.Until(dl))
 	}
 }
+
+func TestNoAgentAndClosedClient(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := Dial(ctx, filepath.Join(t.TempDir(), "none"), nil); !errors.Is(err, ErrConnection) {
+		t.Fatalf("dial of a missing socket: %v", err)
+	}
+	path := fakePeer(t, func(c net.Conn) { time.Sleep(time.Second); c.Close() })
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := c.Ping(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("call on a closed client: %v", err)
+	}
+	if _, ok := <-c.Notifications(); ok {
+		t.Fatal("notifications still open after Close")
+	}
+	c2, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := c2.Call(ctx, "agent.ping", map[string]interface{}{"x": make(chan int)}, nil); err == nil {
+		t.Fatal("a param msgpack cannot encode went through")
+	}
+}
