@@ -361,3 +361,53 @@ func TestIntegrationExampleScheduler(t *testing.T) {
 		t.Fatalf("tenant slots still taken: %s", got)
 	}
 }
+
+// A reply lost with its connection: the client reconnects, resumes the
+// session and retries the same id, which finds the first attempt's permit
+// (held) or, had that one not committed, takes the slot itself: one slot.
+func TestIntegrationLostReplyThenRetry(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := a.client(ctx, true)
+	if _, err := c.QuotaSet(ctx, "q", 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	lock := exec.Command("psql", "-X", "-q", "-d", conninfo(a.db, os.Getenv("PGCOORD_TEST_PGUSER")),
+		"-c", "BEGIN; SELECT 1 FROM pgcoord.quotas WHERE key = 'q' FOR UPDATE; SELECT pg_sleep(1.5); COMMIT;")
+	if err := lock.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Wait()
+	for a.psql(`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'`) != "1" {
+		time.Sleep(20 * time.Millisecond)
+	}
+	type result struct {
+		r   *Claim
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.PermitClaim(ctx, "lost-reply", []QuotaWeight{{Key: "q"}}, nil)
+		done <- result{r, err}
+	}()
+	// The claim waits for the row inside the database; cut its connection.
+	for a.psql(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`) == "0" {
+		time.Sleep(20 * time.Millisecond)
+	}
+	session := c.Session()
+	c.mu.Lock()
+	cn := c.cn
+	c.mu.Unlock()
+	cn.close()
+	res := <-done
+	if res.err != nil || !res.r.Admitted() || !res.r.Mine || res.r.Attempts < 2 {
+		t.Fatalf("claim after a lost reply: %+v %v", res.r, res.err)
+	}
+	if c.Session() != session {
+		t.Fatalf("session %d after the reconnect, want %d resumed", c.Session(), session)
+	}
+	if got := a.psql(`SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'`); got != "1" {
+		t.Fatalf("in_flight %s, want 1: the retry must not take a second slot", got)
+	}
+}
