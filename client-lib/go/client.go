@@ -23,7 +23,7 @@ const DefaultSocket = "/run/pgcoord/agent.sock"
 
 // Options tune a Client; the zero value is usable.
 type Options struct {
-	// ClientName is sent in agent.hello and used as the session name.
+	// ClientName is sent in agent.hello.
 	ClientName string
 	// NotifyBuffer is the capacity of the Notifications channel (default
 	// 256). When it is full, further notifications are dropped (and
