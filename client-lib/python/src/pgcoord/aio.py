@@ -146,6 +146,7 @@ class AsyncClient(Api):
                     raise ConnectionLost("the agent closed the connection")
                 for m in frames.feed(data, before, len(data) < READ_CHUNK):
                     self._deliver(m)
+                frames.check()
         except asyncio.CancelledError:
             raise
         except PgcoordError as e:

@@ -135,6 +135,7 @@ class _Connection:
                                           if self.frames.buffered() else ""))
                 for m in self.frames.feed(data, before, len(data) < READ_CHUNK):
                     self._deliver(m)
+                self.frames.check()
         except PgcoordError as e:
             self.fail(e)
         except OSError as e:

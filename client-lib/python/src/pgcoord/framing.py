@@ -74,14 +74,20 @@ class FrameReader:
         self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False,
                                           max_buffer_size=max_buffer)
         self._fed = 0        # bytes given to the unpacker
+        self._done = 0       # where the last complete message ended
         self.quiet_ms = 0    # last moment the receive queue was seen empty
         self._stamp_ms = 0   # the date of the message being assembled
+        # Set when the stream broke; the messages before the break are
+        # still handed back, so a notification sent just before garbage
+        # is not lost.
+        self.broken: ProtocolError | None = None
 
     def note_quiet(self, at_ms: int) -> None:
         self.quiet_ms = at_ms
 
     def buffered(self) -> int:
-        return self._fed - self._unpacker.tell()
+        """Bytes of a message begun but not complete."""
+        return self._fed - self._done
 
     def feed(self, data: bytes, read_started_ms: int, emptied: bool) -> list[Message]:
         """data was read by a read that began at read_started_ms; emptied
@@ -91,6 +97,8 @@ class FrameReader:
         if emptied:
             self.quiet_ms = read_started_ms
         out: list[Message] = []
+        if self.broken:
+            raise self.broken
         try:
             self._unpacker.feed(data)
             self._fed += len(data)
@@ -99,11 +107,17 @@ class FrameReader:
                     obj = self._unpacker.unpack()
                 except msgpack.OutOfData:
                     break
+                self._done = self._unpacker.tell()
                 # Every message that begins in this chunk shares its date.
                 out.append(parse_envelope(obj, self._stamp_ms))
-        except ProtocolError:
-            raise
+        except ProtocolError as e:
+            self.broken = e
         except (ValueError, msgpack.ExtraData, msgpack.FormatError,
                 msgpack.StackError, msgpack.BufferFull) as e:
-            raise ProtocolError(f"the agent sent bytes that are not MessagePack: {e}") from None
+            self.broken = ProtocolError(f"the agent sent bytes that are not MessagePack: {e}")
         return out
+
+    def check(self) -> None:
+        """Raises the ProtocolError that broke the stream, if one did."""
+        if self.broken:
+            raise self.broken
