@@ -6,6 +6,7 @@ Run under tests/harness/with-postgres."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -95,10 +96,33 @@ def main() -> int:
               FROM pgcoord.permit_events WHERE key LIKE 'tenant-%') s
             WHERE running > 2 LIMIT 1""")
         check(over == [], "no tenant ever had more than its limit in flight")
+        asyncio.run(asyncio.wait_for(async_client(agent.socket_path, db), 30))
     finally:
         agent.stop()
         db.close()
     return 0
+
+
+async def async_client(sock: str, db: Database) -> None:
+    """The asyncio client does the same work against the real agent."""
+    async with await pgcoord.AsyncClient.connect(sock) as c:
+        s = await c.session_open("async")
+        async with c.lease("async-lease", ttl_ms=3000) as lead:
+            check(lead.valid and 0 < lead.deadline_ms - pgcoord.mono_ms() <= 3000,
+                  "the asyncio client leads with a deadline within the ttl")
+            check(db.psql("SELECT holder_session FROM pgcoord.leases "
+                          "WHERE name = 'async-lease'") == [[str(s.session)]],
+                  "the database shows the asyncio client's session as the holder")
+        check(not c.is_leader("async-lease"), "leaving the lease context ends the belief")
+        async with c.permit("async-job", {"async-q": 1}, limit=1) as p:
+            check(p.status == "admitted", "the asyncio client's permit is admitted")
+            try:
+                async with c.permit("async-job-2", {"async-q": 1}):
+                    check(False, "a second permit over the limit")
+            except pgcoord.ClaimDenied as e:
+                check(e.claim.in_flight == 1, "the asyncio client's second claim is denied")
+        check(db.psql("SELECT state FROM pgcoord.permits WHERE id = 'async-job'") ==
+              [["released"]], "leaving the permit context released it")
 
 
 if __name__ == "__main__":
