@@ -319,3 +319,24 @@ def test_async_silent_agent_times_out(fake):
             await c.ping()
         await c.close()
     asyncio.run(asyncio.wait_for(main(), 5))
+
+
+def test_the_bodys_exception_wins_over_a_failing_release(fake):
+    def handler(i, m, p):
+        if m == "permit.claim":
+            return {"status": "admitted", "id": p["id"], "token": 1, "state": "held",
+                    "phase": "reserved", "owner_session": 41, "owner_replica": "r",
+                    "mine": True, "created_at": 1, "now_at": 1}
+        if m == "permit.release":
+            return ("error", "session_expired")
+        return basic(i, m, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        c.session_open()
+        with pytest.raises(ValueError):
+            with c.permit("job-4", "t"):
+                raise ValueError("the work failed")
+        # without a failing body, the release's error is the caller's to see
+        with pytest.raises(pgcoord.SessionExpired):
+            with c.permit("job-5", "t"):
+                pass

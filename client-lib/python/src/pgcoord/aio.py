@@ -231,19 +231,25 @@ class AsyncClient(Api):
         if self._failure:
             raise self._failure
         loop = asyncio.get_running_loop()
-        msgid = next(self._ids) & 0xFFFFFFFF
+        msgid = next(self._ids) % 0xFFFFFFFF + 1
         fut = loop.create_future()
         self._pending[msgid] = (fut, on_reply)
         t = self.timeout if timeout is None else timeout
+        deadline = loop.time() + t
         try:
             await asyncio.wait_for(loop.sock_sendall(self._sock, pack_request(msgid, method, params)), t)
-            m = await asyncio.wait_for(fut, t)
         except asyncio.TimeoutError:
-            self._pending.pop(msgid, None)
-            raise CallTimeout(f"{method}: no reply within {t:g} s; the outcome is unknown") from None
+            # Part of the request may be on the wire: the stream is unusable.
+            self._fail(CallTimeout(f"{method}: could not send within {t:g} s"))
+            raise self._failure from None
         except OSError as e:
             self._fail(ConnectionLost(f"sending {method}: {e}"))
             raise self._failure from None
+        try:
+            m = await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            self._pending.pop(msgid, None)
+            raise CallTimeout(f"{method}: no reply within {t:g} s; the outcome is unknown") from None
         if m.error is not None:
             raise error_from_wire(m.error)
         return m.result
@@ -408,7 +414,11 @@ class AsyncClient(Api):
             raise ClaimDenied(f"claim {id}: no room in {c.quota}", c)
         try:
             yield c
-        finally:
+        except BaseException:
             if c.mine is not False:
-                with contextlib.suppress(Conflict):
+                with contextlib.suppress(PgcoordError):
                     await self.release(id)
+            raise
+        if c.mine is not False:
+            with contextlib.suppress(Conflict):
+                await self.release(id)

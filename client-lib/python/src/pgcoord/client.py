@@ -27,6 +27,13 @@ DEFAULT_SOCKET = "/run/pgcoord/agent.sock"
 READ_CHUNK = 65536
 
 
+def _wait_for(sock: socket.socket, events: int, timeout: Optional[float]) -> None:
+    """poll(2), not select(2): descriptors above 1023 work too."""
+    p = select.poll()
+    p.register(sock, events)
+    p.poll(None if timeout is None else max(0, int(timeout * 1000)))
+
+
 class _Pending:
     __slots__ = ("event", "msg", "failure", "on_reply")
 
@@ -71,7 +78,8 @@ class _Connection:
         with self._lock:
             if self.failure:
                 raise self.failure
-            msgid = next(self._ids) & 0xFFFFFFFF
+            # 1..2^32-1: msgid 0 is the agent's for errors about the stream itself
+            msgid = next(self._ids) % 0xFFFFFFFF + 1
             self.pending[msgid] = p
         data = pack_request(msgid, method, params)
         with self._send_lock:
@@ -87,7 +95,7 @@ class _Connection:
                     n = self.sock.send(view)
                     view = view[n:]
                 except BlockingIOError:
-                    select.select([], [self.sock], [], left)
+                    _wait_for(self.sock, select.POLLOUT, left)
                 except OSError as e:
                     self.fail(ConnectionLost(f"sending {method}: {e}"))
                     raise self.failure from None
@@ -125,7 +133,7 @@ class _Connection:
                 except BlockingIOError:
                     # Nothing queued at `before`: what comes next was sent after it.
                     self.frames.note_quiet(before)
-                    select.select([self.sock], [], [])
+                    _wait_for(self.sock, select.POLLIN, None)
                     continue
                 except InterruptedError:
                     continue
@@ -573,7 +581,13 @@ class Client(Api):
                               f"({c.in_flight}/{c.limit} in flight)", c)
         try:
             yield c
-        finally:
+        except BaseException:
+            # The body's failure is the news; a release that fails too (the
+            # session gone, say) must not hide it.
             if c.mine is not False:
-                with contextlib.suppress(Conflict):
+                with contextlib.suppress(PgcoordError):
                     self.release(id)
+            raise
+        if c.mine is not False:
+            with contextlib.suppress(Conflict):
+                self.release(id)
