@@ -64,9 +64,9 @@ def main() -> int:
             dead.claim("old-job", {"tenant-0": 1}, limit=2)
             dead.record_put("scheduler.job", "old-job", "dispatching", permit="old-job")
 
-        a = scheduler(agent.socket_path, "run", "--replica", "r1", "--jobs", "30",
+        a = scheduler(agent.socket_path, "run", "--replica", "r1", "--jobs", "20",
                       "--drop-every", "5")
-        b = scheduler(agent.socket_path, "run", "--replica", "r2", "--jobs", "30",
+        b = scheduler(agent.socket_path, "run", "--replica", "r2", "--jobs", "20",
                       "--drop-every", "5")
         ra, rb = finish(a), finish(b)
         check("old-job" in ra["recovered"] + rb["recovered"],
@@ -87,7 +87,12 @@ def main() -> int:
         check(db.psql("SELECT count(*) FROM pgcoord.records WHERE settled_at IS NULL") ==
               [["0"]], "every record is settled")
         with pgcoord.Client(agent.socket_path) as c:
-            check(c.permit_check()["ok"] is True, "permit.check finds conservation intact")
+            check(c.permit_check().ok is True, "permit.check finds conservation intact")
+            check(any(a.live and a.replica_id == agent.replica_id for a in c.fleet_agents()),
+                  "fleet_agents lists the agent, live")
+            events = [e.event for e in c.permit_history("pc-1")]
+            check(events == ["admitted", "released"],
+                  f"permit_history of permit-cycle's id: {events}")
         # The quota held at every admission: the audit never shows more
         # admitted than the limit at once for any tenant.
         over = db.psql("""

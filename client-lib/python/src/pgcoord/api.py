@@ -35,14 +35,6 @@ def _opt(d: dict, **kw) -> dict:
     return d
 
 
-def _raw(m):
-    return m
-
-
-def _field(name):
-    return lambda m: m.get(name)
-
-
 class Api:
     """Typed wrappers; subclasses provide _invoke(method, params, convert,
     timeout) and the calls with client-side logic (claim, release, leases)."""
@@ -62,10 +54,15 @@ class Api:
         return self._invoke("agent.status", None, lambda m: T.from_map(T.AgentStatus, m), timeout)
 
     def fleet_agents(self, *, timeout=None):
-        return self._invoke("fleet.agents", None, _raw, timeout)
+        return self._invoke("fleet.agents", None,
+                            lambda m: [T.from_map(T.FleetAgent, x) for x in m.get("agents", [])],
+                            timeout)
 
     def fleet_sessions(self, *, timeout=None):
-        return self._invoke("fleet.sessions", None, _raw, timeout)
+        return self._invoke("fleet.sessions", None,
+                            lambda m: [T.from_map(T.FleetSession, x)
+                                       for x in m.get("sessions", [])],
+                            timeout)
 
     # session.keepalive (open/close live in the clients: they keep state)
     def keepalive(self, *, timeout=None):
@@ -127,10 +124,12 @@ class Api:
                             timeout)
 
     def permit_history(self, id: str, *, timeout=None):
-        return self._invoke("permit.history", {"id": id}, _field("events"), timeout)
+        return self._invoke("permit.history", {"id": id},
+                            lambda m: [T.from_map(T.PermitEvent, x) for x in m.get("events", [])],
+                            timeout)
 
     def permit_check(self, *, timeout=None):
-        return self._invoke("permit.check", None, _raw, timeout)
+        return self._invoke("permit.check", None, lambda m: T.from_map(T.Check, m), timeout)
 
     # records
     def record_put(self, kind: str, key: str, state: str, *, data=None, permit=None,

@@ -256,6 +256,69 @@ class Recovery:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+@dataclass
+class FleetAgent:
+    replica_id: str
+    incarnation: int
+    host: str
+    pid: int
+    version: str
+    started_at: int
+    heartbeat_at: int
+    expires_at: int
+    stopped_at: Optional[int]
+    live: bool
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class FleetSession:
+    session: int
+    name: str
+    replica_id: str
+    incarnation: int
+    opened_at: int
+    expires_at: int
+    owner_uid: Optional[int]
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class PermitEvent:
+    seq: int
+    event: str
+    quota: Optional[str]
+    delta: Optional[int]
+    actor: str
+    reason: Optional[str]
+    state: Optional[str]
+    phase: Optional[str]
+    at: int
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Violation:
+    key: str
+    limit: int
+    in_flight: int
+    permit_weights: int
+    audit_sum: int
+    problem: str
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Check:
+    """permit.check: ok is False when conservation is broken somewhere."""
+
+    ok: bool
+    quotas: int
+    violations: list
+    now_at: int
+    raw: dict = field(default_factory=dict, repr=False)
+
+
 def _list_of(cls):
     return lambda v: [from_map(cls, x) for x in v] if isinstance(v, list) else v
 
@@ -265,4 +328,5 @@ _NESTED = {
     ("LeaseStatus", "holder"): lambda v: from_map(Holder, v),
     ("RecordPut", "record"): lambda v: from_map(Record, v),
     ("Recovery", "adopted"): _list_of(Record),
+    ("Check", "violations"): _list_of(Violation),
 }
