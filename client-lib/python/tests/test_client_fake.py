@@ -340,3 +340,22 @@ def test_the_bodys_exception_wins_over_a_failing_release(fake):
         with pytest.raises(pgcoord.SessionExpired):
             with c.permit("job-5", "t"):
                 pass
+
+
+def test_resume_waits_while_the_agent_still_sees_the_old_connection(fake):
+    answers = {"conflicts": 0}
+
+    def handler(i, m, p):
+        if m == "agent.ping" and i == 0:
+            return ("close",)
+        if m == "session.open" and "resume" in p and answers["conflicts"] < 3:
+            answers["conflicts"] += 1
+            return ("error", "conflict")
+        return basic(i, m, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        c.session_open()
+        with pytest.raises(pgcoord.ConnectionLost):
+            c.ping()
+        assert c.ping() is True
+        assert c.session.resumed is True and answers["conflicts"] == 3

@@ -16,6 +16,7 @@ from .belief import Beliefs, deadline_of, mono_ms
 from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict, ConnectError,
                      ConnectionLost, GaveUp, NotFound, PgcoordError, ProtocolError,
                      SessionExpired, error_from_wire)
+from .client import RESUME_PATIENCE_MS
 from .framing import NOTIFICATION, FrameReader, Message, pack_request
 
 READ_CHUNK = 65536
@@ -213,11 +214,19 @@ class AsyncClient(Api):
         if mono_ms() - (self._lost_at_ms or mono_ms()) >= s.grace_ms:
             self.session_lost = True
             raise SessionExpired(f"session {s.session} was disconnected longer than its grace")
-        try:
-            m = await self._send("session.open", {"resume": s.session}, None)
-        except (SessionExpired, NotFound) as e:
-            self.session_lost = True
-            raise SessionExpired(f"session {s.session} could not be resumed: {e.message}")
+        lost_at = self._lost_at_ms or mono_ms()
+        while True:
+            try:
+                m = await self._send("session.open", {"resume": s.session}, None)
+                break
+            except Conflict:
+                # the agent has not yet seen the old connection close
+                if mono_ms() - lost_at >= min(s.grace_ms, RESUME_PATIENCE_MS):
+                    raise
+                await asyncio.sleep(0.02)
+            except (SessionExpired, NotFound) as e:
+                self.session_lost = True
+                raise SessionExpired(f"session {s.session} could not be resumed: {e.message}")
         r = T.from_map(T.Session, m)
         if r.session != s.session:
             raise ProtocolError(f"asked to resume session {s.session}, got {r.session}")

@@ -25,6 +25,8 @@ from .framing import NOTIFICATION, FrameReader, Message, pack_request
 
 DEFAULT_SOCKET = "/run/pgcoord/agent.sock"
 READ_CHUNK = 65536
+# How long a resume waits for the agent to notice the old connection closed.
+RESUME_PATIENCE_MS = 2000
 
 
 def _wait_for(sock: socket.socket, events: int, timeout: Optional[float]) -> None:
@@ -282,10 +284,18 @@ class Client(Api):
         if mono_ms() - lost_at >= s.grace_ms:
             self._session_gone(f"session {s.session} was disconnected longer than its "
                                f"grace ({s.grace_ms} ms)")
-        try:
-            m = self._call_on(self._conn, "session.open", {"resume": s.session}, None)
-        except (SessionExpired, NotFound) as e:
-            self._session_gone(f"session {s.session} could not be resumed: {e.message}")
+        while True:
+            try:
+                m = self._call_on(self._conn, "session.open", {"resume": s.session}, None)
+                break
+            except Conflict:
+                # Still attached to the old connection: the agent has not
+                # seen it close yet. Within the grace, ask again shortly.
+                if mono_ms() - lost_at >= min(s.grace_ms, RESUME_PATIENCE_MS):
+                    raise
+                time.sleep(0.02)
+            except (SessionExpired, NotFound) as e:
+                self._session_gone(f"session {s.session} could not be resumed: {e.message}")
         r = T.from_map(T.Session, m)
         if r.session != s.session:
             raise ProtocolError(f"asked to resume session {s.session}, "
