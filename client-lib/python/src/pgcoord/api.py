@@ -1,0 +1,177 @@
+"""Every method of PROTOCOL.md once, as (method, params, result type). The
+sync and asyncio clients share these through _invoke, which either calls
+now or returns an awaitable."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from . import types as T
+
+QuotaSpec = Union[str, Mapping[str, int], Iterable[Any]]
+
+
+def quota_params(quotas: QuotaSpec) -> list:
+    """[{key, weight}] from "key", {"key": weight}, ["a", "b"] or
+    [{"key": "a", "weight": 2}]. Refuses anything else with TypeError."""
+    if isinstance(quotas, str):
+        return [{"key": quotas, "weight": 1}]
+    if isinstance(quotas, Mapping):
+        return [{"key": k, "weight": w} for k, w in quotas.items()]
+    out = []
+    for q in quotas:
+        if isinstance(q, str):
+            out.append({"key": q, "weight": 1})
+        elif isinstance(q, Mapping) and "key" in q:
+            out.append({"key": q["key"], "weight": q.get("weight", 1)})
+        else:
+            raise TypeError(f"a quota is a key or {{key, weight}}, not {q!r:.80}")
+    return out
+
+
+def _opt(d: dict, **kw) -> dict:
+    """d with the keyword arguments that are not None."""
+    d.update({k: v for k, v in kw.items() if v is not None})
+    return d
+
+
+class Api:
+    """Typed wrappers; subclasses provide _invoke(method, params, convert,
+    timeout) and the calls with client-side logic (claim, release, leases)."""
+
+    def _invoke(self, method: str, params: Optional[dict], convert, timeout=None):
+        raise NotImplementedError
+
+    # agent.* and fleet.*
+    def hello(self, client: Optional[str] = None, *, timeout=None):
+        return self._invoke("agent.hello", _opt({}, client=client),
+                            lambda m: T.from_map(T.Hello, m), timeout)
+
+    def ping(self, *, timeout=None):
+        return self._invoke("agent.ping", None, lambda m: m.get("pong") is True, timeout)
+
+    def status(self, *, timeout=None):
+        return self._invoke("agent.status", None, lambda m: T.from_map(T.AgentStatus, m), timeout)
+
+    def fleet_agents(self, *, timeout=None):
+        return self._invoke("fleet.agents", None,
+                            lambda m: [T.from_map(T.FleetAgent, x) for x in m.get("agents", [])],
+                            timeout)
+
+    def fleet_sessions(self, *, timeout=None):
+        return self._invoke("fleet.sessions", None,
+                            lambda m: [T.from_map(T.FleetSession, x)
+                                       for x in m.get("sessions", [])],
+                            timeout)
+
+    # session.keepalive (open/close live in the clients: they keep state)
+    def keepalive(self, *, timeout=None):
+        return self._invoke("session.keepalive", None, lambda m: T.from_map(T.Keepalive, m),
+                            timeout)
+
+    # leases (acquire/release live in the clients: they move the belief)
+    def lease_status(self, name: str, *, watch: Optional[bool] = None, timeout=None):
+        return self._invoke("lease.status", _opt({"name": name}, watch=watch),
+                            lambda m: T.from_map(T.LeaseStatus, m), timeout)
+
+    def lease_list(self, *, timeout=None):
+        return self._invoke("lease.list", None,
+                            lambda m: [T.from_map(T.LeaseStatus, x) for x in m.get("leases", [])],
+                            timeout)
+
+    # quotas
+    def quota_set(self, key: str, limit: int, *, lapse_after_s: Optional[int] = None,
+                  timeout=None):
+        return self._invoke("quota.set", _opt({"key": key, "limit": limit},
+                                              lapse_after_s=lapse_after_s),
+                            lambda m: T.from_map(T.QuotaSet, m), timeout)
+
+    def quota_get(self, key: str, *, timeout=None):
+        return self._invoke("quota.get", {"key": key},
+                            lambda m: T.from_map(T.Quota, m.get("quota")), timeout)
+
+    def quota_list(self, *, timeout=None):
+        return self._invoke("quota.list", None,
+                            lambda m: [T.from_map(T.Quota, x) for x in m.get("quotas", [])],
+                            timeout)
+
+    # permits (claim/release live in the clients: they retry)
+    def permit_update(self, id: str, phase: str, *, timeout=None):
+        return self._invoke("permit.update", {"id": id, "phase": phase},
+                            lambda m: T.from_map(T.PermitChange, m), timeout)
+
+    def mark_uncertain(self, id: str, reason: str, *, timeout=None):
+        return self._invoke("permit.mark_uncertain", {"id": id, "reason": reason},
+                            lambda m: T.from_map(T.PermitChange, m), timeout)
+
+    def permit_resolve(self, id: str, outcome: str, evidence: str, *,
+                       override: Optional[bool] = None, timeout=None):
+        return self._invoke("permit.resolve",
+                            _opt({"id": id, "outcome": outcome, "evidence": evidence},
+                                 override=override),
+                            lambda m: T.from_map(T.PermitChange, m), timeout)
+
+    def permit_get(self, id: str, *, timeout=None):
+        return self._invoke("permit.get", {"id": id},
+                            lambda m: T.from_map(T.Permit, m.get("permit")), timeout)
+
+    def permit_list(self, *, quota=None, state=None, phase=None, owner=None, limit=None,
+                    timeout=None):
+        return self._invoke("permit.list",
+                            _opt({}, quota=quota, state=state, phase=phase, owner=owner,
+                                 limit=limit),
+                            lambda m: [T.from_map(T.Permit, x) for x in m.get("permits", [])],
+                            timeout)
+
+    def permit_history(self, id: str, *, timeout=None):
+        return self._invoke("permit.history", {"id": id},
+                            lambda m: [T.from_map(T.PermitEvent, x) for x in m.get("events", [])],
+                            timeout)
+
+    def permit_check(self, *, timeout=None):
+        return self._invoke("permit.check", None, lambda m: T.from_map(T.Check, m), timeout)
+
+    # records
+    def record_put(self, kind: str, key: str, state: str, *, data=None, permit=None,
+                   timeout=None):
+        return self._invoke("record.put",
+                            _opt({"kind": kind, "key": key, "state": state}, data=data,
+                                 permit=permit),
+                            lambda m: T.from_map(T.RecordPut, m), timeout)
+
+    def record_update(self, kind: str, key: str, *, state=None, data=None, token=None,
+                      timeout=None):
+        return self._invoke("record.update",
+                            _opt({"kind": kind, "key": key}, state=state, data=data,
+                                 token=token),
+                            lambda m: T.from_map(T.Record, m.get("record")), timeout)
+
+    def record_settle(self, kind: str, key: str, state: str, *, token=None, timeout=None):
+        return self._invoke("record.settle",
+                            _opt({"kind": kind, "key": key, "state": state}, token=token),
+                            lambda m: T.from_map(T.Record, m.get("record")), timeout)
+
+    def record_get(self, kind: str, key: str, *, timeout=None):
+        return self._invoke("record.get", {"kind": kind, "key": key},
+                            lambda m: T.from_map(T.Record, m.get("record")), timeout)
+
+    def record_list(self, *, kind=None, owner=None, live_owner=None, terminal=None,
+                    limit=None, timeout=None):
+        return self._invoke("record.list",
+                            _opt({}, kind=kind, owner=owner, live_owner=live_owner,
+                                 terminal=terminal, limit=limit),
+                            lambda m: [T.from_map(T.Record, x) for x in m.get("records", [])],
+                            timeout)
+
+    def record_recover(self, *, kinds=None, limit=None, dry_run=None, timeout=None):
+        return self._invoke("record.recover",
+                            _opt({}, kinds=list(kinds) if kinds is not None else None,
+                                 limit=limit, dry_run=dry_run),
+                            lambda m: T.from_map(T.Recovery, m), timeout)
+
+
+def claim_params(id: str, quotas: QuotaSpec, intent, on_owner_loss, limit) -> dict:
+    if not isinstance(id, str) or not id:
+        raise TypeError("a permit id is a non-empty str")
+    return _opt({"id": id, "quotas": quota_params(quotas)}, intent=intent,
+                on_owner_loss=on_owner_loss, limit=limit)
