@@ -17,7 +17,13 @@
 -- 3. Fewer WAL records: no index reads the audit trail by quota key (the
 --    conservation check aggregates it whole, and the agent reads audit rows
 --    by permit), so that index goes and each audit row costs one index
---    insert less.
+--    insert less. And a permit's quota shares lose their foreign keys: each
+--    check locked the permit row and the quota row once more (two WAL
+--    records and two lookups per claim) though the claim writes the shares
+--    itself, in the transaction that inserted that permit row and updated
+--    that quota row. Nothing deletes a quota, and both deletes of permits
+--    (the retention purge, a retired id's tombstone in permit_claim_as)
+--    take only permits without shares.
 
 CREATE OR REPLACE FUNCTION pgcoord.ms(ts timestamptz) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -108,3 +114,5 @@ ALTER FUNCTION pgcoord.permit_release_as(bigint, text, bigint, boolean, text, te
 	SET enable_seqscan = off;
 
 DROP INDEX pgcoord.permit_events_by_key;
+ALTER TABLE pgcoord.permit_quotas DROP CONSTRAINT permit_quotas_permit_id_fkey,
+	DROP CONSTRAINT permit_quotas_key_fkey;
