@@ -116,3 +116,8 @@ ALTER FUNCTION pgcoord.permit_release_as(bigint, text, bigint, boolean, text, te
 DROP INDEX pgcoord.permit_events_by_key;
 ALTER TABLE pgcoord.permit_quotas DROP CONSTRAINT permit_quotas_permit_id_fkey,
 	DROP CONSTRAINT permit_quotas_key_fkey;
+
+-- The functions replaced above lost SECURITY DEFINER and the pinned
+-- search_path; secure them in this migration's own transaction, as 0007
+-- does, so that a later failing step of the runner cannot leave them bare.
+SELECT pgcoord.secure_functions();
