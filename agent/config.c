@@ -28,7 +28,7 @@ const struct option_def config_options[] = {
      "Unix socket the agent listens on."},
     {"socket_mode", OPT_MODE, OFF(socket_mode), "0660", 0, 0777, false, false,
      "Permission bits of the socket (octal)."},
-    {"pool_size", OPT_INT, OFF(pool_size), "4", 1, 64, false, false,
+    {"pool_size", OPT_INT, OFF(pool_size), "8", 1, 64, false, false,
      "Database connections for requests (the heartbeat has its own)."},
     {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
      "How often the agent renews itself and all its sessions."},

@@ -68,7 +68,7 @@ Test(config, every_default_parses_and_validates)
 	cr_assert(config_load(&cfg, "/nonexistent/agent.conf", false, 0, NULL, err, sizeof(err)),
 		  "%s", err);
 	cr_assert(config_validate(&cfg, err, sizeof(err)), "%s", err);
-	cr_assert_eq(cfg.pool_size, 4);
+	cr_assert_eq(cfg.pool_size, 8);
 	cr_assert_str_eq(cfg.metrics_listen, "");
 	config_free(&cfg);
 }
