@@ -117,6 +117,7 @@ export class Client extends EventEmitter {
     // A broken connection ends every belief: nobody tells us anymore.
     this.beliefs.endAll();
     if (conn === this.conn && this.session && !this.lostAtMs) this.lostAtMs = monoMs();
+    if (this.closed) return; // the caller's own close is no news to it
     this.deliver('connection.lost', { reason: failure.message });
   }
 
