@@ -396,7 +396,9 @@ export class Client extends EventEmitter {
     return new Promise((resolve, reject) => {
       const end = o.timeoutMs === undefined ? Infinity : monoMs() + o.timeoutMs;
       let timer: NodeJS.Timeout | undefined;
+      let finished = false;
       const done = (): void => {
+        finished = true;
         clearTimeout(timer);
         this.off('notification', check);
         o.signal?.removeEventListener('abort', onAbort);
@@ -406,6 +408,7 @@ export class Client extends EventEmitter {
         reject(abortError('waiting for leadership', o.signal!));
       };
       const check = (): void => {
+        if (finished) return;
         if (this.beliefs.isLeader(name)) {
           done();
           resolve(true);
@@ -416,6 +419,9 @@ export class Client extends EventEmitter {
           done();
           resolve(false);
         } else {
+          // The campaign's news comes on the connection: get it back (and
+          // the session, whose leases the resume asks after again).
+          if (!this.conn?.alive && !this.connecting && this.reconnect) this.liveConn().then(check, check);
           clearTimeout(timer);
           timer = setTimeout(check, Math.min(250, end - monoMs()));
         }

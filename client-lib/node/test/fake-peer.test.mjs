@@ -353,3 +353,27 @@ test('a lost connection resumes the session on the next call', async () => {
     },
   );
 });
+
+test('waitLeader reconnects a lost connection and learns the campaign was won', async () => {
+  await withFake(
+    (req, conn) => {
+      if (req.method === 'session.open') return { session: 5, resumed: !!req.params.resume, ttl_ms: 1500, grace_ms: 5000 };
+      if (req.method === 'lease.release') return { released: true };
+      if (conn.index === 0) {
+        // campaigning; then the connection drops before lease.changed comes
+        setTimeout(() => conn.sock.destroy(), 30);
+        return { name: 'w', leader: false, epoch: 0, valid_ms: 0, valid_until_mono_ms: 0, campaigning: true, ttl_ms: 1000 };
+      }
+      // asked again after the resume: won meanwhile
+      return { name: 'w', leader: true, epoch: 3, valid_ms: 900, valid_until_mono_ms: 0, campaigning: false, ttl_ms: 1000 };
+    },
+    async (c, fake) => {
+      await c.sessionOpen('w');
+      const lead = await c.elect('w', { signal: AbortSignal.timeout(3000) });
+      assert.equal(lead.epoch, 3);
+      assert.equal(fake.conns.length, 2);
+      assert.deepEqual(fake.conns[1].requests.map((q) => q.method), ['session.open', 'lease.acquire']);
+      await lead.release();
+    },
+  );
+});
