@@ -480,8 +480,7 @@ export class Client extends EventEmitter {
         return await fn();
       } catch (e) {
         if (!(e instanceof PgcoordError)) throw e;
-        // An aborted call may have been sent: as unknown as a lost reply.
-        state.unknown ||= e.outcomeUnknown || e.code === 'aborted';
+        state.unknown ||= e.outcomeUnknown;
         if (!e.retryable || this.closed || signal?.aborted || monoMs() + backoff >= end) throw e;
       }
       await sleep(backoff, signal).catch(() => undefined);
@@ -491,8 +490,9 @@ export class Client extends EventEmitter {
 
   /** permit.claim, retried with the same id on retryable errors (a lost
    * reply included) for retryMs. When it runs out after an attempt whose
-   * outcome was unknown (or the caller aborts it), the id is released
-   * (giveUp) and the claim rejects with GaveUpError (code `gave_up`). */
+   * outcome was unknown (or the caller aborts it after one was sent), the
+   * id is released (giveUp) and the claim rejects with GaveUpError (code
+   * `gave_up`). */
   async claim(id: string, quotas: T.QuotaSpec, o: ClaimOptions = {}): Promise<T.Claim> {
     checkString('a permit id', id);
     const params = claimParams(id, quotas, o.intent, o.onOwnerLoss, o.limit);

@@ -58,17 +58,25 @@ export class PgcoordError extends Error {
   /** The call may have taken effect although no answer was seen. */
   readonly outcomeUnknown: boolean;
 
-  constructor(code: ErrorCode, message: string, retryable?: boolean, options?: { cause?: unknown }) {
-    super(message ? `${code}: ${message}` : code, options);
+  constructor(
+    code: ErrorCode,
+    message: string,
+    retryable?: boolean,
+    options?: { cause?: unknown; outcomeUnknown?: boolean },
+  ) {
+    super(message ? `${code}: ${message}` : code, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = 'PgcoordError';
     this.code = code;
     this.retryable = retryable ?? RETRYABLE.has(code);
-    this.outcomeUnknown = OUTCOME_UNKNOWN.has(code);
+    this.outcomeUnknown = options?.outcomeUnknown ?? OUTCOME_UNKNOWN.has(code);
   }
 
   /** The same failure, named for one call (one broken connection fails many). */
   forCall(method: string): PgcoordError {
-    return new PgcoordError(this.code, `${method}: ${this.detail}`, this.retryable, { cause: this });
+    return new PgcoordError(this.code, `${method}: ${this.detail}`, this.retryable, {
+      cause: this,
+      outcomeUnknown: this.outcomeUnknown,
+    });
   }
 
   /** The message without its code prefix. */

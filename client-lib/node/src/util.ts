@@ -5,9 +5,11 @@ import { PgcoordError } from './errors.js';
 import type { Params } from './framing.js';
 import type { QuotaSpec } from './types.js';
 
-export function abortError(what: string, signal: AbortSignal): PgcoordError {
+/** The caller's signal fired; sent says the request was on its way, so it
+ * may still take effect. */
+export function abortError(what: string, signal: AbortSignal, sent = false): PgcoordError {
   const why = signal.reason instanceof Error ? signal.reason.message : String(signal.reason ?? 'aborted');
-  return new PgcoordError('aborted', `${what}: ${why}`, false, { cause: signal.reason });
+  return new PgcoordError('aborted', `${what}: ${why}`, false, { cause: signal.reason, outcomeUnknown: sent });
 }
 
 /** The reply, or call_timeout after timeoutMs, or aborted when signal
@@ -23,7 +25,7 @@ export function withCall<R>(
     const onAbort = (): void => {
       finish();
       forget();
-      reject(abortError(method, signal!));
+      reject(abortError(method, signal!, true));
     };
     const timer = setTimeout(() => {
       finish();

@@ -377,3 +377,26 @@ test('waitLeader reconnects a lost connection and learns the campaign was won', 
     },
   );
 });
+
+test('an aborted claim releases the id only when an attempt was sent', async () => {
+  await withFake(
+    (req) => {
+      if (req.method === 'permit.release') return { id: req.params.id, released: true, state: 'released' };
+      return undefined; // claims hang
+    },
+    async (c, fake) => {
+      await rejectsWith(c.claim('a1', 'q', { signal: AbortSignal.abort() }), 'aborted');
+      assert.equal(fake.conns[0].requests.length, 0, 'nothing sent, nothing to release');
+      const ac = new AbortController();
+      setTimeout(() => ac.abort(), 50);
+      const e = await c.claim('a2', 'q', { signal: ac.signal }).catch((x) => x);
+      assert.ok(e instanceof GaveUpError, String(e));
+      assert.equal(e.last.code, 'aborted');
+      assert.equal(e.released, true);
+      assert.deepEqual(fake.conns[0].requests.map((q) => [q.method, q.params.id]), [
+        ['permit.claim', 'a2'],
+        ['permit.release', 'a2'],
+      ]);
+    },
+  );
+});
