@@ -39,16 +39,47 @@ function normalize(v: unknown): unknown {
   return v;
 }
 
+/** Where a scan of an incomplete object stopped: at the header of an item,
+ * with that many items (it included) still to skip and so many seen. */
+export interface ScanState {
+  pos: number;
+  pending: number;
+  items: number;
+}
+
 /** Length of the one MessagePack object at the start of buf, or -1 when it is
  * not complete yet; throws on a byte no encoding starts with. Iterative, so a
- * deeply nested object from a broken peer cannot exhaust the stack. */
-export function objectLength(buf: Uint8Array, maxItems = 1 << 24): number {
+ * deeply nested object from a broken peer cannot exhaust the stack. Given a
+ * state, an incomplete scan records where it stopped and the next call (on
+ * the same bytes, and more) resumes there: a message arriving in many chunks
+ * is scanned once, not once per chunk. */
+export function objectLength(buf: Uint8Array, state?: ScanState, maxItems = 1 << 24): number {
   const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  let pos = 0;
-  let pending = 1; // objects still to skip
+  let pos = state?.pos ?? 0;
+  let pending = state?.pending ?? 1; // objects still to skip
+  let items = state?.items ?? 0;
   const need = (n: number): boolean => pos + n <= buf.length;
-  while (pending > 0) {
-    if (!need(1)) return -1;
+  let at = pos; // the header of the item being read
+  // Stops at the item's header, with the item counted as still to skip.
+  const incomplete = (left = pending): number => {
+    if (state) {
+      state.pos = at;
+      state.pending = left;
+      state.items = items;
+    }
+    return -1;
+  };
+  for (;;) {
+    if (pending === 0) {
+      if (state) {
+        state.pos = 0;
+        state.pending = 1;
+        state.items = 0;
+      }
+      return pos;
+    }
+    at = pos;
+    if (!need(1)) return incomplete();
     const b = buf[pos++];
     pending--;
     let skip = 0; // payload bytes after the header
@@ -87,18 +118,18 @@ export function objectLength(buf: Uint8Array, maxItems = 1 << 24): number {
       }
     }
     if (lenBytes) {
-      if (!need(lenBytes)) return -1;
+      if (!need(lenBytes)) return incomplete(pending + 1);
       const n = lenBytes === 1 ? buf[pos] : lenBytes === 2 ? view.getUint16(pos) : view.getUint32(pos);
       pos += lenBytes;
       if (mult) children = n * mult;
       else skip = n + extra;
     }
-    if (!need(skip)) return -1;
+    if (!need(skip)) return incomplete(pending + 1);
     pos += skip;
     pending += children;
-    if (pending > maxItems) throw protocolError('the agent sent a message with too many items');
+    items += children;
+    if (items > maxItems) throw protocolError('the agent sent a message with too many items');
   }
-  return pos;
 }
 
 export interface Response {
@@ -158,7 +189,12 @@ export function parseEnvelope(obj: unknown, stampMs = 0): Message {
  * the agent sent it after that moment (libpgcoord's rule, inbound.c). The
  * connection says when it knew the queue empty (noteQuiet). */
 export class FrameReader {
-  private buf: Uint8Array = new Uint8Array(0);
+  // Received bytes not yet handed out as messages: buf[start, end), grown
+  // by doubling so a long message costs linear copying.
+  private buf: Uint8Array = new Uint8Array(4096);
+  private start = 0;
+  private end = 0;
+  private readonly scan: ScanState = { pos: 0, pending: 1, items: 0 };
   private stampMs = 0;
   quietMs = 0;
   /** Set when the stream broke; the messages before the break were still
@@ -173,20 +209,34 @@ export class FrameReader {
 
   /** Bytes of a message begun but not complete. */
   buffered(): number {
-    return this.buf.length;
+    return this.end - this.start;
+  }
+
+  private append(chunk: Uint8Array): void {
+    if (this.start === this.end) this.start = this.end = 0;
+    if (this.end + chunk.length > this.buf.length) {
+      const live = this.end - this.start;
+      let size = this.buf.length;
+      while (size < live + chunk.length) size *= 2;
+      const grown = size === this.buf.length ? this.buf : new Uint8Array(size);
+      grown.set(this.buf.subarray(this.start, this.end), 0);
+      this.buf = grown;
+      this.end = live;
+      this.start = 0;
+    }
+    this.buf.set(chunk, this.end);
+    this.end += chunk.length;
   }
 
   feed(chunk: Uint8Array): Message[] {
     if (this.broken) throw this.broken;
-    if (this.buf.length === 0) this.stampMs = this.quietMs;
-    const data = this.buf.length === 0 ? chunk : concat(this.buf, chunk);
+    if (this.buffered() === 0) this.stampMs = this.quietMs;
+    this.append(chunk);
     const out: Message[] = [];
-    let at = 0;
     try {
-      for (;;) {
-        const rest = data.subarray(at);
-        if (rest.length === 0) break;
-        const n = objectLength(rest);
+      while (this.start < this.end) {
+        const rest = this.buf.subarray(this.start, this.end);
+        const n = objectLength(rest, this.scan);
         if (n < 0) {
           if (rest.length > this.maxBuffer) throw protocolError(`a message is over ${this.maxBuffer} bytes`);
           break;
@@ -197,24 +247,15 @@ export class FrameReader {
         } catch (e) {
           throw protocolError(`the agent sent bytes that are not MessagePack: ${(e as Error).message}`);
         }
-        at += n;
+        this.start += n;
         // Every message completed by this chunk shares one date: the
         // earliest that is safe for the first of them.
         out.push(parseEnvelope(obj, this.stampMs));
       }
     } catch (e) {
       this.broken = e instanceof PgcoordError ? e : protocolError(String(e));
-      this.buf = new Uint8Array(0);
-      return out;
+      this.start = this.end = 0;
     }
-    this.buf = at === data.length ? new Uint8Array(0) : data.slice(at);
     return out;
   }
-}
-
-function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  const out = new Uint8Array(a.length + b.length);
-  out.set(a, 0);
-  out.set(b, a.length);
-  return out;
 }
