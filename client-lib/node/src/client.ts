@@ -90,6 +90,9 @@ export class Client extends EventEmitter {
 
   private constructor(opts: ClientOptions) {
     super();
+    // Every elect() and waitLeader() listens while it lasts: many at once
+    // are ordinary, not a leak.
+    this.setMaxListeners(0);
     this.socketPath = opts.socketPath ?? DEFAULT_SOCKET;
     this.timeoutMs = opts.timeoutMs ?? 5000;
     this.connectTimeoutMs = opts.connectTimeoutMs ?? 5000;
