@@ -1,0 +1,625 @@
+// The client: one connection to the local agent at a time, reconnecting
+// and resuming its session within the grace; the leader belief kept as the
+// replies and notifications are read; claims and releases retried with the
+// same id; notifications as events and as an async iterator.
+
+import { EventEmitter } from 'node:events';
+import { Beliefs, deadlineOf, monoMs } from './belief.js';
+import { Connection } from './connection.js';
+import { GaveUpError, PgcoordError, errorFromWire } from './errors.js';
+import { Notification, Params, Response, isMap } from './framing.js';
+import { Lease, Leadership, startLeadership } from './leadership.js';
+import { NotificationQueue } from './notifications.js';
+import { abortError, claimParams, sleep, withCall } from './util.js';
+import type * as T from './types.js';
+
+export const DEFAULT_SOCKET = '/run/pgcoord/agent.sock';
+// How long a resume waits for the agent to notice the old connection closed.
+const RESUME_PATIENCE_MS = 2000;
+
+export interface ClientOptions {
+  /** The agent's socket (default /run/pgcoord/agent.sock). */
+  socketPath?: string;
+  /** Wait this long for each call's reply (default 5000). */
+  timeoutMs?: number;
+  connectTimeoutMs?: number;
+  /** On a lost connection the next call connects again and resumes the
+   * session while it is within the grace (default true). */
+  reconnect?: boolean;
+  /** How long claims and releases retry retryable errors with the same id
+   * (default 10000). */
+  retryMs?: number;
+}
+
+export interface ClaimOptions extends T.CallOptions {
+  intent?: Uint8Array | string;
+  onOwnerLoss?: 'uncertain' | 'release';
+  limit?: number;
+  retryMs?: number;
+  /** After an unknown outcome and no answer within retryMs, release the id
+   * as PROTOCOL.md requires (default true). */
+  giveUp?: boolean;
+}
+
+export interface ReleaseOptions extends T.CallOptions {
+  override?: boolean;
+  reason?: string;
+  retryMs?: number;
+}
+
+export interface LeaseOptions extends T.CallOptions {
+  ttlMs?: number;
+  renewMs?: number;
+  wait?: boolean;
+}
+
+/** A notification as the iterator and the 'notification' event hand it
+ * out. The client adds two of its own: `connection.lost` and
+ * `session.resumed`. */
+export interface NotificationEvent {
+  method: string;
+  params: Record<string, unknown>;
+}
+
+function checkString(what: string, v: unknown): asserts v is string {
+  if (typeof v !== 'string' || v === '') throw new PgcoordError('bad_argument', `${what} is a non-empty string`);
+}
+
+function opt(obj: Params, extra: Params): Params {
+  for (const [k, v] of Object.entries(extra)) if (v !== undefined) obj[k] = v;
+  return obj;
+}
+
+export class Client extends EventEmitter {
+  readonly socketPath: string;
+  readonly timeoutMs: number;
+  readonly connectTimeoutMs: number;
+  readonly reconnect: boolean;
+  readonly retryMs: number;
+  readonly beliefs = new Beliefs();
+  /** The session this client opened (resumed after reconnects), if any. */
+  session: T.SessionInfo | null = null;
+  /** The session was lost: calls that need it fail until a new one is opened. */
+  sessionLost = false;
+  private lostAtMs = 0;
+  private conn: Connection | null = null;
+  private connecting: Promise<Connection> | null = null;
+  private closed = false;
+  private readonly leases = new Map<string, boolean>(); // name -> wait, re-asked after a resume
+  private readonly queues = new Set<NotificationQueue<NotificationEvent>>();
+
+  private constructor(opts: ClientOptions) {
+    super();
+    // Every elect() and waitLeader() listens while it lasts: many at once
+    // are ordinary, not a leak.
+    this.setMaxListeners(0);
+    this.socketPath = opts.socketPath ?? DEFAULT_SOCKET;
+    this.timeoutMs = opts.timeoutMs ?? 5000;
+    this.connectTimeoutMs = opts.connectTimeoutMs ?? 5000;
+    this.reconnect = opts.reconnect ?? true;
+    this.retryMs = opts.retryMs ?? 10000;
+  }
+
+  /** Connects to the agent; rejects with code `connect` when it cannot. */
+  static async connect(opts: ClientOptions = {}): Promise<Client> {
+    const c = new Client(opts);
+    c.conn = await c.open();
+    return c;
+  }
+
+  // --- connection --------------------------------------------------------
+
+  private open(): Promise<Connection> {
+    return Connection.open(this.socketPath, this.connectTimeoutMs, {
+      onNotification: (m) => this.onNotification(m),
+      onFailure: (conn, failure) => this.onFailure(conn, failure),
+    });
+  }
+
+  private onFailure(conn: Connection, failure: PgcoordError): void {
+    // A broken connection ends every belief: nobody tells us anymore.
+    this.beliefs.endAll();
+    if (conn === this.conn && this.session && !this.lostAtMs) this.lostAtMs = monoMs();
+    if (this.closed) return; // the caller's own close is no news to it
+    this.deliver('connection.lost', { reason: failure.message });
+  }
+
+  private async liveConn(): Promise<Connection> {
+    if (this.closed) throw new PgcoordError('closed', 'the client was closed');
+    if (this.conn?.alive) return this.conn;
+    if (!this.reconnect) throw this.conn?.failure ?? new PgcoordError('connection_lost', 'not connected');
+    // Concurrent calls share one reconnect (and one resume).
+    this.connecting ??= this.reconnectNow().finally(() => {
+      this.connecting = null;
+    });
+    return this.connecting;
+  }
+
+  private async reconnectNow(): Promise<Connection> {
+    const conn = await this.open();
+    if (this.closed) {
+      conn.close();
+      throw new PgcoordError('closed', 'the client was closed');
+    }
+    this.conn = conn;
+    if (this.session && !this.sessionLost) await this.resume(conn);
+    return conn;
+  }
+
+  /** Re-attaches the session on the new connection while the agent may
+   * still hold it (within the grace); otherwise the session is lost. */
+  private async resume(conn: Connection): Promise<void> {
+    const s = this.session!;
+    const lostAt = this.lostAtMs || monoMs();
+    if (monoMs() - lostAt >= s.grace_ms) {
+      this.sessionGone(`session ${s.session} was disconnected longer than its grace (${s.grace_ms} ms)`);
+    }
+    let m: Record<string, unknown>;
+    for (;;) {
+      try {
+        m = await this.callOn(conn, 'session.open', { resume: s.session }, {});
+        break;
+      } catch (e) {
+        if (!(e instanceof PgcoordError)) throw e;
+        if (e.code === 'conflict' && monoMs() - lostAt < Math.min(s.grace_ms, RESUME_PATIENCE_MS)) {
+          // Still attached to the old connection: the agent has not seen it
+          // close yet. Within the grace, ask again shortly.
+          await sleep(20);
+          continue;
+        }
+        if (e.code === 'session_expired' || e.code === 'not_found') {
+          this.sessionGone(`session ${s.session} could not be resumed: ${e.detail}`);
+        }
+        throw e;
+      }
+    }
+    const r = m as unknown as T.SessionInfo;
+    if (r.session !== s.session) {
+      conn.fail(new PgcoordError('protocol', `asked to resume session ${s.session}, the agent attached ${r.session}`));
+      throw conn.failure!;
+    }
+    this.session = r;
+    this.lostAtMs = 0;
+    this.deliver('session.resumed', { session: r.session });
+    // The agent kept the leases; ask again for the belief it holds.
+    for (const [name, wait] of [...this.leases]) {
+      try {
+        await this.acquireOn(conn, name, { wait });
+      } catch {
+        // the next acquire (or lease.changed) tells
+      }
+    }
+  }
+
+  private sessionGone(why: string): never {
+    this.sessionLost = true;
+    this.beliefs.endAll();
+    throw new PgcoordError('session_expired', why);
+  }
+
+  /** Closes the connection (the agent keeps the session for its grace; see
+   * sessionClose to end it at once) and ends every notification iterator. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.conn?.close();
+    for (const q of this.queues) q.end();
+    this.queues.clear();
+  }
+
+  // --- calls -------------------------------------------------------------
+
+  /** One request: the result map, or the agent's error as a rejected
+   * PgcoordError. Reconnects (and resumes the session) when needed. */
+  async call(method: string, params?: Params, opts: T.CallOptions = {}): Promise<Record<string, unknown>> {
+    checkString('method', method);
+    if (params !== undefined && params !== null && !isMap(params)) {
+      throw new PgcoordError('bad_argument', `${method}: params is an object`);
+    }
+    if (opts.signal?.aborted) throw abortError(method, opts.signal);
+    return this.callOn(await this.liveConn(), method, params ?? undefined, opts);
+  }
+
+  private callOn(
+    conn: Connection,
+    method: string,
+    params: Params | undefined,
+    opts: T.CallOptions,
+    onReply?: (m: Response) => void,
+  ): Promise<Record<string, unknown>> {
+    const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
+    let sent: { msgid: number; reply: Promise<Response> };
+    try {
+      sent = conn.send(method, params, onReply);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return withCall(sent.reply, method, timeoutMs, opts.signal, () => conn.forget(sent.msgid)).then((m) => {
+      if (m.error !== null) throw errorFromWire(m.error);
+      return m.result!;
+    });
+  }
+
+  private async typed<R>(method: string, params: Params | undefined, opts?: T.CallOptions): Promise<R> {
+    return (await this.call(method, params, opts)) as unknown as R;
+  }
+
+  // --- agent and fleet ------------------------------------------------------
+
+  hello(client?: string, opts?: T.CallOptions): Promise<T.Hello> {
+    return this.typed('agent.hello', opt({}, { client }), opts);
+  }
+
+  async ping(opts?: T.CallOptions): Promise<boolean> {
+    return (await this.call('agent.ping', undefined, opts)).pong === true;
+  }
+
+  status(opts?: T.CallOptions): Promise<T.AgentStatus> {
+    return this.typed('agent.status', undefined, opts);
+  }
+
+  fleetAgents(opts?: T.CallOptions): Promise<{ agents: T.FleetAgent[]; now_at: number }> {
+    return this.typed('fleet.agents', undefined, opts);
+  }
+
+  fleetSessions(opts?: T.CallOptions): Promise<{ sessions: T.FleetSession[]; now_at: number }> {
+    return this.typed('fleet.sessions', undefined, opts);
+  }
+
+  // --- sessions ------------------------------------------------------------
+
+  async sessionOpen(name?: string, opts?: T.CallOptions): Promise<T.SessionInfo> {
+    const r = await this.typed<T.SessionInfo>('session.open', opt({}, { name }), opts);
+    this.session = r;
+    this.sessionLost = false;
+    this.lostAtMs = 0;
+    return r;
+  }
+
+  keepalive(opts?: T.CallOptions): Promise<T.Keepalive> {
+    return this.typed('session.keepalive', undefined, opts);
+  }
+
+  async sessionClose(opts?: T.CallOptions): Promise<boolean> {
+    this.beliefs.endAll();
+    this.leases.clear();
+    try {
+      const r = await this.call('session.close', undefined, opts);
+      this.session = null;
+      return r.closed === true;
+    } catch (e) {
+      if (e instanceof PgcoordError && (e.code === 'no_session' || e.code === 'session_expired')) this.session = null;
+      throw e;
+    }
+  }
+
+  // --- notifications ---------------------------------------------------------
+
+  private onNotification(m: Notification): void {
+    // The belief moves here, as the message is read, before anyone is told.
+    const sid = this.session?.session ?? 0;
+    this.beliefs.note(m.method, m.params, m.stampMs, sid);
+    if (m.method === 'session.lost' && m.params.session === sid) this.sessionLost = true;
+    this.deliver(m.method, m.params);
+  }
+
+  // A listener that throws must not stop the reader or the other listeners.
+  private deliver(method: string, params: Record<string, unknown>): void {
+    for (const q of this.queues) q.push({ method, params });
+    for (const [event, args] of [
+      ['notification', [method, params]],
+      [method, [params]],
+    ] as const) {
+      for (const fn of this.rawListeners(event)) {
+        try {
+          (fn as (...a: unknown[]) => void).apply(this, args as unknown as unknown[]);
+        } catch {
+          // a listener's bug is its own
+        }
+      }
+    }
+  }
+
+  /** Every notification from now on, until the client closes or signal
+   * fires. Unbounded: read it, or break out of the loop. */
+  notifications(opts: { signal?: AbortSignal } = {}): AsyncIterableIterator<NotificationEvent> {
+    const q = new NotificationQueue<NotificationEvent>(() => this.queues.delete(q));
+    if (this.closed || opts.signal?.aborted) q.end();
+    else {
+      this.queues.add(q);
+      opts.signal?.addEventListener('abort', () => q.end(), { once: true });
+    }
+    return q;
+  }
+
+  // --- leases --------------------------------------------------------------
+
+  private async acquireOn(conn: Connection, name: string, o: LeaseOptions): Promise<T.LeaseAcquired> {
+    const onReply = (m: Response): void => {
+      // The result is the agent's belief when it answered, in stream order
+      // with its notifications: apply it as it is read.
+      const r = m.result;
+      if (m.error !== null || !r) return;
+      const leader =
+        r.leader === true && Number.isInteger(r.valid_ms) && (r.valid_ms as number) >= 0 && Number.isInteger(r.epoch);
+      const until = leader ? deadlineOf(r, m.stampMs, r.valid_ms as number) : 0;
+      const ttl = Number.isInteger(r.ttl_ms) ? (r.ttl_ms as number) : 0;
+      this.beliefs.set(name, leader, leader ? (r.epoch as number) : 0, until, ttl);
+    };
+    this.beliefs.track(name);
+    const params = opt({ name, wait: !!o.wait }, { ttl_ms: o.ttlMs, renew_ms: o.renewMs });
+    let r: T.LeaseAcquired;
+    try {
+      r = (await this.callOn(conn, 'lease.acquire', params, o, onReply)) as unknown as T.LeaseAcquired;
+    } catch (e) {
+      if (e instanceof PgcoordError && !e.retryable && !this.beliefs.isLeader(name)) this.beliefs.drop(name);
+      throw e;
+    }
+    if (!r.leader && !o.wait) this.beliefs.drop(name);
+    else this.leases.set(name, !!o.wait);
+    return r;
+  }
+
+  /** lease.acquire; the local belief starts from its result. */
+  async leaseAcquire(name: string, o: LeaseOptions = {}): Promise<T.LeaseAcquired> {
+    checkString('a lease name', name);
+    if (o.signal?.aborted) throw abortError('lease.acquire', o.signal);
+    return this.acquireOn(await this.liveConn(), name, o);
+  }
+
+  /** Hands the lease back; the belief ends before the call is sent. */
+  async leaseRelease(name: string, opts?: T.CallOptions): Promise<boolean> {
+    checkString('a lease name', name);
+    this.beliefs.drop(name);
+    this.leases.delete(name);
+    return (await this.call('lease.release', { name }, opts)).released === true;
+  }
+
+  leaseStatus(name: string, o: T.CallOptions & { watch?: boolean } = {}): Promise<T.LeaseStatus> {
+    return this.typed('lease.status', opt({ name }, { watch: o.watch }), o);
+  }
+
+  leaseList(opts?: T.CallOptions): Promise<{ leases: T.LeaseStatus[] }> {
+    return this.typed('lease.list', undefined, opts);
+  }
+
+  /** The local belief: no I/O. */
+  isLeader(name: string): boolean {
+    return this.beliefs.isLeader(name);
+  }
+
+  /** A view of the belief in one lease (no I/O). */
+  lease(name: string): Lease {
+    return new Lease(this.beliefs, name, this.beliefs.epoch(name));
+  }
+
+  /** Resolves true once the belief in name starts, false after timeoutMs;
+   * rejects when the session is lost or signal fires. */
+  waitLeader(name: string, o: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<boolean> {
+    return new Promise((resolve, reject) => {
+      const end = o.timeoutMs === undefined ? Infinity : monoMs() + o.timeoutMs;
+      let timer: NodeJS.Timeout | undefined;
+      let finished = false;
+      const done = (): void => {
+        finished = true;
+        clearTimeout(timer);
+        this.off('notification', check);
+        o.signal?.removeEventListener('abort', onAbort);
+      };
+      const onAbort = (): void => {
+        done();
+        reject(abortError('waiting for leadership', o.signal!));
+      };
+      const check = (): void => {
+        if (finished) return;
+        if (this.beliefs.isLeader(name)) {
+          done();
+          resolve(true);
+        } else if (this.sessionLost || this.closed) {
+          done();
+          reject(new PgcoordError(this.closed ? 'closed' : 'session_expired', 'the session was lost while campaigning'));
+        } else if (monoMs() >= end) {
+          done();
+          resolve(false);
+        } else {
+          // The campaign's news comes on the connection: get it back (and
+          // the session, whose leases the resume asks after again).
+          if (!this.conn?.alive && !this.connecting && this.reconnect) this.liveConn().then(check, check);
+          clearTimeout(timer);
+          timer = setTimeout(check, Math.min(250, end - monoMs()));
+        }
+      };
+      if (o.signal?.aborted) return onAbort();
+      o.signal?.addEventListener('abort', onAbort, { once: true });
+      this.on('notification', check);
+      check();
+    });
+  }
+
+  /** Campaigns for name until it wins (or signal fires) and answers the
+   * leadership: its `signal` is aborted before the lease can expire for
+   * anyone else — when the belief's deadline passes without a renewal, the
+   * lease is lost or released, or the session is lost. */
+  async elect(name: string, o: LeaseOptions = {}): Promise<Leadership> {
+    await this.leaseAcquire(name, { ...o, wait: true });
+    try {
+      await this.waitLeader(name, { signal: o.signal });
+    } catch (e) {
+      await this.leaseRelease(name).catch(() => undefined);
+      throw e;
+    }
+    return startLeadership(this, this.beliefs, name);
+  }
+
+  // --- quotas --------------------------------------------------------------
+
+  quotaSet(key: string, limit: number, o: T.CallOptions & { lapseAfterS?: number } = {}): Promise<T.QuotaSet> {
+    return this.typed('quota.set', opt({ key, limit }, { lapse_after_s: o.lapseAfterS }), o);
+  }
+
+  quotaGet(key: string, opts?: T.CallOptions): Promise<{ quota: T.Quota; now_at: number }> {
+    return this.typed('quota.get', { key }, opts);
+  }
+
+  quotaList(opts?: T.CallOptions): Promise<{ quotas: T.Quota[]; now_at: number }> {
+    return this.typed('quota.list', undefined, opts);
+  }
+
+  // --- permits -------------------------------------------------------------
+
+  /** fn() until it answers or fails for good: retryable errors are retried
+   * (reconnecting and resuming as needed) for retryMs. */
+  private async retrying<R>(
+    fn: () => Promise<R>,
+    retryMs: number,
+    signal: AbortSignal | undefined,
+    state: { attempts: number; unknown: boolean },
+  ): Promise<R> {
+    const end = monoMs() + retryMs;
+    let backoff = 50;
+    for (;;) {
+      state.attempts++;
+      try {
+        return await fn();
+      } catch (e) {
+        if (!(e instanceof PgcoordError)) throw e;
+        state.unknown ||= e.outcomeUnknown;
+        if (!e.retryable || this.closed || signal?.aborted || monoMs() + backoff >= end) throw e;
+      }
+      await sleep(backoff, signal).catch(() => undefined);
+      backoff = Math.min(backoff * 2, 1000);
+    }
+  }
+
+  /** permit.claim, retried with the same id on retryable errors (a lost
+   * reply included) for retryMs. When it runs out after an attempt whose
+   * outcome was unknown (or the caller aborts it after one was sent), the
+   * id is released (giveUp) and the claim rejects with GaveUpError (code
+   * `gave_up`). */
+  async claim(id: string, quotas: T.QuotaSpec, o: ClaimOptions = {}): Promise<T.Claim> {
+    checkString('a permit id', id);
+    const params = claimParams(id, quotas, o.intent, o.onOwnerLoss, o.limit);
+    const state = { attempts: 0, unknown: false };
+    let r: T.ClaimResult;
+    try {
+      r = (await this.retrying(
+        () => this.call('permit.claim', params, o),
+        o.retryMs ?? this.retryMs,
+        o.signal,
+        state,
+      )) as unknown as T.ClaimResult;
+    } catch (e) {
+      if (!(e instanceof PgcoordError) || !state.unknown || !(e.retryable || e.code === 'aborted')) throw e;
+      const released = o.giveUp === false ? undefined : await this.giveUp(id).then(() => true, () => false);
+      const how = released === undefined ? 'not released' : released ? 'id released' : 'release failed';
+      throw new GaveUpError(`claim ${id}: gave up after ${e.message}; ${how}`, e, released);
+    }
+    const granted = r.status === 'admitted' || r.status === 'held';
+    return { ...r, granted, attempts: state.attempts, earlier_outcome_unknown: state.unknown };
+  }
+
+  /** Releases an id whose claim's outcome was never seen, as PROTOCOL.md
+   * requires: frees what a late attempt admitted, or retires the id so an
+   * attempt still on its way is refused. `not_found` (retired) is success. */
+  async giveUp(id: string, o: { retryMs?: number } = {}): Promise<void> {
+    try {
+      await this.release(id, { reason: 'given up after an unknown outcome', retryMs: o.retryMs });
+    } catch (e) {
+      if (!(e instanceof PgcoordError) || e.code !== 'not_found') throw e;
+    }
+  }
+
+  /** permit.release, retried with the same id on retryable errors
+   * (releasing is idempotent). */
+  async release(id: string, o: ReleaseOptions = {}): Promise<T.PermitRelease> {
+    checkString('a permit id', id);
+    const params = opt({ id }, { override: o.override, reason: o.reason });
+    return (await this.retrying(
+      () => this.call('permit.release', params, o),
+      o.retryMs ?? this.retryMs,
+      o.signal,
+      { attempts: 0, unknown: false },
+    )) as unknown as T.PermitRelease;
+  }
+
+  permitUpdate(id: string, phase: T.Phase, opts?: T.CallOptions): Promise<T.PermitUpdate> {
+    return this.typed('permit.update', { id, phase }, opts);
+  }
+
+  markUncertain(id: string, reason: string, opts?: T.CallOptions): Promise<T.PermitMarked> {
+    return this.typed('permit.mark_uncertain', { id, reason }, opts);
+  }
+
+  permitResolve(
+    id: string,
+    outcome: 'running' | 'gone',
+    evidence: string,
+    o: T.CallOptions & { override?: boolean } = {},
+  ): Promise<T.PermitResolved> {
+    return this.typed('permit.resolve', opt({ id, outcome, evidence }, { override: o.override }), o);
+  }
+
+  permitGet(id: string, opts?: T.CallOptions): Promise<{ permit: T.Permit; now_at: number }> {
+    return this.typed('permit.get', { id }, opts);
+  }
+
+  permitList(
+    o: T.CallOptions & { quota?: string; state?: T.PermitState; phase?: string; owner?: number; limit?: number } = {},
+  ): Promise<{ permits: T.Permit[]; truncated: boolean; now_at: number }> {
+    const { quota, state, phase, owner, limit } = o;
+    return this.typed('permit.list', opt({}, { quota, state, phase, owner, limit }), o);
+  }
+
+  permitHistory(id: string, opts?: T.CallOptions): Promise<{ id: string; events: T.PermitEvent[]; now_at: number }> {
+    return this.typed('permit.history', { id }, opts);
+  }
+
+  permitCheck(opts?: T.CallOptions): Promise<T.Check> {
+    return this.typed('permit.check', undefined, opts);
+  }
+
+  // --- records -------------------------------------------------------------
+
+  recordPut(
+    kind: string,
+    key: string,
+    state: string,
+    o: T.CallOptions & { data?: Uint8Array | string; permit?: string } = {},
+  ): Promise<{ created: boolean; record: T.PgRecord; now_at: number }> {
+    return this.typed('record.put', opt({ kind, key, state }, { data: o.data, permit: o.permit }), o);
+  }
+
+  recordUpdate(
+    kind: string,
+    key: string,
+    o: T.CallOptions & { state?: string; data?: Uint8Array | string; token?: number } = {},
+  ): Promise<{ record: T.PgRecord; now_at: number }> {
+    return this.typed('record.update', opt({ kind, key }, { state: o.state, data: o.data, token: o.token }), o);
+  }
+
+  recordSettle(
+    kind: string,
+    key: string,
+    state: string,
+    o: T.CallOptions & { token?: number } = {},
+  ): Promise<{ record: T.PgRecord; now_at: number }> {
+    return this.typed('record.settle', opt({ kind, key, state }, { token: o.token }), o);
+  }
+
+  recordGet(kind: string, key: string, opts?: T.CallOptions): Promise<{ record: T.PgRecord; now_at: number }> {
+    return this.typed('record.get', { kind, key }, opts);
+  }
+
+  recordList(
+    o: T.CallOptions & { kind?: string; owner?: number; liveOwner?: boolean; terminal?: boolean; limit?: number } = {},
+  ): Promise<{ records: T.PgRecord[]; truncated: boolean; now_at: number }> {
+    const p = opt({}, { kind: o.kind, owner: o.owner, live_owner: o.liveOwner, terminal: o.terminal, limit: o.limit });
+    return this.typed('record.list', p, o);
+  }
+
+  recordRecover(
+    o: T.CallOptions & { kinds?: string[]; limit?: number; dryRun?: boolean } = {},
+  ): Promise<T.RecordRecovered> {
+    return this.typed('record.recover', opt({}, { kinds: o.kinds, limit: o.limit, dry_run: o.dryRun }), o);
+  }
+}

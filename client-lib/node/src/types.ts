@@ -1,0 +1,293 @@
+// Typed results: one interface per result shape of PROTOCOL.md. Results
+// are the agent's maps as decoded, so fields a newer agent adds are kept.
+// Integers arrive as numbers (as bigint only beyond 2^53).
+
+export type Int = number;
+export type Bytes = Uint8Array;
+
+export interface Hello {
+  agent: string;
+  version: string;
+  protocol: Int;
+  replica_id: string;
+  incarnation: Int;
+  max_message_bytes: Int;
+}
+
+export interface AgentStatus {
+  replica_id: string;
+  incarnation: Int;
+  host: string;
+  pid: Int;
+  version: string;
+  state: 'starting' | 'serving' | 'stopping' | 'superseded';
+  db: 'up' | 'down';
+  registered: boolean;
+  schema_version: Int;
+  schema_required: Int;
+  sessions: Int;
+  connections: Int;
+  leases_held: Int;
+  janitor: boolean;
+  uptime_ms: Int;
+  last_heartbeat_ms_ago: Int;
+  db_reconnects: Int;
+  db_queries: Int;
+  db_failures: Int;
+}
+
+export interface SessionInfo {
+  session: Int;
+  resumed: boolean;
+  ttl_ms: Int;
+  grace_ms: Int;
+}
+
+export interface Keepalive {
+  session: Int;
+  live: boolean;
+  last_heartbeat_ms_ago: Int;
+}
+
+export interface FleetAgent {
+  replica_id: string;
+  incarnation: Int;
+  host: string;
+  pid: Int;
+  version: string;
+  started_at: Int;
+  heartbeat_at: Int;
+  expires_at: Int;
+  stopped_at: Int | null;
+  live: boolean;
+}
+
+export interface FleetSession {
+  session: Int;
+  name: string;
+  replica_id: string;
+  incarnation: Int;
+  opened_at: Int;
+  expires_at: Int;
+  owner_uid: Int | null;
+}
+
+export interface Holder {
+  session: Int;
+  replica_id: string;
+}
+
+export interface LeaseAcquired {
+  name: string;
+  leader: boolean;
+  epoch: Int;
+  valid_ms: Int;
+  valid_until_mono_ms: Int;
+  campaigning: boolean;
+  ttl_ms: Int;
+  holder: Holder | null;
+  expires_in_ms: Int;
+}
+
+export interface LeaseStatus {
+  name: string;
+  epoch: Int;
+  holder: Holder | null;
+  expires_in_ms: Int;
+  ttl_ms: Int;
+  acquired_at: Int;
+  renewed_at: Int;
+  leader: boolean;
+  valid_ms: Int;
+}
+
+export interface Quota {
+  key: string;
+  limit: Int;
+  in_flight: Int;
+  held: Int;
+  uncertain: Int;
+  available: Int;
+  permits: Int;
+  lapse_after_s: Int | null;
+  created_at: Int;
+  updated_at: Int;
+}
+
+export interface QuotaSet {
+  key: string;
+  limit: Int;
+  in_flight: Int;
+  lapse_after_s: Int | null;
+  previous_limit: Int | null;
+  created: boolean;
+  now_at: Int;
+}
+
+/** A claim's result: `admitted`/`held` carry the permit, `denied` the first
+ * quota without room. */
+export interface ClaimResult {
+  status: 'admitted' | 'held' | 'denied';
+  id: string;
+  now_at: Int;
+  // admitted / held
+  token?: Int;
+  state?: PermitState;
+  phase?: string;
+  owner_session?: Int | null;
+  owner_replica?: string | null;
+  mine?: boolean;
+  created_at?: Int;
+  // denied
+  quota?: string;
+  limit?: Int;
+  in_flight?: Int;
+  weight?: Int;
+}
+
+/** What claim() answers: the result, and how it was reached. */
+export interface Claim extends ClaimResult {
+  /** True for admitted and held. */
+  granted: boolean;
+  /** How many attempts the claim made (retries with the same id). */
+  attempts: number;
+  /** An earlier attempt's outcome was never seen. With `denied` that
+   * attempt may still commit: give the id up (giveUp) unless retrying. */
+  earlier_outcome_unknown: boolean;
+}
+
+export type PermitState = 'held' | 'uncertain' | 'released';
+export type Phase = 'reserved' | 'dispatched' | 'running';
+
+export interface PermitRelease {
+  id: string;
+  released: boolean;
+  state: PermitState;
+  released_at: Int | null;
+  now_at: Int;
+}
+
+export interface PermitUpdate {
+  id: string;
+  phase: string;
+  state: PermitState;
+  changed: boolean;
+  phase_at: Int;
+  now_at: Int;
+}
+
+export interface PermitMarked {
+  id: string;
+  state: PermitState;
+  changed: boolean;
+  state_at: Int;
+  now_at: Int;
+}
+
+export interface PermitResolved {
+  id: string;
+  state: PermitState;
+  owner_session: Int | null;
+  changed: boolean;
+  detail: string | null;
+  now_at: Int;
+}
+
+export interface Permit {
+  id: string;
+  token: Int;
+  state: PermitState;
+  phase: string;
+  owner_session: Int | null;
+  owner_replica: string | null;
+  owner_live: boolean;
+  on_owner_loss: 'uncertain' | 'release';
+  uncertain_reason: string | null;
+  quotas: { key: string; weight: Int }[];
+  intent_bytes: Int;
+  intent?: Bytes | null;
+  redacted?: boolean;
+  created_at: Int;
+  phase_at: Int;
+  state_at: Int;
+  released_at: Int | null;
+  age_ms: Int;
+  phase_age_ms: Int;
+  state_age_ms: Int;
+}
+
+export interface PermitEvent {
+  seq: Int;
+  event: string;
+  quota: string | null;
+  delta: Int;
+  actor: string;
+  reason: string | null;
+  state: PermitState;
+  phase: string;
+  at: Int;
+}
+
+export interface CheckViolation {
+  key: string;
+  limit: Int;
+  in_flight: Int;
+  permit_weights: Int;
+  audit_sum: Int;
+  problem: string;
+}
+
+export interface Check {
+  ok: boolean;
+  quotas: Int;
+  violations: CheckViolation[];
+  now_at: Int;
+}
+
+export interface PgRecord {
+  kind: string;
+  key: string;
+  state: string;
+  terminal: boolean;
+  data: Bytes | null;
+  permit: string | null;
+  owner_session: Int | null;
+  owner_replica: string | null;
+  owner_live: boolean;
+  token: Int;
+  created_at: Int;
+  updated_at: Int;
+  settled_at: Int | null;
+  adopted_from: Int | null;
+  adopted_at: Int | null;
+  redacted?: boolean;
+}
+
+export interface RecordRecovered {
+  liveness_read: boolean;
+  dry_run: boolean;
+  adopted: PgRecord[];
+  permits: {
+    id: string;
+    state: PermitState;
+    phase: string;
+    token: Int;
+    owner_session: Int | null;
+    uncertain_reason: string | null;
+  }[];
+  left_alone: Int | null;
+  remaining: Int | null;
+  reason: string | null;
+  now_at: Int | null;
+}
+
+/** `{key: weight}`, a single key (weight 1), or PROTOCOL.md's list. */
+export type QuotaSpec = string | Record<string, number> | { key: string; weight?: number }[];
+
+export interface CallOptions {
+  /** Aborts the wait for the reply: the call rejects with code `aborted`
+   * (a request already sent may still take effect). */
+  signal?: AbortSignal;
+  /** Wait at most this long for the reply (default: the client's). */
+  timeoutMs?: number;
+}
