@@ -58,6 +58,7 @@ type Client struct {
 	dropped uint64
 
 	session  int64
+	resumed  bool // the session was resumed, not opened, on this connection
 	grace    time.Duration
 	lostAt   time.Time // when the connection holding the session broke
 	sessName string
@@ -125,6 +126,14 @@ func (c *Client) Session() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.session
+}
+
+// SessionResumed says whether the session was resumed (by SessionResume or
+// after a broken connection) rather than opened.
+func (c *Client) SessionResumed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.session != 0 && c.resumed
 }
 
 // current returns a live connection, dialling (and resuming the
@@ -226,6 +235,9 @@ func (c *Client) resume(ctx context.Context, cn *conn) error {
 			err = fmt.Errorf("%w: asked to resume session %d, got %d", ErrProtocol, id, r.Session)
 		}
 		if err == nil {
+			c.mu.Lock()
+			c.resumed = true
+			c.mu.Unlock()
 			return nil
 		}
 	}

@@ -171,7 +171,7 @@ func (c *conn) call(ctx context.Context, method string, params map[string]interf
 		return r.result, r.stamp, nil
 	case <-ctx.Done():
 		c.forget(id)
-		return nil, 0, fmt.Errorf("%w: %s: %v", errAbandoned, method, ctx.Err())
+		return nil, 0, &abandoned{method: method, cause: ctx.Err()}
 	}
 }
 

@@ -93,3 +93,19 @@ func outcomeUnknown(err error) bool {
 
 // errAbandoned marks a call whose context ended after its request left.
 var errAbandoned = errors.New("pgcoord: the call's context ended before the reply")
+
+// abandoned is the error of such a call: errors.Is finds errAbandoned and
+// the context's own error (context.DeadlineExceeded, context.Canceled), as
+// a caller of any Go API expects.
+type abandoned struct {
+	method string
+	cause  error
+}
+
+func (e *abandoned) Error() string {
+	return fmt.Sprintf("%v: %s: %v", errAbandoned, e.method, e.cause)
+}
+
+func (e *abandoned) Is(target error) bool { return target == errAbandoned }
+
+func (e *abandoned) Unwrap() error { return e.cause }

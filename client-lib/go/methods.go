@@ -96,6 +96,7 @@ func (c *Client) SessionResume(ctx context.Context, id int64) (*SessionInfo, err
 func (c *Client) adoptSession(r *SessionInfo) {
 	c.mu.Lock()
 	c.session = r.Session
+	c.resumed = r.Resumed
 	c.grace = msDuration(r.GraceMs)
 	c.mu.Unlock()
 }

@@ -262,3 +262,102 @@ func TestNoAgentAndClosedClient(t *testing.T) {
 		t.Fatal("a param msgpack cannot encode went through")
 	}
 }
+
+// An agent that starts a reply and hangs up mid-frame: a connection error
+// at the hang-up, not a wait for the rest.
+func TestTruncatedFrameThenCloseIsAConnectionError(t *testing.T) {
+	whole := mustPack(t, []interface{}{1, 1, nil, map[string]interface{}{"pong": true}})
+	path := fakePeer(t, func(c net.Conn) {
+		buf := make([]byte, 256)
+		c.Read(buf)
+		c.Write(whole[:len(whole)-3])
+		c.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	started := time.Now()
+	err = c.Ping(ctx)
+	if !errors.Is(err, ErrConnection) || !Retryable(err) {
+		t.Fatalf("got %v, want a retryable ErrConnection", err)
+	}
+	if time.Since(started) > 2*time.Second {
+		t.Fatalf("took %v", time.Since(started))
+	}
+}
+
+// An agent that never answers: the call ends at its context's deadline
+// with the context's error, and the client stays usable.
+func TestSilentAgentEndsAtTheDeadline(t *testing.T) {
+	path := fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 256)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	started := time.Now()
+	err = c.Ping(short)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errAbandoned) {
+		t.Fatalf("got %v, want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(started); d < 250*time.Millisecond || d > 1500*time.Millisecond {
+		t.Fatalf("returned after %v, want about 300ms", d)
+	}
+	cancelled, cancelNow := context.WithCancel(ctx)
+	cancelNow()
+	if err := c.Ping(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call with a cancelled context: %v", err)
+	}
+}
+
+// Params of the wrong type are refused before anything is sent, with an
+// error, not a panic.
+func TestWrongTypesAreErrors(t *testing.T) {
+	got := make(chan []byte, 4)
+	path := fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			got <- append([]byte(nil), buf[:n]...)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.LeaseAcquire(ctx, "", nil); !errors.Is(err, ErrInvalidParams) {
+		t.Fatalf("an empty lease name: %v", err)
+	}
+	var out struct{ Pong string }
+	if err := c.Call(ctx, "agent.ping", map[string]interface{}{"f": func() {}}, &out); err == nil {
+		t.Fatal("a func param went through")
+	}
+	select {
+	case b := <-got:
+		t.Fatalf("the agent got %x", b)
+	case <-time.After(100 * time.Millisecond):
+	}
+}

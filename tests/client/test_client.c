@@ -662,6 +662,47 @@ Test(client, eof_mid_call_is_io_then_closed, .timeout = 10)
 	fake_stop();
 }
 
+static void script_cut_mid_frame(struct fake *f)
+{
+	struct req r;
+	if (!fake_expect(f, &r, "agent.ping"))
+		return;
+	/* [1, msgid, nil, {"pong": true}] without its last bytes, then EOF. */
+	unsigned char part[] = {0x94,
+				0x01,
+				0xce,
+				(unsigned char)(r.msgid >> 24),
+				(unsigned char)(r.msgid >> 16),
+				(unsigned char)(r.msgid >> 8),
+				(unsigned char)r.msgid,
+				0xc0,
+				0x81,
+				0xa4,
+				'p',
+				'o'};
+	fake_write(f, part, sizeof(part));
+	req_free(&r);
+}
+
+Test(client, frame_cut_short_then_eof_is_io_not_a_hang, .timeout = 10)
+{
+	fake_start(script_cut_mid_frame);
+	pgcoord *c = connect_fake();
+	struct timespec t0, t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	pgcoord_err err = pgcoord_ping(c, 5000);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	cr_assert_eq(err, PGCOORD_E_IO, "got %s", pgcoord_strerror(err));
+	cr_assert(pgcoord_err_retryable(err), "the reply was never read: the outcome is unknown");
+	cr_assert_lt(t1.tv_sec - t0.tv_sec, 2, "the call waited for the rest of the frame");
+	cr_assert_str_neq(pgcoord_last_message(c), "");
+	cr_assert_eq(pgcoord_fd(c), -1);
+	cr_assert_eq(pgcoord_ping(c, 2000), PGCOORD_E_CLOSED);
+	pgcoord_close(c);
+	fake_stop();
+}
+
 static const char *garbage_bytes;
 static size_t garbage_len;
 

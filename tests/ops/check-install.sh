@@ -4,7 +4,8 @@
 # run from there), the library with its soname links, the header, the
 # pkg-config file (a program compiles and links against the installed
 # copy), the unit files, the sysusers file, the example configuration (which
-# must pass --check-config) and, when scdoc built them, the man pages.
+# must pass --check-config), the Python client and, when scdoc built them,
+# the man pages.
 set -euo pipefail
 
 build=$1
@@ -87,6 +88,17 @@ C
 		bad "a client does not build with \`pkg-config --cflags --libs pgcoord\`: $(cat "$dest/cc.log")"
 	elif ! LD_LIBRARY_PATH=$dest$libdir "$dest/client" >/dev/null; then
 		bad "a client linked against the installed library does not run"
+	fi
+fi
+
+# The Python client, where the system's python3 finds pure modules.
+if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import msgpack' 2>/dev/null; then
+	pydir=$(find "$dest" -path '*/pgcoord/client.py' -printf '%h\n' | head -n 1)
+	if [[ -z $pydir ]]; then
+		bad "the Python package pgcoord is not installed"
+	elif ! PYTHONPATH=$(dirname "$pydir") /usr/bin/python3 -B -c \
+		'import pgcoord, sys; sys.exit(not hasattr(pgcoord, "Client"))'; then
+		bad "the installed Python package pgcoord does not import"
 	fi
 fi
 

@@ -17,7 +17,7 @@ from pgcoord import AsyncClient, Client
 
 class FakeAgent:
     """Answers each request with handler(conn_index, method, params), which
-    returns a result map, ("error", code), ("raw", bytes), ("close",),
+    returns a result map, ("error", code), ("error_map", obj), ("raw", bytes), ("close",),
     ("silent",) or a list of such actions (notifications as
     ("notify", method, params))."""
 
@@ -62,6 +62,8 @@ class FakeAgent:
                                                                 "retryable": a[1] in ("busy", "unavailable")}, None]))
                         elif a[0] == "notify":
                             c.sendall(msgpack.packb([2, a[1], [a[2]]]))
+                        elif a[0] == "error_map":  # any error object, the msgid right
+                            c.sendall(msgpack.packb([1, msgid, a[1], None]))
                         elif a[0] == "raw":
                             c.sendall(a[1])
                         elif a[0] == "close":
@@ -133,7 +135,8 @@ def test_no_agent_is_a_connect_error(tmp_path):
 
 
 @pytest.mark.parametrize("garbage", [b"\xc1", msgpack.packb({"not": "an envelope"}),
-                                     msgpack.packb([1, 1, None, "not a map"])])
+                                     msgpack.packb([1, 1, None, "not a map"]),
+                                     msgpack.packb([7, 1, None, None])])
 def test_garbage_from_the_agent_is_a_protocol_error_not_a_hang(fake, garbage):
     f = fake(lambda i, m, p: ("raw", garbage))
     with Client(f.path, timeout=5, reconnect=False) as c:
@@ -160,6 +163,44 @@ def test_a_silent_agent_is_a_call_timeout(fake):
         with pytest.raises(pgcoord.CallTimeout):
             c.call("agent.ping")
         assert 0.15 < time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("bad", [{"no": "code"}, {"code": 7, "message": "x"}, "busy", [1]])
+def test_a_malformed_error_answer_is_a_protocol_error_not_a_hang(fake, bad):
+    f = fake(lambda i, m, p: ("error_map", bad))
+    with Client(f.path, timeout=5, reconnect=False) as c:
+        started = time.monotonic()
+        with pytest.raises(pgcoord.ProtocolError):
+            c.call("agent.ping")
+        assert time.monotonic() - started < 2
+
+
+def test_a_frame_cut_short_then_closed_is_connection_lost_not_a_hang(fake):
+    whole = msgpack.packb([1, 1, None, {"pong": True}])
+    f = fake(lambda i, m, p: [("raw", whole[:-3]), ("close",)])
+    with Client(f.path, timeout=5, reconnect=False) as c:
+        started = time.monotonic()
+        with pytest.raises(pgcoord.ConnectionLost) as e:
+            c.call("agent.ping")
+        assert e.value.outcome_unknown
+        assert time.monotonic() - started < 2
+
+
+def test_async_garbage_and_a_cut_frame_are_ordinary_errors(fake):
+    whole = msgpack.packb([1, 1, None, {"pong": True}])
+
+    def handler(i, m, p):
+        return [("raw", b"\xc1")] if i == 0 else [("raw", whole[:-3]), ("close",)]
+    f = fake(handler)
+
+    async def main():
+        c = await AsyncClient.connect(f.path, timeout=5)
+        with pytest.raises(pgcoord.ProtocolError):
+            await c.ping()
+        with pytest.raises(pgcoord.ConnectionLost):
+            await c.ping()
+        await c.close()
+    asyncio.run(asyncio.wait_for(main(), 5))
 
 
 def test_notifications_reach_callbacks_and_queues_without_polling(fake):
