@@ -1,0 +1,500 @@
+/*
+ * test_watches.c — quota.watch, permit.watch, record.watch and
+ * watch.cancel against a real Postgres and several real agents: the
+ * watcher sits on another agent than the one that changes things, hears
+ * the change within a poll interval (plus slack), and the tests check the
+ * database agrees with what it heard. Also: one poll statement per interval
+ * whatever the number of watchers, the per-session cap, bad input.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+TestSuite(watches, .timeout = 60);
+
+#define POLL_MS 200
+/* a poll interval, the statement and the socket, on a busy CI machine */
+#define HEAR_MS (POLL_MS + 1300)
+
+static const char *const watcher_args[] = {"--watch-poll-ms", "200", NULL};
+/* an agent whose sessions lapse soon after it is killed */
+static const char *const mortal_args[] = {
+    "--heartbeat-interval-ms", "200", "--session-ttl-ms", "1200", "--watch-poll-ms", "200", NULL};
+
+/* --- helpers ------------------------------------------------------------ */
+
+/* params {key: str} */
+static void p_str(struct iparams *p, const char *key, const char *value)
+{
+	pgc_pack_kv_str(iparams_begin(p, 1), key, value);
+}
+
+/* Calls method {key: value} and returns the watch id it answered. */
+static int64_t watch(int fd, const char *method, const char *key, const char *value)
+{
+	struct iparams p;
+	struct ireply r;
+	p_str(&p, key, value);
+	const msgpack_object *res = icall_ok(fd, method, &p, &r);
+	int64_t id = iint(res, "watch");
+	cr_assert_gt(id, 0);
+	cr_assert_eq(iint(res, "poll_ms"), POLL_MS);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	return id;
+}
+
+/* Reads fd until the notification `method` arrives (other messages are
+ * dropped); fails after timeout_ms. out->m.params is its map. */
+static void hear(int fd, const char *method, int timeout_ms, struct ireply *out)
+{
+	int64_t deadline = hnow_ms() + timeout_ms;
+	char err[256];
+
+	for (;;) {
+		int left = (int)(deadline - hnow_ms());
+		cr_assert_gt(left, 0, "no %s within %d ms", method, timeout_ms);
+		msgpack_unpacked_init(&out->u);
+		enum hraw_result got = hraw_recv_msg(fd, left, &out->u);
+		cr_assert(got == HRAW_MSG || got == HRAW_TIMEOUT, "the connection broke (%d)", got);
+		if (got == HRAW_MSG) {
+			memset(&out->m, 0, sizeof(out->m));
+			cr_assert(pgc_parse_message(&out->u.data, &out->m, err, sizeof(err)), "%s",
+				  err);
+			if (out->m.type == PGC_RPC_NOTIFY && out->m.method_len == strlen(method) &&
+			    memcmp(out->m.method, method, out->m.method_len) == 0)
+				return;
+		}
+		ireply_destroy(out);
+	}
+}
+
+/* Fails when any message arrives on fd within ms. */
+static void hear_nothing(int fd, int ms, const char *why)
+{
+	msgpack_unpacked u;
+	msgpack_unpacked_init(&u);
+	enum hraw_result got = hraw_recv_msg(fd, ms, &u);
+	msgpack_unpacked_destroy(&u);
+	cr_assert_eq(got, HRAW_TIMEOUT, "%s: a message arrived (%d)", why, got);
+}
+
+static bool str_is(const msgpack_object *map, const char *key, const char *want)
+{
+	char *v = istr(map, key);
+	bool same = strcmp(v, want) == 0;
+	free(v);
+	return same;
+}
+
+static void quota_set(int fd, const char *key, int64_t limit)
+{
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "limit", limit);
+	icall_ok(fd, "quota.set", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+}
+
+static void claim(int fd, const char *id, const char *key)
+{
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "id", id);
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 1);
+	pgc_pack_kv_str(pk, "key", key);
+	const msgpack_object *res = icall_ok(fd, "permit.claim", &p, &r);
+	cr_assert(str_is(res, "status", "admitted"), "permit %s was not admitted", id);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+}
+
+static void call_ok(int fd, const char *method, struct iparams *p)
+{
+	struct ireply r;
+	icall_ok(fd, method, p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(p);
+}
+
+/* --- quotas -------------------------------------------------------------- */
+
+/* The watcher is on agent b; the quota changes through agent a. */
+Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-qa", watcher_args);
+	struct hagent *b = hagent_start(db, "watch-qb", watcher_args);
+	int fa = iconnect(hagent_socket(a)), fb = iconnect(hagent_socket(b));
+	struct ireply n;
+	struct iparams p;
+
+	isession_open(fa, "worker");
+	isession_open(fb, "dashboard");
+	/* an unknown key is fine: the first notification says it is absent */
+	int64_t w = watch(fb, "quota.watch", "key", "gpu");
+	hear(fb, "quota.changed", HEAR_MS, &n);
+	cr_assert_eq(iint(n.m.params, "watch"), w);
+	cr_assert(str_is(n.m.params, "key", "gpu"));
+	cr_assert_not(ibool(n.m.params, "exists"));
+	cr_assert_eq(iint(n.m.params, "room"), 0);
+	ireply_destroy(&n);
+	hear_nothing(fb, 3 * POLL_MS, "nothing changed");
+
+	quota_set(fa, "gpu", 1);
+	hear(fb, "quota.changed", HEAR_MS, &n);
+	cr_assert(ibool(n.m.params, "exists"));
+	cr_assert_eq(iint(n.m.params, "limit"), 1);
+	cr_assert_eq(iint(n.m.params, "in_flight"), 0);
+	cr_assert_eq(iint(n.m.params, "room"), 1);
+	ireply_destroy(&n);
+
+	claim(fa, "job-1", "gpu");
+	hear(fb, "quota.changed", HEAR_MS, &n);
+	cr_assert_eq(iint(n.m.params, "in_flight"), 1);
+	cr_assert_eq(iint(n.m.params, "held"), 1);
+	cr_assert_eq(iint(n.m.params, "uncertain"), 0);
+	cr_assert_eq(iint(n.m.params, "room"), 0);
+	ireply_destroy(&n);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'"),
+		     1);
+
+	/* the slot frees up: heard within one poll interval, plus slack */
+	p_str(&p, "id", "job-1");
+	int64_t freed_at = hnow_ms();
+	call_ok(fa, "permit.release", &p);
+	hear(fb, "quota.changed", HEAR_MS, &n);
+	int64_t took = hnow_ms() - freed_at;
+	cr_assert_eq(iint(n.m.params, "in_flight"), 0);
+	cr_assert_eq(iint(n.m.params, "room"), 1);
+	ireply_destroy(&n);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'"),
+		     0);
+	cr_log_info("room heard %lld ms after the release (poll every %d ms)", (long long)took,
+		    POLL_MS);
+	hear_nothing(fb, 3 * POLL_MS, "only changes are pushed");
+
+	/* cancelled: nothing more, though the quota changes */
+	struct iparams c;
+	pgc_pack_kv_int(iparams_begin(&c, 1), "watch", w);
+	struct ireply r;
+	cr_assert(ibool(icall_ok(fb, "watch.cancel", &c, &r), "cancelled"));
+	ireply_destroy(&r);
+	cr_assert_not(ibool(icall_ok(fb, "watch.cancel", &c, &r), "cancelled"),
+		      "a second cancel finds nothing");
+	ireply_destroy(&r);
+	iparams_destroy(&c);
+	quota_set(fa, "gpu", 2);
+	hear_nothing(fb, 3 * POLL_MS, "the watch was cancelled");
+	cr_assert_eq(istatus_int(b, "watches"), 0);
+
+	close(fa);
+	close(fb);
+	hagent_destroy(a);
+	hagent_destroy(b);
+	hdb_drop(db);
+}
+
+/* --- permits ------------------------------------------------------------- */
+
+Test(watches, permit_watch_hears_held_then_uncertain_then_released)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-pa", watcher_args);
+	struct hagent *b = hagent_start(db, "watch-pb", watcher_args);
+	int fa = iconnect(hagent_socket(a)), fb = iconnect(hagent_socket(b));
+	int fu = iconnect(hagent_socket(b));
+	struct ireply n;
+	struct iparams p;
+
+	int64_t sa = isession_open(fa, "worker");
+	isession_open(fb, "scheduler");
+	isession_open(fu, "curious");
+	quota_set(fa, "slots", 3);
+	claim(fa, "p1", "slots");
+
+	int64_t w = watch(fb, "permit.watch", "id", "p1");
+	hear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert_eq(iint(n.m.params, "watch"), w);
+	cr_assert(str_is(n.m.params, "id", "p1"));
+	cr_assert(ibool(n.m.params, "exists"));
+	cr_assert(str_is(n.m.params, "state", "held"));
+	cr_assert(str_is(n.m.params, "phase", "reserved"));
+	cr_assert_eq(iint(n.m.params, "owner_session"), sa);
+	int64_t token = iint(n.m.params, "token");
+	cr_assert_eq(token,
+		     hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'p1'"));
+	cr_assert_null(pgc_map_get(n.m.params, "intent"), "no intent is ever pushed");
+	ireply_destroy(&n);
+
+	/* an id nobody claimed: watched all the same, reported absent */
+	watch(fu, "permit.watch", "id", "no-such-permit");
+	hear(fu, "permit.changed", HEAR_MS, &n);
+	cr_assert_not(ibool(n.m.params, "exists"));
+	cr_assert(iis_nil(n.m.params, "state"));
+	ireply_destroy(&n);
+
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "id", "p1");
+	pgc_pack_kv_str(pk, "phase", "running");
+	call_ok(fa, "permit.update", &p);
+	hear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(str_is(n.m.params, "state", "held"));
+	cr_assert(str_is(n.m.params, "phase", "running"));
+	ireply_destroy(&n);
+
+	pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "id", "p1");
+	pgc_pack_kv_str(pk, "reason", "connector dropped");
+	call_ok(fa, "permit.mark_uncertain", &p);
+	hear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(str_is(n.m.params, "state", "uncertain"));
+	cr_assert(str_is(n.m.params, "uncertain_reason", "connector dropped"));
+	ireply_destroy(&n);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'p1' "
+					"AND state = 'uncertain'"),
+		     1);
+
+	pk = iparams_begin(&p, 3);
+	pgc_pack_kv_str(pk, "id", "p1");
+	pgc_pack_kv_str(pk, "outcome", "gone");
+	pgc_pack_kv_str(pk, "evidence", "no such process");
+	call_ok(fa, "permit.resolve", &p);
+	hear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(str_is(n.m.params, "state", "released"));
+	cr_assert_gt(iint(n.m.params, "released_at"), 0);
+	ireply_destroy(&n);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'p1' "
+					"AND state = 'released'"),
+		     1);
+	hear_nothing(fb, 3 * POLL_MS, "a released permit stays released");
+	hear_nothing(fu, POLL_MS, "the absent permit is still absent");
+
+	close(fa);
+	close(fb);
+	close(fu);
+	hagent_destroy(a);
+	hagent_destroy(b);
+	hdb_drop(db);
+}
+
+/* --- records ------------------------------------------------------------- */
+
+static void put_record(int fd, const char *kind, const char *key)
+{
+	struct iparams p;
+	msgpack_packer *pk = iparams_begin(&p, 4);
+	pgc_pack_kv_str(pk, "kind", kind);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_str(pk, "state", "running");
+	pgc_pack_kv_str(pk, "data", "secret");
+	call_ok(fd, "record.put", &p);
+}
+
+/* Records of a session that was closed, and of an agent that was killed,
+ * are heard of as they become orphans; live owners' records are not. */
+Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-ra", watcher_args);
+	struct hagent *m = hagent_start(db, "watch-rm", mortal_args);
+	struct hagent *b = hagent_start(db, "watch-rb", watcher_args);
+	int fa = iconnect(hagent_socket(a)), fm = iconnect(hagent_socket(m));
+	int fb = iconnect(hagent_socket(b));
+	struct ireply n;
+
+	int64_t sa = isession_open(fa, "closer");
+	int64_t sm = isession_open(fm, "doomed");
+	isession_open(fb, "recoverer");
+	put_record(fa, "job", "a-1");
+	put_record(fa, "job", "a-2");
+	put_record(fm, "job", "m-1");
+	put_record(fm, "other", "m-2");
+
+	watch(fb, "record.watch", "kind", "job");
+	hear_nothing(fb, 3 * POLL_MS, "every owner is live");
+
+	/* a closed session: both its records, once each */
+	struct ireply r;
+	icall_ok(fa, "session.close", NULL, &r);
+	ireply_destroy(&r);
+	int seen = 0;
+	for (int i = 0; i < 2; i++) {
+		hear(fb, "record.orphaned", HEAR_MS, &n);
+		cr_assert(str_is(n.m.params, "kind", "job"));
+		char *key = istr(n.m.params, "key");
+		seen |= strcmp(key, "a-1") == 0 ? 1 : strcmp(key, "a-2") == 0 ? 2 : 4;
+		free(key);
+		cr_assert_eq(iint(n.m.params, "owner_session"), sa);
+		cr_assert(str_is(n.m.params, "owner_replica", "watch-ra"));
+		cr_assert_eq(iint(n.m.params, "owner_uid"), (int64_t)getuid());
+		cr_assert_null(pgc_map_get(n.m.params, "data"), "no record data is ever pushed");
+		ireply_destroy(&n);
+	}
+	cr_assert_eq(seen, 3, "heard a-1 and a-2 (%d)", seen);
+	hear_nothing(fb, 3 * POLL_MS, "each orphan is told once");
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.records r JOIN pgcoord.sessions s "
+			   "ON s.id = r.owner_session WHERE r.kind = 'job' AND "
+			   "s.closed_at IS NOT NULL AND s.id = %lld",
+			   (long long)sa),
+	    2);
+
+	/* a killed agent: its session lapses after its ttl */
+	hagent_kill(m, SIGKILL);
+	hagent_wait(m, 5000);
+	hear(fb, "record.orphaned", 1200 + 2000 + HEAR_MS, &n);
+	cr_assert(str_is(n.m.params, "key", "m-1"));
+	cr_assert_eq(iint(n.m.params, "owner_session"), sm);
+	ireply_destroy(&n);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld "
+				    "AND (closed_at IS NOT NULL OR expires_at <= now())",
+				    (long long)sm),
+		     1);
+	hear_nothing(fb, 3 * POLL_MS, "m-2 is of another kind");
+
+	close(fa);
+	close(fm);
+	close(fb);
+	hagent_destroy(a);
+	hagent_destroy(m);
+	hagent_destroy(b);
+	hdb_drop(db);
+}
+
+/* --- one statement per interval ------------------------------------------ */
+
+#define WATCHERS 8
+
+Test(watches, many_watchers_are_served_by_one_poll_statement_per_interval)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-many", watcher_args);
+	int fds[WATCHERS];
+	char name[32];
+
+	for (int i = 0; i < WATCHERS; i++) {
+		fds[i] = iconnect(hagent_socket(a));
+		isession_open(fds[i], "watcher");
+		/* the same quota for all, plus keys, ids and kinds of their own */
+		watch(fds[i], "quota.watch", "key", "shared");
+		snprintf(name, sizeof(name), "q%d", i);
+		watch(fds[i], "quota.watch", "key", name);
+		snprintf(name, sizeof(name), "p%d", i);
+		watch(fds[i], "permit.watch", "id", name);
+		snprintf(name, sizeof(name), "k%d", i);
+		watch(fds[i], "record.watch", "kind", name);
+	}
+	cr_assert_eq(istatus_int(a, "watches"), 4 * WATCHERS);
+	hsleep_ms(2 * POLL_MS);
+	int64_t polls0 = istatus_int(a, "watch_polls"), queries0 = istatus_int(a, "db_queries");
+	int64_t t0 = hnow_ms();
+	hsleep_ms(3000);
+	int64_t polls = istatus_int(a, "watch_polls") - polls0;
+	int64_t queries = istatus_int(a, "db_queries") - queries0;
+	int64_t elapsed = hnow_ms() - t0, intervals = elapsed / POLL_MS;
+
+	cr_log_info("%d watches: %lld polls and %lld statements in %lld ms", 4 * WATCHERS,
+		    (long long)polls, (long long)queries, (long long)elapsed);
+	cr_assert_leq(polls, intervals + 1, "%lld polls in %lld intervals", (long long)polls,
+		      (long long)intervals);
+	cr_assert_geq(polls, intervals / 2, "the poll stalled: %lld in %lld intervals",
+		      (long long)polls, (long long)intervals);
+	/* every statement the agent sent: the polls, heartbeats (one a second)
+	 * and the janitor's sweeps — not one per watch */
+	cr_assert_lt(queries, polls + 4 * (elapsed / 1000 + 1) + 4,
+		     "%lld statements for %lld polls", (long long)queries, (long long)polls);
+	for (int i = 0; i < WATCHERS; i++)
+		close(fds[i]);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* --- limits and bad input ------------------------------------------------ */
+
+Test(watches, the_per_session_cap_answers_busy_and_bad_input_is_refused)
+{
+	const char *const args[] = {"--watch-poll-ms", "200", "--max-watches-per-session", "3",
+				    NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-cap", args);
+	int fd = iconnect(hagent_socket(a)), other = iconnect(hagent_socket(a));
+	int nosession = iconnect(hagent_socket(a));
+	struct iparams p;
+	struct ireply r;
+
+	isession_open(fd, "greedy");
+	isession_open(other, "modest");
+	int64_t w1 = watch(fd, "quota.watch", "key", "a");
+	watch(fd, "permit.watch", "id", "a");
+	watch(fd, "record.watch", "kind", "a");
+	cr_assert_eq(watch(fd, "quota.watch", "key", "a"), w1, "watching again is the same watch");
+
+	p_str(&p, "key", "b");
+	icall(fd, "quota.watch", &p, &r);
+	ierr(&r, "busy", true, (const char *const[]){"max_watches_per_session", NULL});
+	ireply_destroy(&r);
+	/* the cap is per session */
+	icall_ok(other, "quota.watch", &p, &r);
+	ireply_destroy(&r);
+	icall(nosession, "quota.watch", &p, &r);
+	ierr(&r, "no_session", false, NULL);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	/* a cancel makes room; another session's watch id cancels nothing */
+	pgc_pack_kv_int(iparams_begin(&p, 1), "watch", w1);
+	cr_assert_not(ibool(icall_ok(other, "watch.cancel", &p, &r), "cancelled"));
+	ireply_destroy(&r);
+	cr_assert(ibool(icall_ok(fd, "watch.cancel", &p, &r), "cancelled"));
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	watch(fd, "quota.watch", "key", "b");
+
+	p_str(&p, "key", "");
+	icall(other, "quota.watch", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"key", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	pgc_pack_kv_int(iparams_begin(&p, 1), "kind", 7);
+	icall(other, "record.watch", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"kind", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	icall(other, "permit.watch", NULL, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"id", NULL});
+	ireply_destroy(&r);
+	p_str(&p, "watch", "1");
+	icall(other, "watch.cancel", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"watch", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	/* a closed session's watches end with it; a detached one's stay */
+	icall_ok(other, "session.close", NULL, &r);
+	ireply_destroy(&r);
+	close(fd);
+	int64_t deadline = hnow_ms() + 5000;
+	while (istatus_int(a, "watches") != 3 && hnow_ms() < deadline)
+		hsleep_ms(50);
+	cr_assert_eq(istatus_int(a, "watches"), 3,
+		     "the closed session's watch is gone, the detached one's 3 stay");
+	cr_assert(hagent_running(a));
+	close(other);
+	close(nosession);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
