@@ -498,3 +498,94 @@ Test(watches, the_per_session_cap_answers_busy_and_bad_input_is_refused)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* --- pgcoordctl watch and wait ------------------------------------------- */
+
+/* Waits until the file at path contains needle; fails after timeout_ms. */
+static char *wait_for_output(const char *path, const char *needle, int timeout_ms)
+{
+	int64_t deadline = hnow_ms() + timeout_ms;
+	for (;;) {
+		char *text = hread_file(path);
+		if (text && strstr(text, needle))
+			return text;
+		cr_assert_lt(hnow_ms(), deadline, "no \"%s\" within %d ms in:\n%s", needle,
+			     timeout_ms, text ? text : "(nothing)");
+		free(text);
+		hsleep_ms(50);
+	}
+}
+
+Test(watches, pgcoordctl_wait_returns_once_there_is_room_and_watch_prints_each_change)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-ctl", watcher_args);
+	const char *sock = hagent_socket(a);
+	int fd = iconnect(sock);
+	char *out = NULL;
+	struct iparams p;
+
+	isession_open(fd, "worker");
+	quota_set(fd, "gpu", 1);
+	claim(fd, "job-1", "gpu");
+
+	/* full: --timeout ends the wait with 5 */
+	const char *const full[] = {ictl_bin(), "--socket", sock,	 "wait", "quota", "gpu",
+				    "--room",	"1",	    "--timeout", "600",	 NULL};
+	int64_t t0 = hnow_ms();
+	cr_assert_eq(hrun(full, &out), 5, "%s", out);
+	int64_t took = hnow_ms() - t0;
+	cr_assert_geq(took, 600);
+	cr_assert_lt(took, 600 + 4000);
+	cr_assert(strstr(out, "no room"), "%s", out);
+	free(out);
+
+	char *wait_log = htmp_path("wait.out"), *watch_log = htmp_path("watch.out");
+	const char *const waiter[] = {ictl_bin(), "--socket", sock,	   "wait",  "quota", "gpu",
+				      "--room",	  "1",	      "--timeout", "20000", NULL};
+	const char *const watcher[] = {ictl_bin(), "--socket", sock, "watch",
+				       "permit",   "job-1",    NULL};
+	pid_t wait_pid = ispawn(waiter, wait_log);
+	pid_t watch_pid = ispawn(watcher, watch_log);
+	free(wait_for_output(watch_log, "state=held", 5000));
+	cr_assert_eq(istatus_int(a, "watches"), 2);
+
+	p_str(&p, "id", "job-1");
+	call_ok(fd, "permit.release", &p);
+	cr_assert_eq(iwait_pid(wait_pid), 0, "%s", hread_file(wait_log));
+	out = hread_file(wait_log);
+	cr_assert(strstr(out, "quota.changed") && strstr(out, "room=1"), "%s", out);
+	free(out);
+	out = wait_for_output(watch_log, "state=released", 5000);
+	cr_assert(strstr(out, "permit.changed id=job-1 exists=true state=held"), "%s", out);
+	free(out);
+	kill(watch_pid, SIGINT);
+	cr_assert_eq(iwait_pid(watch_pid), 0, "%s", hread_file(watch_log));
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'"),
+		     0);
+	/* both closed their sessions: their watches are gone at the next poll */
+	int64_t deadline = hnow_ms() + 3000;
+	while (istatus_int(a, "watches") != 0 && hnow_ms() < deadline)
+		hsleep_ms(50);
+	cr_assert_eq(istatus_int(a, "watches"), 0);
+
+	/* usage errors */
+	const char *const bad[][8] = {
+	    {ictl_bin(), "--socket", sock, "wait", "permit", "job-1", NULL},
+	    {ictl_bin(), "--socket", sock, "wait", "quota", "gpu", NULL},
+	    {ictl_bin(), "--socket", sock, "wait", "quota", "gpu", "--room", "0"},
+	    {ictl_bin(), "--socket", sock, "watch", "leases", "x", NULL},
+	    {ictl_bin(), "--socket", sock, "watch", "quota", NULL},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *argv[9] = {0};
+		memcpy(argv, bad[i], sizeof(bad[i]));
+		cr_assert_eq(hrun(argv, &out), 2, "case %zu: %s", i, out);
+		free(out);
+	}
+	free(wait_log);
+	free(watch_log);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
