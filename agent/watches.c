@@ -3,7 +3,6 @@
  */
 #include "agent/watches.h"
 
-#include <event2/buffer.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -598,64 +597,37 @@ static void poll_cb(evutil_socket_t fd, short what, void *arg)
 		free(lits[k]);
 }
 
-int watches_quota_rows(const struct agent *ag, struct evbuffer *out)
+void watches_each_quota(const struct agent *ag, watches_quota_fn fn, void *arg)
 {
 	struct watch_registry *rg = reg(ag);
-	int rows = 0;
 	if (!rg)
-		return 0;
+		return;
 	for (struct watch *w = rg->list; w; w = w->next) {
 		if (w->kind != WATCH_QUOTA)
 			continue;
-		/* one row per key: skip it when an earlier watch has it */
+		/* one call per key: skip it when an earlier watch has it */
 		bool seen = false;
-		int watchers = 0;
-		const struct watch *last = w;
 		for (struct watch *v = rg->list; v != w && !seen; v = v->next)
 			seen = v->kind == WATCH_QUOTA && strcmp(v->target, w->target) == 0;
 		if (seen)
 			continue;
+		struct watched_quota q = {.key = w->target};
+		const struct watch *last = NULL;
 		for (struct watch *v = w; v; v = v->next)
 			if (v->kind == WATCH_QUOTA && strcmp(v->target, w->target) == 0) {
-				watchers++;
+				q.watchers++;
 				if (v->primed)
 					last = v;
 			}
-		evbuffer_add(out, "<tr><td>", 8);
-		for (const char *p = w->target; *p; p++) {
-			switch (*p) {
-			case '<':
-				evbuffer_add(out, "&lt;", 4);
-				break;
-			case '>':
-				evbuffer_add(out, "&gt;", 4);
-				break;
-			case '&':
-				evbuffer_add(out, "&amp;", 5);
-				break;
-			case '"':
-				evbuffer_add(out, "&quot;", 6);
-				break;
-			default:
-				evbuffer_add(out, p, 1);
-			}
+		if (last) {
+			q.read = true;
+			q.exists = last->exists;
+			q.limit = last->n[0];
+			q.in_flight = last->n[1];
+			q.uncertain = last->n[3];
 		}
-		if (!last->primed)
-			evbuffer_add_printf(
-			    out, "</td><td>%d</td><td colspan=\"3\">not read yet</td></tr>\n",
-			    watchers);
-		else if (!last->exists)
-			evbuffer_add_printf(
-			    out, "</td><td>%d</td><td colspan=\"3\">no such quota</td></tr>\n",
-			    watchers);
-		else
-			evbuffer_add_printf(out,
-					    "</td><td>%d</td><td>%" PRId64 "</td><td>%" PRId64
-					    "</td><td>%" PRId64 "</td></tr>\n",
-					    watchers, last->n[0], last->n[1], last->n[3]);
-		rows++;
+		fn(arg, &q);
 	}
-	return rows;
 }
 
 bool watches_start(struct agent *ag)

@@ -17,7 +17,6 @@
 #include <stdint.h>
 
 struct agent;
-struct evbuffer;
 
 /* Starts the poll timer. */
 __attribute__((warn_unused_result)) bool watches_start(struct agent *ag);
@@ -27,8 +26,17 @@ void watches_finish(struct agent *ag);
 int watches_count(const struct agent *ag);
 uint64_t watches_polls(const struct agent *ag);
 
-/* The watched quotas with how many sessions watch each and what the last
- * poll read, as HTML table rows for the status page. Returns how many. */
-int watches_quota_rows(const struct agent *ag, struct evbuffer *out);
+/* A quota this agent's sessions watch, as the last poll read it. */
+struct watched_quota {
+	const char *key;
+	int watchers; /* sessions watching it */
+	bool read;    /* a poll has read it since it was watched */
+	bool exists;
+	int64_t limit, in_flight, uncertain;
+};
+typedef void (*watches_quota_fn)(void *arg, const struct watched_quota *q);
+
+/* Calls fn once per watched quota key, for the status page. */
+void watches_each_quota(const struct agent *ag, watches_quota_fn fn, void *arg);
 
 #endif

@@ -6,11 +6,14 @@
  * database agrees with what it heard. Also: one poll statement per interval
  * whatever the number of watchers, the per-session cap, bad input.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "itest.h"
@@ -22,6 +25,8 @@ TestSuite(watches, .timeout = 60);
 #define HEAR_MS (POLL_MS + 1300)
 
 static const char *const watcher_args[] = {"--watch-poll-ms", "200", NULL};
+static const char *const http_args[] = {"--watch-poll-ms", "200", "--metrics-listen", "127.0.0.1:0",
+					NULL};
 /* an agent whose sessions lapse soon after it is killed */
 static const char *const mortal_args[] = {
     "--heartbeat-interval-ms", "200", "--session-ttl-ms", "1200", "--watch-poll-ms", "200", NULL};
@@ -128,6 +133,42 @@ static void call_ok(int fd, const char *method, struct iparams *p)
 	iparams_destroy(p);
 }
 
+/* GET path from the HTTP listener of an agent started with http_args; the
+ * whole response, malloc'd. */
+static char *http_get(struct hagent *a, const char *path)
+{
+	static const char key[] = "http_listen=127.0.0.1:";
+	int64_t deadline = hnow_ms() + 5000;
+	const char *at;
+	while (!(at = strstr(hagent_log(a), key))) {
+		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
+		hsleep_ms(20);
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)atoi(at + strlen(key))),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {10, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	char req[256], buf[4096];
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	size_t len = 0;
+	char *resp = calloc(1, 1);
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof(buf))) > 0) {
+		resp = realloc(resp, len + (size_t)n + 1);
+		cr_assert_not_null(resp);
+		memcpy(resp + len, buf, (size_t)n);
+		len += (size_t)n;
+		resp[len] = '\0';
+	}
+	close(fd);
+	return resp;
+}
+
 /* --- quotas -------------------------------------------------------------- */
 
 /* The watcher is on agent b; the quota changes through agent a. */
@@ -135,10 +176,11 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 {
 	struct harness_db *db = idb_migrated();
 	struct hagent *a = hagent_start(db, "watch-qa", watcher_args);
-	struct hagent *b = hagent_start(db, "watch-qb", watcher_args);
+	struct hagent *b = hagent_start(db, "watch-qb", http_args);
 	int fa = iconnect(hagent_socket(a)), fb = iconnect(hagent_socket(b));
 	struct ireply n;
 	struct iparams p;
+	char *page;
 
 	isession_open(fa, "worker");
 	isession_open(fb, "dashboard");
@@ -169,6 +211,17 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 	ireply_destroy(&n);
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'"),
 		     1);
+	/* the status page shows what is watched here, as the last poll read it */
+	page = http_get(b, "/status");
+	cr_assert(strstr(page, "<table id=\"watched\">") &&
+		      strstr(page, "<td>gpu</td><td>1</td><td>1</td><td>1</td>"),
+		  "%s", page);
+	free(page);
+	page = http_get(b, "/metrics");
+	cr_assert(strstr(page, "\npgcoord_watches 1\n") &&
+		      strstr(page, "pgcoord_watch_polls_total "),
+		  "%s", page);
+	free(page);
 
 	/* the slot frees up: heard within one poll interval, plus slack */
 	p_str(&p, "id", "job-1");
