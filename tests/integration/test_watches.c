@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "itest.h"
+#include "pgcoord/pgcoord.h"
 
 TestSuite(watches, .timeout = 60);
 
@@ -639,6 +640,72 @@ Test(watches, pgcoordctl_wait_returns_once_there_is_room_and_watch_prints_each_c
 	free(wait_log);
 	free(watch_log);
 	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* --- libpgcoord ---------------------------------------------------------- */
+
+struct heard {
+	int quota_changed;
+	int64_t watch, room;
+};
+
+static void on_note(void *user, const char *method, const void *params, size_t len)
+{
+	struct heard *h = user;
+	msgpack_unpacked u;
+	size_t off = 0;
+	if (strcmp(method, "quota.changed") != 0)
+		return;
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, params, len, &off) == MSGPACK_UNPACK_SUCCESS) {
+		h->quota_changed++;
+		pgc_obj_int64(pgc_map_get(&u.data, "watch"), &h->watch);
+		pgc_obj_int64(pgc_map_get(&u.data, "room"), &h->room);
+	}
+	msgpack_unpacked_destroy(&u);
+}
+
+Test(watches, libpgcoord_watch_calls_and_their_notifications)
+{
+	const char *const args[] = {"--watch-poll-ms", "200", "--max-watches-per-session", "2",
+				    NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "watch-lib", args);
+	pgcoord *c = NULL;
+	struct heard h = {0};
+	int64_t qw = 0, rw = 0, other = 0;
+	bool cancelled = true;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), 5000, &c), PGCOORD_OK);
+	pgcoord_set_notify(c, on_note, &h);
+	cr_assert_eq(pgcoord_quota_watch(c, "gpu", 5000, &qw), PGCOORD_E_NO_SESSION);
+	cr_assert_eq(pgcoord_session_open(c, "lib", 5000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_watch(c, "", 5000, &qw), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_quota_watch(c, "gpu", 5000, &qw), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_record_watch(c, "job", 5000, &rw), PGCOORD_OK);
+	cr_assert(qw > 0 && rw > 0 && qw != rw);
+	cr_assert_eq(pgcoord_permit_watch(c, "p1", 5000, &other), PGCOORD_E_BUSY);
+	cr_assert(strstr(pgcoord_last_message(c), "max_watches_per_session"), "%s",
+		  pgcoord_last_message(c));
+
+	int64_t deadline = hnow_ms() + HEAR_MS;
+	while (h.quota_changed == 0 && hnow_ms() < deadline)
+		cr_assert_eq(pgcoord_poll(c, 100, NULL), PGCOORD_OK);
+	cr_assert_eq(h.quota_changed, 1, "the first read pushes the (absent) quota");
+	cr_assert_eq(h.watch, qw);
+	cr_assert_eq(h.room, 0);
+
+	cr_assert_eq(pgcoord_watch_cancel(c, rw, 5000, &cancelled), PGCOORD_OK);
+	cr_assert(cancelled);
+	cr_assert_eq(pgcoord_watch_cancel(c, rw, 5000, &cancelled), PGCOORD_OK);
+	cr_assert_not(cancelled);
+	cr_assert_eq(pgcoord_permit_watch(c, "p1", 5000, &other), PGCOORD_OK,
+		     "room after a cancel");
+	cr_assert_eq(istatus_int(a, "watches"), 2);
+	pgcoord_close(c);
 	hagent_destroy(a);
 	hdb_drop(db);
 }
