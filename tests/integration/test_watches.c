@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "itest.h"
@@ -602,7 +603,13 @@ Test(watches, pgcoordctl_wait_returns_once_there_is_room_and_watch_prints_each_c
 	pid_t wait_pid = ispawn(waiter, wait_log);
 	pid_t watch_pid = ispawn(watcher, watch_log);
 	free(wait_for_output(watch_log, "state=held", 5000));
+	/* the waiter watches too before the slot frees up */
+	int64_t until = hnow_ms() + 5000;
+	while (istatus_int(a, "watches") != 2 && hnow_ms() < until)
+		hsleep_ms(50);
 	cr_assert_eq(istatus_int(a, "watches"), 2);
+	hsleep_ms(2 * POLL_MS); /* and has heard there is no room */
+	cr_assert_eq(waitpid(wait_pid, NULL, WNOHANG), 0, "wait returned while the quota was full");
 
 	p_str(&p, "id", "job-1");
 	call_ok(fd, "permit.release", &p);
