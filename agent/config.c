@@ -77,8 +77,7 @@ const struct option_def config_options[] = {
     {"watch_poll_ms", OPT_INT, OFF(watch_poll_ms), "500", 50, 60000, false, false,
      "How often the agent reads everything its sessions watch (quota.watch, permit.watch, "
      "record.watch), in one statement whatever the number of watches."},
-    {"max_watches_per_session", OPT_INT, OFF(max_watches_per_session), "64", 1, 100000, false,
-     true,
+    {"max_watches_per_session", OPT_INT, OFF(max_watches_per_session), "64", 1, 100000, false, true,
      "Quotas, permits and record kinds one session may watch, together; more get a busy "
      "error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,

@@ -282,8 +282,8 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 	      leases_held_count(ag));
 	gauge(out, "pgcoord_janitor", "1 while this agent is the fleet's janitor.",
 	      janitor_active(ag));
-	gauge(out, "pgcoord_watches",
-	      "Quota, permit and record watches of this agent's sessions.", watches_count(ag));
+	gauge(out, "pgcoord_watches", "Quota, permit and record watches of this agent's sessions.",
+	      watches_count(ag));
 	header(out, "pgcoord_watch_polls_total", "counter",
 	       "Statements that read every watch of the agent (one per watch_poll_ms at most, "
 	       "whatever the number of watches).");
