@@ -91,10 +91,8 @@ static void print_event(const struct watcher *w, const char *method, const msgpa
 			msgpack_pack_object(&pk, p->via.map.ptr[i].val);
 		}
 		msgpack_unpacked_init(&u);
-		if (msgpack_unpack_next(&u, sb.data, sb.size, &off) == MSGPACK_UNPACK_SUCCESS) {
-			ctl_print_json(stdout, &u.data);
-			fputc('\n', stdout);
-		}
+		if (msgpack_unpack_next(&u, sb.data, sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
+			ctl_print_json_line(stdout, &u.data);
 		msgpack_unpacked_destroy(&u);
 		msgpack_sbuffer_destroy(&sb);
 	} else {
