@@ -346,6 +346,21 @@ Test(watches, permit_watch_hears_held_then_uncertain_then_released)
 
 /* --- records ------------------------------------------------------------- */
 
+/* Waits until the file at path contains needle; fails after timeout_ms. */
+static char *wait_for_output(const char *path, const char *needle, int timeout_ms)
+{
+	int64_t deadline = hnow_ms() + timeout_ms;
+	for (;;) {
+		char *text = hread_file(path);
+		if (text && strstr(text, needle))
+			return text;
+		cr_assert_lt(hnow_ms(), deadline, "no \"%s\" within %d ms in:\n%s", needle,
+			     timeout_ms, text ? text : "(nothing)");
+		free(text);
+		hsleep_ms(50);
+	}
+}
+
 static void put_record(int fd, const char *kind, const char *key)
 {
 	struct iparams p;
@@ -378,6 +393,14 @@ Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
 	put_record(fm, "other", "m-2");
 
 	watch(fb, "record.watch", "kind", "job");
+	/* and pgcoordctl, one JSON object per event */
+	char *ctl_log = htmp_path("watch-records.out");
+	const char *const ctl[] = {
+	    ictl_bin(), "--socket", hagent_socket(b), "--json", "watch", "records", "job", NULL};
+	pid_t ctl_pid = ispawn(ctl, ctl_log);
+	int64_t until = hnow_ms() + 5000;
+	while (istatus_int(b, "watches") != 2 && hnow_ms() < until)
+		hsleep_ms(50);
 	hear_nothing(fb, 3 * POLL_MS, "every owner is live");
 
 	/* a closed session: both its records, once each */
@@ -420,6 +443,14 @@ Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
 				    (long long)sm),
 		     1);
 	hear_nothing(fb, 3 * POLL_MS, "m-2 is of another kind");
+	char *text = wait_for_output(ctl_log, "\"key\":\"m-1\"", 5000);
+	cr_assert(strstr(text, "{\"event\":\"record.orphaned\",\"kind\":\"job\",\"key\":\"a-1\"") &&
+		      strstr(text, "\"key\":\"a-2\"") && !strstr(text, "m-2"),
+		  "%s", text);
+	free(text);
+	kill(ctl_pid, SIGTERM);
+	cr_assert_eq(iwait_pid(ctl_pid), 0, "%s", hread_file(ctl_log));
+	free(ctl_log);
 
 	close(fa);
 	close(fm);
@@ -555,21 +586,6 @@ Test(watches, the_per_session_cap_answers_busy_and_bad_input_is_refused)
 }
 
 /* --- pgcoordctl watch and wait ------------------------------------------- */
-
-/* Waits until the file at path contains needle; fails after timeout_ms. */
-static char *wait_for_output(const char *path, const char *needle, int timeout_ms)
-{
-	int64_t deadline = hnow_ms() + timeout_ms;
-	for (;;) {
-		char *text = hread_file(path);
-		if (text && strstr(text, needle))
-			return text;
-		cr_assert_lt(hnow_ms(), deadline, "no \"%s\" within %d ms in:\n%s", needle,
-			     timeout_ms, text ? text : "(nothing)");
-		free(text);
-		hsleep_ms(50);
-	}
-}
 
 Test(watches, pgcoordctl_wait_returns_once_there_is_room_and_watch_prints_each_change)
 {
