@@ -23,6 +23,7 @@ struct lease_registry;
 struct janitor;
 struct metrics;
 struct http;
+struct watch_registry;
 
 enum agent_state {
 	AGENT_STARTING,	  /* serving agent.* only; waiting for the database */
@@ -60,6 +61,7 @@ struct agent {
 	int nsessions;
 	struct identity id;
 	struct lease_registry *leases;
+	struct watch_registry *watches; /* quota, permit and record watches */
 	struct janitor *janitor;
 	enum agent_state state;
 	uint64_t started_ms;

@@ -9,6 +9,7 @@
 #include "agent/db.h"
 #include "agent/dispatch.h"
 #include "agent/janitor.h"
+#include "agent/watches.h"
 #include "agent/leases.h"
 #include "agent/methods.h"
 #include "agent/migrate.h"
@@ -62,7 +63,7 @@ void rpc_agent_status(struct request *req)
 
 	db_get_stats(ag->db, &st);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 19);
+	msgpack_pack_map(pk, 21);
 	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
 	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
 	pgc_pack_kv_str(pk, "host", ag->id.host);
@@ -83,5 +84,7 @@ void rpc_agent_status(struct request *req)
 	pgc_pack_kv_int(pk, "db_reconnects", (int64_t)st.reconnects);
 	pgc_pack_kv_int(pk, "db_queries", (int64_t)st.queries);
 	pgc_pack_kv_int(pk, "db_failures", (int64_t)st.failures);
+	pgc_pack_kv_int(pk, "watches", watches_count(ag));
+	pgc_pack_kv_int(pk, "watch_polls", (int64_t)watches_polls(ag));
 	req_done(req);
 }

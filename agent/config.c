@@ -74,6 +74,12 @@ const struct option_def config_options[] = {
      100000, false, true,
      "Waiting campaigns (lease.acquire {wait: true} not yet won) one session may have; more "
      "get a busy error."},
+    {"watch_poll_ms", OPT_INT, OFF(watch_poll_ms), "500", 50, 60000, false, false,
+     "How often the agent reads everything its sessions watch (quota.watch, permit.watch, "
+     "record.watch), in one statement whatever the number of watches."},
+    {"max_watches_per_session", OPT_INT, OFF(max_watches_per_session), "64", 1, 100000, false, true,
+     "Quotas, permits and record kinds one session may watch, together; more get a busy "
+     "error."},
     {"max_output_bytes", OPT_INT, OFF(max_output_bytes), "4194304", 65536, 1073741824, false, false,
      "Output queued for a client that does not read before it is dropped."},
     {"max_message_objects", OPT_INT, OFF(max_message_objects), "65536", 16, 16777216, false, false,

@@ -40,6 +40,9 @@ struct config {
 	int max_inflight_per_conn;
 	int max_lease_watches_per_session;
 	int max_lease_campaigns_per_session;
+	/* quota, permit and record watches (issue 13) */
+	int watch_poll_ms;
+	int max_watches_per_session;
 	int max_output_bytes;
 	/* input path limits (issue 11) */
 	int max_message_objects;

@@ -63,6 +63,12 @@ static const struct method methods[] = {
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */
     {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK},
+    /* watches belong to the caller's session; what they push carries no
+     * permit intent or record data, so there is nothing to redact */
+    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION},
+    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION},
+    {"record.watch", rpc_record_watch, M_READ | M_SESSION},
+    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION},
 };
 
 static const struct method *find_method(const char *name, size_t len)

@@ -24,6 +24,7 @@
 #include "agent/metrics.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
+#include "agent/watches.h"
 
 #define HTTP_TIMEOUT_S 10
 #define HTTP_MAX_HEADERS 8192
@@ -553,6 +554,49 @@ static void render_self(struct evbuffer *out, struct agent *ag)
 	evbuffer_add(out, "</tbody></table>\n", 17);
 }
 
+static void watched_quota_row(void *arg, const struct watched_quota *q)
+{
+	struct evbuffer *out = arg;
+	char n[24];
+	evbuffer_add(out, "<tr>", 4);
+	td(out, q->key);
+	snprintf(n, sizeof(n), "%d", q->watchers);
+	td(out, n);
+	if (!q->read || !q->exists) {
+		td_class(out, "idle", q->read ? "no such quota" : "not read yet");
+		td(out, "");
+		td(out, "");
+		td(out, "");
+	} else {
+		int64_t room = q->limit > q->in_flight ? q->limit - q->in_flight : 0;
+		snprintf(n, sizeof(n), "%" PRId64, q->limit);
+		td(out, n);
+		snprintf(n, sizeof(n), "%" PRId64, q->in_flight);
+		td(out, n);
+		snprintf(n, sizeof(n), "%" PRId64, q->uncertain);
+		td_class(out, q->uncertain ? "warn" : "ok", n);
+		snprintf(n, sizeof(n), "%" PRId64, room);
+		td_class(out, room ? "ok" : "warn", n);
+	}
+	evbuffer_add(out, "</tr>\n", 6);
+}
+
+/* What this agent's sessions watch, as its last poll read it: no query. */
+static void render_watched_quotas(struct evbuffer *out, struct agent *ag)
+{
+	size_t before;
+	evbuffer_add_printf(out, "<h2>Quotas watched here</h2>\n<table id=\"watched\"><thead><tr>"
+				 "<th>quota</th><th>watchers</th><th>limit</th><th>in flight</th>"
+				 "<th>uncertain</th><th>room</th></tr></thead><tbody>\n");
+	before = evbuffer_get_length(out);
+	watches_each_quota(ag, watched_quota_row, out);
+	bool none = evbuffer_get_length(out) == before;
+	evbuffer_add(out, "</tbody></table>\n", 17);
+	if (none)
+		evbuffer_add_printf(out, "<p class=\"note\">no session of this agent watches a "
+					 "quota (quota.watch)</p>\n");
+}
+
 static void status_step(struct job *j);
 
 static const char page_foot[] =
@@ -656,6 +700,7 @@ static void serve_status(struct http *h, struct evhttp_request *req)
 	h->status_building = true;
 	evbuffer_add(j->body, page_head, sizeof(page_head) - 1);
 	render_self(j->body, h->ag);
+	render_watched_quotas(j->body, h->ag);
 	status_step(j);
 }
 

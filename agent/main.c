@@ -31,6 +31,7 @@
 #include "agent/notify.h"
 #include "agent/reload.h"
 #include "agent/sessions.h"
+#include "agent/watches.h"
 
 static void usage(FILE *out)
 {
@@ -192,7 +193,7 @@ static int serve(struct agent *ag)
 	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
 	if (!ag->db || !ag->metrics || !ag->sig_term || !ag->sig_int || !ag->sig_hup ||
-	    !leases_start(ag) || !identity_start(ag)) {
+	    !leases_start(ag) || !watches_start(ag) || !identity_start(ag)) {
 		log_error(&ag->log, "main", "out of memory at start-up");
 		ag->exit_code = 1;
 		goto out;
@@ -228,6 +229,7 @@ out:
 	http_destroy(ag->http); /* after the database: its callbacks may answer pages */
 	ag->http = NULL;
 	leases_finish(ag);
+	watches_finish(ag);
 	janitor_finish(ag);
 	identity_finish(ag);
 	notify_finish(ag);

@@ -51,4 +51,10 @@ void rpc_record_get(struct request *req);
 void rpc_record_list(struct request *req);
 void rpc_record_recover(struct request *req);
 
+/* watches.c */
+void rpc_quota_watch(struct request *req);
+void rpc_permit_watch(struct request *req);
+void rpc_record_watch(struct request *req);
+void rpc_watch_cancel(struct request *req);
+
 #endif

@@ -11,6 +11,7 @@
 #include "agent/agent.h"
 #include "agent/db.h"
 #include "agent/janitor.h"
+#include "agent/watches.h"
 #include "agent/leases.h"
 #include "proto/codec.h"
 
@@ -281,6 +282,13 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 	      leases_held_count(ag));
 	gauge(out, "pgcoord_janitor", "1 while this agent is the fleet's janitor.",
 	      janitor_active(ag));
+	gauge(out, "pgcoord_watches", "Quota, permit and record watches of this agent's sessions.",
+	      watches_count(ag));
+	header(out, "pgcoord_watch_polls_total", "counter",
+	       "Statements that read every watch of the agent (one per watch_poll_ms at most, "
+	       "whatever the number of watches).");
+	evbuffer_add_printf(out, "pgcoord_watch_polls_total %llu\n",
+			    (unsigned long long)watches_polls(ag));
 	if (m) {
 		header(out, "pgcoord_claims_total", "counter",
 		       "permit.claim results: admitted (a new slot), held (a retry found the "

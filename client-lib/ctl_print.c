@@ -231,6 +231,12 @@ void ctl_print_json(FILE *out, const msgpack_object *o)
 	fputc('\n', out);
 }
 
+void ctl_print_json_line(FILE *out, const msgpack_object *o)
+{
+	json_value(out, o, -1);
+	fputc('\n', out);
+}
+
 /* --- human formats ------------------------------------------------------- */
 
 int64_t ctl_now_ms(const msgpack_object *result)

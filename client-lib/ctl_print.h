@@ -34,6 +34,9 @@ struct ctl_column {
  */
 void ctl_print_json(FILE *out, const msgpack_object *o);
 
+/* As ctl_print_json, compact on one line (a stream of events). */
+void ctl_print_json_line(FILE *out, const msgpack_object *o);
+
 /*
  * The "now" that ages are measured against. *_at values come from the
  * database clock; a result's own `now_at` (database time) is used when it has one,

@@ -27,6 +27,9 @@
  *   5  leadership was lost (CMD was stopped), or the campaigning session
  *   128+n  pgcoordctl got signal n before CMD was started
  *
+ * `wait quota KEY --room N` adds:
+ *   5  --timeout passed before the quota had that much room
+ *
  * Adding a command: write `static int cmd_x(struct ctl *ctx, int argc,
  * char **argv)`, add a row to `commands`, and any flags of its own to
  * `options` with `.command = "x"`.
@@ -49,6 +52,7 @@
 #include "ctl_print.h"
 #include "ctl_top.h"
 #include "ctl_run.h"
+#include "ctl_watch.h"
 
 #ifndef PGCOORD_VERSION
 #define PGCOORD_VERSION "unknown"
@@ -68,6 +72,7 @@ struct ctl {
 	const char *cmd;
 	const char *socket_path; /* resolved: flag, environment or default */
 	int timeout_ms;
+	bool timeout_given; /* wait: --timeout bounds the whole wait */
 	bool json;
 	const char *database_url; /* migrate */
 	const char *runtime_role; /* migrate */
@@ -89,6 +94,8 @@ struct ctl {
 	const char *lease;
 	const char *ttl;
 	const char *kill_grace;
+	/* wait */
+	const char *room;
 	/* top */
 	const char *interval;
 	const char *count;
@@ -140,6 +147,7 @@ enum ctl_opt_id {
 	OPT_LEASE,
 	OPT_TTL,
 	OPT_KILL_GRACE,
+	OPT_ROOM,
 };
 
 struct ctl_option {
@@ -166,6 +174,8 @@ static int cmd_recover(struct ctl *ctx, int argc, char **argv);
 static int cmd_leases(struct ctl *ctx, int argc, char **argv);
 static int cmd_lease(struct ctl *ctx, int argc, char **argv);
 static int cmd_run(struct ctl *ctx, int argc, char **argv);
+static int cmd_watch(struct ctl *ctx, int argc, char **argv);
+static int cmd_wait(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
@@ -202,6 +212,13 @@ static const struct ctl_command commands[] = {
      "ends CMD's process group gets SIGTERM, then SIGKILL after the grace, before any other "
      "host can lead. CMD gets PGCOORD_LEASE and PGCOORD_LEASE_EPOCH (the fencing token). "
      "Exit status below"},
+    {"watch", cmd_watch, 2, "quota KEY | permit ID | records KIND",
+     "print one line per change the agent pushes (quota.changed, permit.changed, "
+     "record.orphaned for records whose owner died; the first line is the current state) "
+     "until interrupted"},
+    {"wait", cmd_wait, 2, "quota KEY --room N [--timeout MS]",
+     "return once quota KEY has at least N of room (exit 0), or exit 5 when --timeout "
+     "(here: the whole wait; default forever) passes first"},
 };
 
 static const struct ctl_option options[] = {
@@ -249,6 +266,7 @@ static const struct ctl_option options[] = {
      "before the lease can expire for another host: that is the safety margin"},
     {"kill-grace", required_argument, OPT_KILL_GRACE, "run", "MS",
      "SIGTERM to SIGKILL; must be below the margin (default: half of it)"},
+    {"room", required_argument, OPT_ROOM, "wait", "N", "the room to wait for (required)"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -307,7 +325,10 @@ static void usage(FILE *out)
 		     "  4  a call timed out or failed before leadership was won\n"
 		     "  5  leadership was lost and CMD stopped, or the campaigning session\n"
 		     "     was lost\n"
-		     "  128+n  pgcoordctl got signal n before CMD started\n");
+		     "  128+n  pgcoordctl got signal n before CMD started\n"
+		     "\n"
+		     "Exit status of wait: as above, and\n"
+		     "  5  --timeout passed before the quota had the room\n");
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1269,6 +1290,65 @@ static int cmd_top(struct ctl *ctx, int argc, char **argv)
 
 /* --- main ----------------------------------------------------------------- */
 
+/* --- watch and wait ------------------------------------------------------- */
+
+static int watch_target(struct ctl *ctx, int argc, char **argv, struct ctl_watch_options *opt)
+{
+	static const char *const whats[] = {"quota", "permit", "records"};
+	bool known = false;
+
+	if (argc != 2)
+		return usage_error("%s needs quota KEY, permit ID or records KIND", ctx->cmd);
+	for (size_t i = 0; i < sizeof(whats) / sizeof(whats[0]); i++)
+		known |= strcmp(argv[0], whats[i]) == 0;
+	if (!known)
+		return usage_error("%s: \"%s\" is not quota, permit or records", ctx->cmd, argv[0]);
+	if (!*argv[1])
+		return usage_error("%s %s: the %s is empty", ctx->cmd, argv[0],
+				   strcmp(argv[0], "quota") == 0    ? "key"
+				   : strcmp(argv[0], "permit") == 0 ? "id"
+								    : "kind");
+	*opt = (struct ctl_watch_options){
+	    .socket_path = ctx->socket_path,
+	    .call_timeout_ms = ctx->timeout_ms,
+	    .json = ctx->json,
+	    .what = argv[0],
+	    .target = argv[1],
+	    .wait_ms = -1,
+	};
+	return CTL_EXIT_OK;
+}
+
+static int cmd_watch(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_watch_options opt;
+	int rc = watch_target(ctx, argc, argv, &opt);
+	return rc != CTL_EXIT_OK ? rc : ctl_watch(&opt);
+}
+
+static int cmd_wait(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_watch_options opt;
+	long room;
+	int rc = watch_target(ctx, argc, argv, &opt);
+
+	if (rc != CTL_EXIT_OK)
+		return rc;
+	if (strcmp(opt.what, "quota") != 0)
+		return usage_error(
+		    "wait: only a quota can be waited for (wait quota KEY --room N)");
+	if (!ctx->room || !parse_nonneg(ctx->room, INT32_MAX, &room) || room < 1)
+		return usage_error("wait needs --room N, N from 1 to %d", INT32_MAX);
+	opt.room = room;
+	if (ctx->timeout_given) {
+		/* the whole wait; the calls within it get at most the default */
+		opt.wait_ms = ctx->timeout_ms;
+		if (opt.call_timeout_ms > CTL_DEFAULT_TIMEOUT_MS)
+			opt.call_timeout_ms = CTL_DEFAULT_TIMEOUT_MS;
+	}
+	return ctl_wait(&opt);
+}
+
 static const struct ctl_command *find_command(const char *name)
 {
 	for (size_t i = 0; i < N_COMMANDS; i++)
@@ -1340,6 +1420,7 @@ int main(int argc, char **argv)
 			ctx.json = true;
 			break;
 		case OPT_TIMEOUT:
+			ctx.timeout_given = true;
 			if (!parse_timeout(optarg, &ctx.timeout_ms)) {
 				rc = usage_error("--timeout needs a positive number of "
 						 "milliseconds, not \"%s\"",
@@ -1413,6 +1494,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_KILL_GRACE:
 			ctx.kill_grace = optarg;
+			break;
+		case OPT_ROOM:
+			ctx.room = optarg;
 			break;
 		}
 	}

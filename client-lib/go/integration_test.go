@@ -411,3 +411,52 @@ func TestIntegrationLostReplyThenRetry(t *testing.T) {
 		t.Fatalf("in_flight %s, want 1: the retry must not take a second slot", got)
 	}
 }
+
+// A quota watch pushes the current state first, then each change; the
+// release through another session frees the room the watcher hears of.
+func TestIntegrationQuotaWatch(t *testing.T) {
+	a := startAgent(t, "--watch-poll-ms", "100")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	worker, watcher := a.client(ctx, true), a.client(ctx, true)
+	if _, err := worker.QuotaSet(ctx, "gpu", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.PermitClaim(ctx, "job-1", []QuotaWeight{{Key: "gpu"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := watcher.QuotaWatch(ctx, "gpu")
+	if err != nil || w.ID <= 0 || w.PollMs != 100 {
+		t.Fatalf("quota.watch: %+v %v", w, err)
+	}
+	next := func() map[string]interface{} {
+		for {
+			select {
+			case n := <-watcher.Notifications():
+				if n.Method == "quota.changed" {
+					return n.Params
+				}
+			case <-ctx.Done():
+				t.Fatal("no quota.changed")
+			}
+		}
+	}
+	if p := next(); fmt.Sprint(p["room"]) != "0" || fmt.Sprint(p["in_flight"]) != "1" {
+		t.Fatalf("first quota.changed: %v", p)
+	}
+	if _, err := worker.PermitRelease(ctx, "job-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := next(); fmt.Sprint(p["room"]) != "1" || fmt.Sprint(p["watch"]) != fmt.Sprint(w.ID) {
+		t.Fatalf("quota.changed after the release: %v", p)
+	}
+	if got := a.psql(`SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'`); got != "0" {
+		t.Fatalf("in_flight after release: %s", got)
+	}
+	if ok, err := watcher.WatchCancel(ctx, w.ID); err != nil || !ok {
+		t.Fatalf("watch.cancel: %v %v", ok, err)
+	}
+	if ok, err := watcher.WatchCancel(ctx, w.ID); err != nil || ok {
+		t.Fatalf("second watch.cancel: %v %v", ok, err)
+	}
+}

@@ -46,6 +46,7 @@
 #include "agent/leases.h"
 #include "agent/metrics.h"
 #include "agent/sessions.h"
+#include "agent/watches.h"
 #include "proto/codec.h"
 #include "tests/fuzz/fake_db.h"
 
@@ -279,7 +280,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	snprintf(ag.id.host, sizeof(ag.id.host), "fuzz");
 	ag.db = db_create(ag.base, NULL, &ag.log, NULL, NULL);
 	ag.metrics = metrics;
-	if (!ag.db || !leases_start(&ag))
+	if (!ag.db || !leases_start(&ag) || !watches_start(&ag))
 		abort();
 	fake_db_set(ag.db, (enum fake_answer)(ctl & CTL_ANSWER), (ctl >> CTL_SEED_SHIFT) & 3);
 
@@ -320,6 +321,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sessions_lose_all(&ag, "the agent exited");
 	db_destroy(ag.db);
 	leases_finish(&ag);
+	watches_finish(&ag);
 	janitor_finish(&ag);
 	identity_finish(&ag);
 	event_base_free(ag.base);

@@ -501,6 +501,27 @@ const void *pgcoord_recovery_result(const pgcoord_recovery *rv, size_t *len);
 /* Accepts NULL. */
 void pgcoord_recovery_free(pgcoord_recovery *rv);
 
+/* --- watches ------------------------------------------------------------
+ *
+ * A session may watch a quota, a permit or a kind of record. The agent
+ * reads every watch once per watch_poll_ms and pushes, through the
+ * notification callback, only what changed (the first read pushes the
+ * current state): quota.changed {watch, key, exists, limit, in_flight,
+ * held, uncertain, room, permits}, permit.changed {watch, id, exists, state,
+ * phase, token, owner_session, …} and record.orphaned {watch, kind, key,
+ * owner_session, owner_uid, …} (see PROTOCOL.md, "Watches"). Each needs a
+ * session; PGCOORD_E_BUSY past the agent's max_watches_per_session.
+ * Watching what the session watches already answers the same *watch_id.
+ */
+
+pgcoord_err pgcoord_quota_watch(pgcoord *c, const char *key, int timeout_ms, int64_t *watch_id);
+pgcoord_err pgcoord_permit_watch(pgcoord *c, const char *id, int timeout_ms, int64_t *watch_id);
+/* Open records of kind whose owner session is no longer live. */
+pgcoord_err pgcoord_record_watch(pgcoord *c, const char *kind, int timeout_ms, int64_t *watch_id);
+/* Ends one of the session's watches; *cancelled (may be NULL) is false when
+ * watch_id was not one of them. */
+pgcoord_err pgcoord_watch_cancel(pgcoord *c, int64_t watch_id, int timeout_ms, bool *cancelled);
+
 #ifdef __cplusplus
 }
 #endif

@@ -400,3 +400,24 @@ def test_resume_waits_while_the_agent_still_sees_the_old_connection(fake):
             c.ping()
         assert c.ping() is True
         assert c.session.resumed is True and answers["conflicts"] == 3
+
+
+def test_watch_calls_send_their_target_and_return_the_watch_id(fake):
+    def agent(index, method, p):
+        if method in ("quota.watch", "permit.watch", "record.watch"):
+            return {"watch": 7, "poll_ms": 500}
+        if method == "watch.cancel":
+            return {"cancelled": p.get("watch") == 7}
+        return basic(index, method, p)
+
+    f = fake(agent)
+    with Client(f.path, timeout=2) as c:
+        w = c.quota_watch("gpu")
+        assert w.watch == 7 and w.poll_ms == 500
+        assert c.permit_watch("job-1").watch == 7
+        assert c.record_watch("ingest").watch == 7
+        assert c.watch_cancel(7) is True and c.watch_cancel(8) is False
+    assert [r[1:] for r in f.requests] == [
+        ("quota.watch", {"key": "gpu"}), ("permit.watch", {"id": "job-1"}),
+        ("record.watch", {"kind": "ingest"}), ("watch.cancel", {"watch": 7}),
+        ("watch.cancel", {"watch": 8})]

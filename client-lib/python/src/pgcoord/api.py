@@ -169,6 +169,24 @@ class Api:
                                  limit=limit, dry_run=dry_run),
                             lambda m: T.from_map(T.Recovery, m), timeout)
 
+    # watches: what they push (quota.changed, permit.changed,
+    # record.orphaned, each with the watch id) arrives as notifications
+    def quota_watch(self, key: str, *, timeout=None):
+        return self._invoke("quota.watch", {"key": key},
+                            lambda m: T.from_map(T.Watch, m), timeout)
+
+    def permit_watch(self, id: str, *, timeout=None):
+        return self._invoke("permit.watch", {"id": id},
+                            lambda m: T.from_map(T.Watch, m), timeout)
+
+    def record_watch(self, kind: str, *, timeout=None):
+        return self._invoke("record.watch", {"kind": kind},
+                            lambda m: T.from_map(T.Watch, m), timeout)
+
+    def watch_cancel(self, watch: int, *, timeout=None):
+        return self._invoke("watch.cancel", {"watch": watch},
+                            lambda m: bool(m.get("cancelled")), timeout)
+
 
 def claim_params(id: str, quotas: QuotaSpec, intent, on_owner_loss, limit) -> dict:
     if not isinstance(id, str) or not id:

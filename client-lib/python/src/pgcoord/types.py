@@ -319,6 +319,16 @@ class Check:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+@dataclass
+class Watch:
+    """quota.watch, permit.watch, record.watch: the id every notification
+    of the watch carries, and how often the agent reads it."""
+
+    watch: int
+    poll_ms: int
+    raw: dict = field(default_factory=dict, repr=False)
+
+
 def _list_of(cls):
     return lambda v: [from_map(cls, x) for x in v] if isinstance(v, list) else v
 
