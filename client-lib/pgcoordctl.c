@@ -89,6 +89,7 @@ struct ctl {
 	const char *lease;
 	const char *ttl;
 	const char *kill_grace;
+	const char *keepalive;
 	/* top */
 	const char *interval;
 	const char *count;
@@ -140,6 +141,7 @@ enum ctl_opt_id {
 	OPT_LEASE,
 	OPT_TTL,
 	OPT_KILL_GRACE,
+	OPT_KEEPALIVE,
 };
 
 struct ctl_option {
@@ -197,7 +199,8 @@ static const struct ctl_command commands[] = {
      "liveness cannot be read); recovering itself is for a replica's own session"},
     {"leases", cmd_leases, 0, "", "every lease: holder, epoch, when it expires"},
     {"lease", cmd_lease, 2, "status NAME", "one lease as the database and this agent see it"},
-    {"run", cmd_run, INT_MAX, "--lease NAME [--ttl MS] [--kill-grace MS] -- CMD [ARGS...]",
+    {"run", cmd_run, INT_MAX,
+     "--lease NAME [--ttl MS] [--kill-grace MS] [--keepalive MS] -- CMD [ARGS...]",
      "run CMD only while this host leads lease NAME (it waits to lead); when leadership "
      "ends CMD's process group gets SIGTERM, then SIGKILL after the grace, before any other "
      "host can lead. CMD gets PGCOORD_LEASE and PGCOORD_LEASE_EPOCH (the fencing token). "
@@ -249,6 +252,9 @@ static const struct ctl_option options[] = {
      "before the lease can expire for another host: that is the safety margin"},
     {"kill-grace", required_argument, OPT_KILL_GRACE, "run", "MS",
      "SIGTERM to SIGKILL; must be below the margin (default: half of it)"},
+    {"keepalive", required_argument, OPT_KEEPALIVE, "run", "MS",
+     "open the session with keepalive_ms MS (100..600000) and keep it alive from run's own "
+     "loop: if run hangs, the lease lapses and another host can lead"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -1060,6 +1066,13 @@ static int cmd_run(struct ctl *ctx, int argc, char **argv)
 			    v, o.ttl_ms, o.ttl_ms / 3);
 		o.kill_grace_ms = (int)v;
 	}
+	if (ctx->keepalive) {
+		if (!parse_nonneg(ctx->keepalive, 600000, &v) || v < 100)
+			return usage_error("--keepalive needs milliseconds between 100 and 600000, "
+					   "not \"%s\"",
+					   ctx->keepalive);
+		o.keepalive_ms = (int)v;
+	}
 	return ctl_run(&o, argv);
 }
 
@@ -1413,6 +1426,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_KILL_GRACE:
 			ctx.kill_grace = optarg;
+			break;
+		case OPT_KEEPALIVE:
+			ctx.keepalive = optarg;
 			break;
 		}
 	}
