@@ -7,7 +7,9 @@
  * janitor applies its permits' on_owner_loss rule once the row expires.
  *
  * The deadline is a per-session timer on CLOCK_MONOTONIC, independent of
- * the heartbeat, and it keeps running while the session is detached.
+ * the heartbeat, and it keeps running while the session is detached. The
+ * heartbeat never renews a session past its deadline, even when the timer
+ * has not run yet.
  */
 #ifndef PGCOORD_AGENT_KEEPALIVE_H
 #define PGCOORD_AGENT_KEEPALIVE_H

@@ -110,8 +110,12 @@ char *sessions_renew_list(struct agent *ag)
 	if (!out)
 		return NULL;
 	out[n++] = '{';
+	uint64_t now = mono_ms();
 	for (struct session *s = ag->sessions; s; s = s->next) {
-		if (s->closing)
+		/* a keepalive overdue is never renewed, even before its timer ran
+		 * (the loop may have been stalled): the row must lapse from the
+		 * deadline on */
+		if (s->closing || (s->keepalive_ms > 0 && now >= s->keepalive_due))
 			continue;
 		n += (size_t)snprintf(out + n, cap - n, "%s%" PRId64, n > 1 ? "," : "", s->id);
 	}
