@@ -37,6 +37,7 @@ struct metrics {
 	/* [method][outcome]; method nmethods is "unknown" */
 	struct rpc_series *rpc;
 	uint64_t claims[CLAIM__COUNT];
+	uint64_t sessions_lost_keepalive;
 	bool uncertain_valid;
 	int64_t uncertain, uncertain_oldest_ms;
 	uint64_t uncertain_read_ms;
@@ -88,6 +89,12 @@ void metrics_rpc(struct metrics *m, int method, int outcome, double seconds)
 	struct rpc_series *s = &m->rpc[(size_t)method * OUTCOMES + (size_t)outcome];
 	s->count++;
 	histogram_observe(&s->latency, seconds);
+}
+
+void metrics_session_lost_keepalive(struct agent *ag)
+{
+	if (ag->metrics)
+		ag->metrics->sessions_lost_keepalive++;
 }
 
 void metrics_claim_result(struct agent *ag, const char *status)
@@ -296,6 +303,11 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 		for (int i = 0; i < CLAIM__COUNT; i++)
 			evbuffer_add_printf(out, "pgcoord_claims_total{result=\"%s\"} %llu\n",
 					    claim_names[i], (unsigned long long)m->claims[i]);
+		header(out, "pgcoord_sessions_lost_keepalive_total", "counter",
+		       "Sessions declared lost because their client did not call "
+		       "session.keepalive within keepalive_ms.");
+		evbuffer_add_printf(out, "pgcoord_sessions_lost_keepalive_total %llu\n",
+				    (unsigned long long)m->sessions_lost_keepalive);
 		if (metrics_get_uncertain(m, now, 60000, &uncertain, &oldest)) {
 			gauge(out, "pgcoord_permits_uncertain",
 			      "Permits of the whole fleet whose outcome is unknown (they keep "

@@ -50,6 +50,10 @@ void metrics_rpc(struct metrics *m, int method, int outcome, double seconds);
  * "denied" (anything else is ignored). Called by permits.c. */
 void metrics_claim_result(struct agent *ag, const char *status);
 
+/* A session was declared lost because its client missed session.keepalive
+ * (keepalive.c). */
+void metrics_session_lost_keepalive(struct agent *ag);
+
 /* The fleet-wide count of uncertain permits (and the age of the oldest),
  * read from the database by the HTTP layer at most once a second. */
 void metrics_set_uncertain(struct metrics *m, int64_t count, int64_t oldest_age_ms,

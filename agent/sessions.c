@@ -13,6 +13,7 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/keepalive.h"
 #include "agent/leases.h"
 #include "agent/methods.h"
 
@@ -42,6 +43,7 @@ static struct session *session_new(struct agent *ag, int64_t id, const char *nam
 static void session_remove(struct agent *ag, struct session *s)
 {
 	leases_session_ending(ag, s->id, "the session ended");
+	keepalive_stop(s);
 	if (s->conn) {
 		s->conn->session = NULL;
 		s->conn = NULL;
@@ -108,8 +110,12 @@ char *sessions_renew_list(struct agent *ag)
 	if (!out)
 		return NULL;
 	out[n++] = '{';
+	uint64_t now = mono_ms();
 	for (struct session *s = ag->sessions; s; s = s->next) {
-		if (s->closing)
+		/* a keepalive overdue is never renewed, even before its timer ran
+		 * (the loop may have been stalled): the row must lapse from the
+		 * deadline on */
+		if (s->closing || (s->keepalive_ms > 0 && now >= s->keepalive_due))
 			continue;
 		n += (size_t)snprintf(out + n, cap - n, "%s%" PRId64, n > 1 ? "," : "", s->id);
 	}
@@ -220,13 +226,29 @@ void sessions_expire_grace(struct agent *ag)
 
 /* --- session.open ---------------------------------------------------- */
 
+/* keepalive_ms as session.open gave it: 0 (not enforced) or within
+ * KEEPALIVE_MS_MIN..MAX. False once the request was answered invalid_params. */
+static bool read_keepalive_ms(struct request *req, int64_t *out)
+{
+	*out = 0;
+	if (!req_param_int(req, "keepalive_ms", false, 0, KEEPALIVE_MS_MAX, out, NULL))
+		return false;
+	if (*out > 0 && *out < KEEPALIVE_MS_MIN) {
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "keepalive_ms must be 0 (no keepalive) or %d..%d, got %" PRId64,
+			 KEEPALIVE_MS_MIN, KEEPALIVE_MS_MAX, *out);
+		return false;
+	}
+	return true;
+}
+
 static void opened(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	struct agent *ag = req->ag;
 	struct conn *c = req->conn;
 	struct session *s;
-	int64_t id;
+	int64_t id, keepalive_ms;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
@@ -238,8 +260,16 @@ static void opened(const struct db_result *r, void *arg)
 		return;
 	}
 	id = strtoll(PQgetvalue(r->res, 0, 0), NULL, 10);
+	/* validated before the statement was sent */
+	(void)read_keepalive_ms(req, &keepalive_ms);
 	s = session_new(ag, id, "", (int64_t)c->uid);
 	if (!s) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	/* the clock starts when the session exists, attached or not */
+	if (keepalive_ms > 0 && !keepalive_start(ag, s, (int)keepalive_ms)) {
+		session_remove(ag, s);
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		return;
 	}
@@ -250,11 +280,12 @@ static void opened(const struct db_result *r, void *arg)
 		attach(s, c);
 	}
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 4);
+	msgpack_pack_map(pk, 5);
 	pgc_pack_kv_int(pk, "session", id);
 	pgc_pack_kv_bool(pk, "resumed", false);
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
+	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened for pid %d uid %u", (int)c->pid,
@@ -279,9 +310,11 @@ static void resumed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	struct agent *ag = req->ag;
-	int64_t id = 0;
+	int64_t id = 0, keepalive_ms;
 	struct session *s;
 
+	/* validated before the statement was sent */
+	(void)read_keepalive_ms(req, &keepalive_ms);
 	/* find the target again by id: the registry may have changed while
 	 * the statement ran */
 	id = req->target_id;
@@ -310,13 +343,22 @@ static void resumed(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_CONFLICT, "the connection closed or opened another session");
 		return;
 	}
+	/* a predecessor's session came without its keepalive_ms: the resume
+	 * names it again; a session opened here keeps its own, and its clock */
+	if (s->keepalive_ms == 0 && keepalive_ms > 0 &&
+	    !keepalive_start(ag, s, (int)keepalive_ms)) {
+		s->detached_ms = mono_ms();
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
 	attach(s, req->conn);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 4);
+	msgpack_pack_map(pk, 5);
 	pgc_pack_kv_int(pk, "session", id);
 	pgc_pack_kv_bool(pk, "resumed", true);
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
+	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d uid %u",
@@ -328,12 +370,14 @@ void rpc_session_open(struct request *req)
 {
 	struct agent *ag = req->ag;
 	char *name = NULL;
-	int64_t resume = 0;
+	int64_t resume = 0, keepalive_ms;
 	bool has_resume = false;
 	char inc[24], ttl[24], idbuf[24], uid[24];
 
 	if (!req_param_str(req, "name", false, SESSION_NAME_MAX, &name) ||
-	    !req_param_int(req, "resume", false, 1, INT64_MAX, &resume, &has_resume)) {
+	    !req_param_int(req, "resume", false, 1, INT64_MAX, &resume, &has_resume) ||
+	    !read_keepalive_ms(req, &keepalive_ms)) {
+		free(name);
 		return;
 	}
 	if (!req_may_open_sessions(req)) {
@@ -401,13 +445,25 @@ void rpc_session_open(struct request *req)
 void rpc_session_keepalive(struct request *req)
 {
 	struct agent *ag = req->ag;
+	struct session *s = req->conn->session;
+	int64_t id = s->id;
 	uint64_t now = mono_ms();
+
+	if (!keepalive_touch(ag, s)) {
+		req_fail(req, PGC_E_SESSION_EXPIRED,
+			 "session %" PRId64 " is lost: its keepalive came after keepalive_ms; "
+			 "open a new one",
+			 id);
+		return;
+	}
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 3);
-	pgc_pack_kv_int(pk, "session", req->conn->session->id);
+	msgpack_pack_map(pk, 5);
+	pgc_pack_kv_int(pk, "session", id);
 	pgc_pack_kv_bool(pk, "live", true);
 	pgc_pack_kv_int(pk, "last_heartbeat_ms_ago",
 			ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
+	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
+	pgc_pack_kv_int(pk, "next_due_ms", keepalive_due_in_ms(s));
 	req_done(req);
 }
 

@@ -12,6 +12,7 @@
 
 struct agent;
 struct conn;
+struct event;
 
 struct session {
 	struct session *next, *prev;
@@ -25,6 +26,11 @@ struct session {
 	bool busy;	      /* a resume or close is in flight */
 	bool closing;	      /* no longer renewed; removal pending */
 	bool internal;	      /* the agent's own (janitor candidacy): never grace-expired */
+	/* application liveness (keepalive.h): 0 when not enforced */
+	int keepalive_ms;
+	uint64_t keepalive_due; /* CLOCK_MONOTONIC deadline of the next session.keepalive */
+	struct event *keepalive_timer;
+	struct agent *ag; /* for the keepalive timer */
 };
 
 /* The connection closed: its session, if any, enters its grace period. */

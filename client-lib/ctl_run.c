@@ -70,7 +70,8 @@ struct run {
 	int64_t kill_at;
 	bool killed;
 	bool session_lost;
-	char why[300]; /* why belief ended, as the agent put it */
+	int64_t keepalive_at; /* CLOCK_MONOTONIC ms of the next session.keepalive; 0: none */
+	char why[300];	      /* why belief ended, as the agent put it */
 };
 
 static int64_t now_ms(void)
@@ -225,6 +226,8 @@ static void stop_group(struct run *r, enum stop_cause cause, const char *why)
 		say("%s: stopping CMD (SIGTERM to process group %d, SIGKILL in %d ms)", why,
 		    (int)r->pid, r->grace_ms);
 		kill(-r->pid, SIGTERM);
+	} else {
+		say("%s; CMD has already ended", why);
 	}
 }
 
@@ -275,9 +278,16 @@ static int campaign(struct run *r)
 	}
 	pgcoord_set_notify(r->c, on_notify, r);
 	snprintf(name, sizeof(name), "pgcoordctl run --lease %s", r->o->lease);
+	err = pgcoord_set_session_keepalive(r->c, r->o->keepalive_ms);
+	if (err != PGCOORD_OK) {
+		say("--keepalive: %s", pgcoord_last_message(r->c));
+		return CTL_RUN_EXIT_USAGE;
+	}
 	err = pgcoord_session_open(r->c, name, r->o->timeout_ms, NULL);
 	if (err != PGCOORD_OK)
 		return call_failed(r, "session.open", err);
+	if (r->o->keepalive_ms)
+		r->keepalive_at = now_ms() + r->o->keepalive_ms / 3;
 	err = pgcoord_lease_acquire(r->c, r->o->lease, r->o->ttl_ms, true, r->o->timeout_ms, NULL,
 				    NULL);
 	if (err != PGCOORD_OK)
@@ -319,6 +329,36 @@ static int finish(struct run *r, int code)
 	return code;
 }
 
+/*
+ * session.keepalive from this loop, so the session lives only while the
+ * loop turns. The call is bounded so it cannot hold the loop past the
+ * local deadline: a late answer closes the handle, which ends belief.
+ */
+static void keep_alive(struct run *r)
+{
+	int64_t now = now_ms();
+	if (!r->keepalive_at || now < r->keepalive_at || r->session_lost || pgcoord_fd(r->c) < 0)
+		return;
+	int64_t t = r->o->keepalive_ms / 3;
+	if (t > r->o->timeout_ms)
+		t = r->o->timeout_ms;
+	if (r->state == RUN_LEADING) {
+		int64_t left = pgcoord_lease_valid_ms(r->c, r->o->lease);
+		if (left < t)
+			t = left;
+	}
+	pgcoord_err err = pgcoord_session_keepalive(r->c, t > 0 ? (int)t : 1, NULL);
+	if (err == PGCOORD_E_SESSION_EXPIRED || err == PGCOORD_E_NO_SESSION) {
+		r->session_lost = true;
+		if (!r->why[0])
+			snprintf(r->why, sizeof(r->why), "the session was lost: %s",
+				 pgcoord_last_message(r->c));
+	} else if (err != PGCOORD_OK) {
+		say("session.keepalive: %s", pgcoord_last_message(r->c));
+	}
+	r->keepalive_at = now_ms() + r->o->keepalive_ms / 3;
+}
+
 /* One turn of the state machine; returns an exit status when done, else -1. */
 static int step(struct run *r, char **argv)
 {
@@ -328,6 +368,7 @@ static int step(struct run *r, char **argv)
 	reap(r);
 	if (pgcoord_fd(r->c) >= 0)
 		(void)pgcoord_poll(r->c, 0, NULL); /* a failure closes the handle */
+	keep_alive(r);
 	bool leader = !r->session_lost && pgcoord_lease_is_leader(r->c, r->o->lease);
 	bool connected = pgcoord_fd(r->c) >= 0;
 	if (!connected && !r->why[0])
@@ -406,6 +447,8 @@ static int wait_ms(struct run *r)
 		if (left < t)
 			t = left;
 	}
+	if (r->keepalive_at && r->keepalive_at - now_ms() < t)
+		t = r->keepalive_at - now_ms();
 	return t < 0 ? 0 : (int)t;
 }
 

@@ -25,6 +25,7 @@ struct ctl_run_opts {
 	const char *lease; /* name */
 	int ttl_ms;	   /* 0: the agent's lease_ttl_ms */
 	int kill_grace_ms; /* SIGTERM → SIGKILL; -1: half the safety margin */
+	int keepalive_ms;  /* session keepalive_ms, sent from the loop; 0: none */
 };
 
 /*
@@ -40,6 +41,12 @@ struct ctl_run_opts {
  * When CMD exits by itself, or pgcoordctl gets SIGTERM/SIGINT/SIGHUP, the
  * rest of its group is stopped the same way, the lease handed back and the
  * session closed.
+ *
+ * With o->keepalive_ms the session is opened with that keepalive_ms and
+ * the loop itself calls session.keepalive every third of it: when
+ * pgcoordctl hangs, the agent lets the lease lapse and another host can
+ * lead. (A frozen pgcoordctl cannot stop CMD: CMD should fence its writes
+ * with PGCOORD_LEASE_EPOCH.)
  *
  * Returns the exit status: CMD's own when it ended by itself or after
  * pgcoordctl passed on a signal (128+n when signal n killed it), otherwise

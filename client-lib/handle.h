@@ -66,6 +66,7 @@ struct pgcoord {
 	int fd; /* -1 once the connection is closed */
 	uint32_t next_msgid;
 	int64_t session_id;
+	int keepalive_ms; /* asked for by session.open/resume; 0: none */
 
 	/* Bytes read but not yet consumed: rbuf[rpos..rlen). */
 	char *rbuf;

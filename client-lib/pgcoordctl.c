@@ -96,6 +96,7 @@ struct ctl {
 	const char *kill_grace;
 	/* wait */
 	const char *room;
+	const char *keepalive;
 	/* top */
 	const char *interval;
 	const char *count;
@@ -148,6 +149,7 @@ enum ctl_opt_id {
 	OPT_TTL,
 	OPT_KILL_GRACE,
 	OPT_ROOM,
+	OPT_KEEPALIVE,
 };
 
 struct ctl_option {
@@ -207,7 +209,8 @@ static const struct ctl_command commands[] = {
      "liveness cannot be read); recovering itself is for a replica's own session"},
     {"leases", cmd_leases, 0, "", "every lease: holder, epoch, when it expires"},
     {"lease", cmd_lease, 2, "status NAME", "one lease as the database and this agent see it"},
-    {"run", cmd_run, INT_MAX, "--lease NAME [--ttl MS] [--kill-grace MS] -- CMD [ARGS...]",
+    {"run", cmd_run, INT_MAX,
+     "--lease NAME [--ttl MS] [--kill-grace MS] [--keepalive MS] -- CMD [ARGS...]",
      "run CMD only while this host leads lease NAME (it waits to lead); when leadership "
      "ends CMD's process group gets SIGTERM, then SIGKILL after the grace, before any other "
      "host can lead. CMD gets PGCOORD_LEASE and PGCOORD_LEASE_EPOCH (the fencing token). "
@@ -267,6 +270,9 @@ static const struct ctl_option options[] = {
     {"kill-grace", required_argument, OPT_KILL_GRACE, "run", "MS",
      "SIGTERM to SIGKILL; must be below the margin (default: half of it)"},
     {"room", required_argument, OPT_ROOM, "wait", "N", "the room to wait for (required)"},
+    {"keepalive", required_argument, OPT_KEEPALIVE, "run", "MS",
+     "open the session with keepalive_ms MS (100..600000) and keep it alive from run's own "
+     "loop: if run hangs, the lease lapses and another host can lead"},
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -1081,6 +1087,13 @@ static int cmd_run(struct ctl *ctx, int argc, char **argv)
 			    v, o.ttl_ms, o.ttl_ms / 3);
 		o.kill_grace_ms = (int)v;
 	}
+	if (ctx->keepalive) {
+		if (!parse_nonneg(ctx->keepalive, 600000, &v) || v < 100)
+			return usage_error("--keepalive needs milliseconds between 100 and 600000, "
+					   "not \"%s\"",
+					   ctx->keepalive);
+		o.keepalive_ms = (int)v;
+	}
 	return ctl_run(&o, argv);
 }
 
@@ -1497,6 +1510,8 @@ int main(int argc, char **argv)
 			break;
 		case OPT_ROOM:
 			ctx.room = optarg;
+		case OPT_KEEPALIVE:
+			ctx.keepalive = optarg;
 			break;
 		}
 	}

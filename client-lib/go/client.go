@@ -33,6 +33,16 @@ type Options struct {
 	// RetryBackoff is the pause between retries of claims and releases
 	// (default 100ms).
 	RetryBackoff time.Duration
+	// Keepalive, when non-zero (100ms..10min, whole milliseconds), opens
+	// sessions with keepalive_ms: the application must then call
+	// SessionKeepalive at least that often, or the agent declares the
+	// session lost ("keepalive missed"), lets its leases lapse and applies
+	// its permits' on_owner_loss rule. Call it from the goroutine that
+	// does the work it vouches for (or a loop that checks that work's
+	// progress), never from a free-running ticker: a goroutine that only
+	// ticks would keep a hung application's leadership alive, which is
+	// what the option exists to catch. The client starts none itself.
+	Keepalive time.Duration
 }
 
 // Notification is one message the agent pushed, its params decoded
@@ -228,7 +238,7 @@ func (c *Client) resume(ctx context.Context, cn *conn) error {
 	if id == 0 {
 		return nil
 	}
-	raw, _, err := cn.call(ctx, "session.open", map[string]interface{}{"resume": id}, nil)
+	raw, _, err := cn.call(ctx, "session.open", c.sessionParams(map[string]interface{}{"resume": id}), nil)
 	if err == nil {
 		var r SessionInfo
 		if err = msgpack.Unmarshal(raw, &r); err == nil && r.Session != id {

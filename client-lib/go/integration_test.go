@@ -460,3 +460,65 @@ func TestIntegrationQuotaWatch(t *testing.T) {
 		t.Fatalf("second watch.cancel: %v %v", ok, err)
 	}
 }
+
+// Options.Keepalive: a client that calls SessionKeepalive keeps its
+// session; one that stops is told session.lost "keepalive missed", its
+// calls answer session_expired and the database stops renewing the row.
+func TestIntegrationKeepalive(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, a.socket, &Options{ClientName: "go-test", Keepalive: 400 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.SessionOpen(ctx, "go-keepalive")
+	if err != nil || info.KeepaliveMs != 400 {
+		t.Fatalf("session.open: %+v %v", info, err)
+	}
+	id := info.Session
+	for i := 0; i < 10; i++ { // 1.5 s: well past keepalive_ms
+		k, err := c.SessionKeepalive(ctx)
+		if err != nil || k.KeepaliveMs != 400 || k.NextDueMs <= 0 || k.NextDueMs > 400 {
+			t.Fatalf("keepalive %d: %+v %v", i, k, err)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	// the application stops: the agent notices by itself
+	var reason interface{}
+	timeout := time.After(5 * time.Second)
+	for reason == nil {
+		select {
+		case n := <-c.Notifications():
+			if n.Method == "session.lost" {
+				reason = n.Params["reason"]
+			}
+		case <-timeout:
+			t.Fatal("no session.lost after the keepalives stopped")
+		}
+	}
+	if reason != "keepalive missed" {
+		t.Fatalf("session.lost reason %v", reason)
+	}
+	if _, err := c.SessionKeepalive(ctx); !errors.Is(err, ErrSessionExpired) && !errors.Is(err, ErrNoSession) {
+		t.Fatalf("keepalive of a lost session: %v", err)
+	}
+	// no longer renewed: the row expires within session_ttl_ms
+	deadline := time.Now().Add(15 * time.Second)
+	for a.psql(fmt.Sprintf(`SELECT count(*) FROM pgcoord.sessions WHERE id = %d AND closed_at IS NULL AND expires_at > now()`, id)) != "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost session is still renewed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// a bad value is the agent's invalid_params
+	bad, err := Dial(ctx, a.socket, &Options{Keepalive: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	if _, err := bad.SessionOpen(ctx, "go-bad"); !errors.Is(err, ErrInvalidParams) {
+		t.Fatalf("keepalive 50ms: %v", err)
+	}
+}

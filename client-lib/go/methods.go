@@ -65,6 +65,18 @@ type SessionInfo struct {
 	Resumed bool  `msgpack:"resumed"`
 	TTLMs   int64 `msgpack:"ttl_ms"`
 	GraceMs int64 `msgpack:"grace_ms"`
+	// KeepaliveMs is the keepalive the agent enforces (0: none).
+	KeepaliveMs int64 `msgpack:"keepalive_ms"`
+}
+
+// sessionParams adds Options.Keepalive to session.open's params. On a
+// resume it counts only for a session the agent took over from a crashed
+// predecessor; a session keeps the keepalive_ms it was opened with.
+func (c *Client) sessionParams(p map[string]interface{}) map[string]interface{} {
+	if c.opts.Keepalive > 0 {
+		p["keepalive_ms"] = c.opts.Keepalive.Milliseconds()
+	}
+	return p
 }
 
 // SessionOpen opens a session on this client's connection. From then on
@@ -75,7 +87,7 @@ func (c *Client) SessionOpen(ctx context.Context, name string) (*SessionInfo, er
 	if name != "" {
 		p["name"] = name
 	}
-	if err := c.call(ctx, "session.open", p, &r); err != nil {
+	if err := c.call(ctx, "session.open", c.sessionParams(p), &r); err != nil {
 		return nil, err
 	}
 	c.adoptSession(&r)
@@ -86,7 +98,7 @@ func (c *Client) SessionOpen(ctx context.Context, name string) (*SessionInfo, er
 // restarted within the grace).
 func (c *Client) SessionResume(ctx context.Context, id int64) (*SessionInfo, error) {
 	var r SessionInfo
-	if err := c.call(ctx, "session.open", map[string]interface{}{"resume": id}, &r); err != nil {
+	if err := c.call(ctx, "session.open", c.sessionParams(map[string]interface{}{"resume": id}), &r); err != nil {
 		return nil, err
 	}
 	c.adoptSession(&r)
@@ -106,9 +118,16 @@ type Keepalive struct {
 	Session            int64 `msgpack:"session"`
 	Live               bool  `msgpack:"live"`
 	LastHeartbeatMsAgo int64 `msgpack:"last_heartbeat_ms_ago"`
+	// KeepaliveMs is the session's keepalive_ms (0: none); the next
+	// keepalive is due within NextDueMs.
+	KeepaliveMs int64 `msgpack:"keepalive_ms"`
+	NextDueMs   int64 `msgpack:"next_due_ms"`
 }
 
-// SessionKeepalive confirms the session is attached and live.
+// SessionKeepalive confirms the session is attached and live, and for a
+// session opened with Options.Keepalive proves the application alive: see
+// Options.Keepalive for where to call it from. ErrSessionExpired once the
+// session is lost.
 func (c *Client) SessionKeepalive(ctx context.Context) (*Keepalive, error) {
 	var r Keepalive
 	return &r, c.call(ctx, "session.keepalive", nil, &r)

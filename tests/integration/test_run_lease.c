@@ -345,6 +345,76 @@ Test(run_lease, frozen_leader_agent_stops_cmd_before_the_other_can_lead)
 	hdb_drop(db);
 }
 
+/*
+ * run --keepalive keeps its session alive from its own loop: while it runs
+ * it keeps the lease; once it hangs (here with its CMD, as a frozen host
+ * would), the agent loses the session, the lease lapses and the other host
+ * leads with no overlap. Woken, the hung run learns why and exits 5.
+ */
+Test(run_lease, hung_run_with_keepalive_loses_the_lease_to_the_other_host)
+{
+	static const char *const flags_a[] = {"--ttl", TTL, "--keepalive", "1000", NULL};
+	static const char *const flags_b[] = {"--ttl", TTL, NULL};
+	struct harness_db *db = fresh_db();
+	struct hagent *a = hagent_start(db, "a", NULL);
+	struct hagent *b = hagent_start(db, "b", NULL);
+	char *file = htmp_path("runs");
+	struct interval iv[MAX_INTERVALS];
+
+	struct run *run_a = run_start(a, file, flags_a, NULL);
+	wait_for_starts(file, 1, 10000);
+	struct run *run_b = run_start(b, file, flags_b, NULL);
+	/* several keepalive_ms pass: the keepalives from run's loop hold it */
+	hsleep_ms(3500);
+	cr_assert_eq(assert_no_overlap(file), 1, "the campaigner started while a leader ran");
+	intervals_read(file, iv);
+	pid_t cmd_group = (pid_t)iv[0].pid;
+
+	cr_assert_eq(kill(run_a->pid, SIGSTOP), 0);
+	cr_assert_eq(kill(-cmd_group, SIGSTOP), 0);
+	int64_t hung = hnow_ms();
+	/* keepalive_ms, then the lease's own expiry, then b's next retry */
+	wait_for_starts(file, 2, 15000);
+	cr_assert_eq(assert_no_overlap(file), 2);
+	cr_log_info("hung run: the other host's CMD started %lld ms later",
+		    (long long)(hnow_ms() - 200 - hung));
+	cr_assert(strstr(hagent_log(a), "session lost: keepalive missed"), "%s", hagent_log(a));
+
+	/* the hung run could not stop its CMD: that is what the epoch fences */
+	kill(-cmd_group, SIGKILL);
+	cr_assert_eq(kill(run_a->pid, SIGCONT), 0);
+	run_expect_exit(run_a, 5000, 5, "the hung run, woken");
+	run_expect_said(run_a, "keepalive missed");
+
+	run_free(run_a);
+	run_free(run_b);
+	hagent_destroy(a);
+	hagent_destroy(b);
+	free(file);
+	hdb_drop(db);
+}
+
+/* A bad --keepalive is a usage error before anything is opened. */
+Test(run_lease, bad_keepalive_is_a_usage_error)
+{
+	static const char *const bad[] = {"--keepalive", "99", NULL};
+	struct harness_db *db = fresh_db();
+	struct hagent *a = hagent_start(db, "a", NULL);
+	char *file = htmp_path("runs");
+
+	struct run *r = run_start(a, file, bad, NULL);
+	run_expect_exit(r, 5000, 2, "run --keepalive 99");
+	run_expect_said(r, "--keepalive needs milliseconds between 100 and 600000");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE name LIKE "
+					"'pgcoordctl run%%'"),
+		     0);
+
+	run_free(r);
+	hagent_destroy(a);
+	free(file);
+	hdb_drop(db);
+}
+
 /* True once `pgcoordctl status --json` on a says it is the janitor. */
 static bool is_janitor(struct hagent *a)
 {

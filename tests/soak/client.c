@@ -12,7 +12,11 @@
  *            id: after errors, after a reply it cut off itself, through
  *            another agent, and plain duplicates.
  *   lease    campaigns for one lease and records each interval during which
- *            libpgcoord said it led (pgcoord_lease_valid_ms > 0).
+ *            libpgcoord said it led (pgcoord_lease_valid_ms > 0). Every
+ *            second lease worker opens its sessions with keepalive_ms,
+ *            keeps them alive from its loop, and now and then hangs while
+ *            it leads (a "hang" op): its session must be lost and its lease
+ *            lapse only after its belief ended.
  *   records  puts records (some naming a permit), updates, settles, and
  *            recovers dead owners' records.
  */
@@ -33,6 +37,10 @@
 #define MAX_HELD 16
 #define MAX_ORPHANS 64
 #define MAX_TRIES 40
+/* keepalive_ms of the lease workers that use one; a hang lasts longer */
+#define KEEPALIVE_MS 2000
+#define HANG_EXTRA_MIN_MS 1500
+#define HANG_EXTRA_MAX_MS 3000
 
 static volatile sig_atomic_t stop_flag;
 
@@ -256,6 +264,12 @@ static void drop_conn(struct cl *cl)
 }
 
 /* Connected, with a session (resumed when we had one); false when not yet. */
+/* Every second lease worker of an agent lives under keepalive_ms. */
+static bool uses_keepalive(const struct cl *cl)
+{
+	return cl->sp->role == ROLE_LEASE && cl->sp->index % 2 == 1;
+}
+
 static bool ensure(struct cl *cl)
 {
 	const struct soak_cfg *cfg = cl->cfg;
@@ -280,6 +294,8 @@ static bool ensure(struct cl *cl)
 			return false;
 		}
 		pgcoord_set_notify(cl->c, on_note, cl);
+		if (uses_keepalive(cl))
+			(void)pgcoord_set_session_keepalive(cl->c, KEEPALIVE_MS);
 		if (cl->session) {
 			t0 = soak_now_us();
 			err = pgcoord_session_resume(cl->c, cl->session, cfg->call_timeout_ms);
@@ -914,7 +930,7 @@ static void lease_loop(struct cl *cl)
 	struct belief b = {0};
 	char lease[32];
 	bool campaigning = false;
-	int64_t hold_until = 0, next_acquire = 0, t0, now;
+	int64_t hold_until = 0, next_acquire = 0, next_keepalive = 0, t0, now;
 	pgcoord_err err;
 
 	soak_lease_name(cl->sp->index % cfg->leases, lease, sizeof(lease));
@@ -949,6 +965,29 @@ static void lease_loop(struct cl *cl)
 			}
 		}
 		(void)pgcoord_poll(cl->c, 20, NULL);
+		if (uses_keepalive(cl) && soak_now_us() >= next_keepalive) {
+			/* from the loop that does the work, as an application should */
+			t0 = soak_now_us();
+			err = pgcoord_session_keepalive(cl->c, cfg->call_timeout_ms, NULL);
+			rec(cl, "keepalive", t0, err, cl->session);
+			hist_end(&cl->h);
+			next_keepalive = soak_now_us() + KEEPALIVE_MS / 3 * 1000;
+			if (err != PGCOORD_OK) {
+				after_error(cl, err);
+				continue;
+			}
+		}
+		if (uses_keepalive(cl) && b.on && soak_rand_range(&cl->rng, 0, 149) == 0) {
+			/* hang while leading: no poll, no keepalive */
+			int64_t ms = KEEPALIVE_MS + soak_rand_range(&cl->rng, HANG_EXTRA_MIN_MS,
+								    HANG_EXTRA_MAX_MS);
+			t0 = soak_now_us();
+			pause_ms(cl, ms);
+			rec(cl, "hang", t0, PGCOORD_OK, cl->session);
+			hist_int(&cl->h, "ka", KEEPALIVE_MS);
+			hist_end(&cl->h);
+			hist_flush(&cl->h);
+		}
 		/* what the library believes now, as an application would ask it */
 		now = soak_now_us();
 		int64_t valid = pgcoord_lease_valid_ms(cl->c, lease);

@@ -155,6 +155,30 @@ pgcoord_err pgcoord_session_close(pgcoord *c, int timeout_ms);
 /* The session this handle has open, or 0. */
 int64_t pgcoord_session_id(const pgcoord *c);
 
+/*
+ * Application liveness (PROTOCOL.md, "Keepalive"). Sets the keepalive_ms
+ * that later pgcoord_session_open / pgcoord_session_resume calls on c ask
+ * for: 0 (the default) for none, otherwise 100..600000 (PGCOORD_E_ARG
+ * outside). A session opened with it must call pgcoord_session_keepalive()
+ * at least every keepalive_ms; when it does not, the agent declares the
+ * session lost (session.lost, reason "keepalive missed"), stops renewing
+ * its leases (they lapse after every belief ended: the leader steps down
+ * by itself) and its permits follow their on_owner_loss rule.
+ *
+ * Call pgcoord_session_keepalive() from the thread or loop that does the
+ * application's work, where a deadlock or a stall also stops it. The
+ * library never sends keepalives by itself: a hidden timer would keep a
+ * hung application's session, and its leadership, alive.
+ */
+pgcoord_err pgcoord_set_session_keepalive(pgcoord *c, int keepalive_ms);
+
+/* session.keepalive: proves the application is alive and restarts the
+ * agent's clock. *next_due_ms (may be NULL) receives the milliseconds
+ * within which the next one is due (0 without keepalive_ms).
+ * PGCOORD_E_SESSION_EXPIRED: the session is lost (a keepalive came late,
+ * or the database dropped it); open a new one. */
+pgcoord_err pgcoord_session_keepalive(pgcoord *c, int timeout_ms, int64_t *next_due_ms);
+
 /* --- quotas and permits (PROTOCOL.md, "Permits") -------------------------- */
 
 /*

@@ -421,3 +421,47 @@ def test_watch_calls_send_their_target_and_return_the_watch_id(fake):
         ("quota.watch", {"key": "gpu"}), ("permit.watch", {"id": "job-1"}),
         ("record.watch", {"kind": "ingest"}), ("watch.cancel", {"watch": 7}),
         ("watch.cancel", {"watch": 8})]
+
+
+def test_keepalive_ms_is_sent_on_open_and_again_on_resume(fake):
+    def handler(i, m, p):
+        if m == "session.open":
+            return {"session": 41, "resumed": "resume" in p, "ttl_ms": 10000,
+                    "grace_ms": 10000, "keepalive_ms": p.get("keepalive_ms", 0)}
+        if m == "session.keepalive":
+            if i == 0:
+                return ("close",)
+            return {"session": 41, "live": True, "last_heartbeat_ms_ago": 3,
+                    "keepalive_ms": 2000, "next_due_ms": 2000}
+        return basic(i, m, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        with pytest.raises(TypeError):
+            c.session_open("x", keepalive_ms="2000")
+        assert f.requests == []
+        s = c.session_open("x", keepalive_ms=2000)
+        assert s.keepalive_ms == 2000
+        with pytest.raises(pgcoord.ConnectionLost):
+            c.keepalive()
+        k = c.keepalive()   # the application's next keepalive resumes first
+        assert k.keepalive_ms == 2000 and k.next_due_ms == 2000
+        calls = [(i, m, p) for i, m, p in f.requests if m == "session.open"]
+        assert calls == [(0, "session.open", {"name": "x", "keepalive_ms": 2000}),
+                         (1, "session.open", {"resume": 41, "keepalive_ms": 2000})]
+
+
+def test_a_session_lost_to_a_missed_keepalive_raises_session_expired(fake):
+    def handler(i, m, p):
+        if m == "session.keepalive":
+            return [("notify", "session.lost", {"session": 41, "reason": "keepalive missed"}),
+                    ("error", "session_expired")]
+        return basic(i, m, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        c.session_open(keepalive_ms=500)
+        notes = c.subscribe()
+        with pytest.raises(pgcoord.SessionExpired):
+            c.keepalive()
+        assert notes.get(timeout=2) == ("session.lost",
+                                        {"session": 41, "reason": "keepalive missed"})
+        assert c.session_lost

@@ -11,7 +11,7 @@ import socket
 from typing import Callable, Optional
 
 from . import types as T
-from .api import Api, claim_params
+from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
 from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict, ConnectError,
                      ConnectionLost, GaveUp, NotFound, PgcoordError, ProtocolError,
@@ -217,7 +217,7 @@ class AsyncClient(Api):
         lost_at = self._lost_at_ms or mono_ms()
         while True:
             try:
-                m = await self._send("session.open", {"resume": s.session}, None)
+                m = await self._send("session.open", resume_params(s), None)
                 break
             except Conflict:
                 # the agent has not yet seen the old connection close
@@ -276,9 +276,10 @@ class AsyncClient(Api):
 
     # --- sessions, leases, permits ------------------------------------------------
 
-    async def session_open(self, name: Optional[str] = None, *, timeout=None) -> T.Session:
+    async def session_open(self, name: Optional[str] = None, *,
+                           keepalive_ms: Optional[int] = None, timeout=None) -> T.Session:
         r = T.from_map(T.Session, await self.call("session.open",
-                                                  {"name": name} if name is not None else None,
+                                                  session_open_params(name, keepalive_ms),
                                                   timeout=timeout))
         self.session, self.session_lost, self._lost_at_ms = r, False, 0
         return r

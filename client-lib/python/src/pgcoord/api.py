@@ -64,7 +64,11 @@ class Api:
                                        for x in m.get("sessions", [])],
                             timeout)
 
-    # session.keepalive (open/close live in the clients: they keep state)
+    # session.keepalive (open/close live in the clients: they keep state).
+    # With session_open(keepalive_ms=...) it proves the application alive:
+    # call it from the thread or loop doing the work it vouches for. The
+    # client never calls it by itself (no hidden timer thread): a timer
+    # would keep a hung application's session and leadership alive.
     def keepalive(self, *, timeout=None):
         return self._invoke("session.keepalive", None, lambda m: T.from_map(T.Keepalive, m),
                             timeout)
@@ -193,3 +197,27 @@ def claim_params(id: str, quotas: QuotaSpec, intent, on_owner_loss, limit) -> di
         raise TypeError("a permit id is a non-empty str")
     return _opt({"id": id, "quotas": quota_params(quotas)}, intent=intent,
                 on_owner_loss=on_owner_loss, limit=limit)
+
+
+def session_open_params(name, keepalive_ms):
+    """session.open's params; TypeError for a keepalive_ms that is not an
+    int (the agent judges its range: 0, or 100..600000)."""
+    if keepalive_ms is not None and (not isinstance(keepalive_ms, int)
+                                     or isinstance(keepalive_ms, bool)):
+        raise TypeError("keepalive_ms is an int of milliseconds")
+    params = {}
+    if name is not None:
+        params["name"] = name
+    if keepalive_ms:
+        params["keepalive_ms"] = keepalive_ms
+    return params or None
+
+
+def resume_params(session):
+    """session.open {resume}, naming the session's keepalive_ms again: it
+    counts only when the agent took the session over from a crashed
+    predecessor, which could not pass it on."""
+    params = {"resume": session.session}
+    if session.keepalive_ms:
+        params["keepalive_ms"] = session.keepalive_ms
+    return params

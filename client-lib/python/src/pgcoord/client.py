@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from . import types as T
-from .api import Api, claim_params
+from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
 from .errors import (ClaimDenied, ClientClosed, ConnectError, ConnectionLost, CallTimeout,
                      GaveUp, NotFound, PgcoordError, ProtocolError, SessionExpired, Conflict,
@@ -286,7 +286,7 @@ class Client(Api):
                                f"grace ({s.grace_ms} ms)")
         while True:
             try:
-                m = self._call_on(self._conn, "session.open", {"resume": s.session}, None)
+                m = self._call_on(self._conn, "session.open", resume_params(s), None)
                 break
             except Conflict:
                 # Still attached to the old connection: the agent has not
@@ -364,8 +364,12 @@ class Client(Api):
 
     # --- sessions ------------------------------------------------------------
 
-    def session_open(self, name: Optional[str] = None, *, timeout=None) -> T.Session:
-        params = {"name": name} if name is not None else None
+    def session_open(self, name: Optional[str] = None, *, keepalive_ms: Optional[int] = None,
+                     timeout=None) -> T.Session:
+        """keepalive_ms: the application must then call keepalive() at least
+        that often, or the agent declares the session lost ("keepalive
+        missed"), lets its leases lapse and applies on_owner_loss."""
+        params = session_open_params(name, keepalive_ms)
         r = T.from_map(T.Session, self.call("session.open", params, timeout=timeout))
         with self._lock:
             self.session, self.session_lost, self._lost_at_ms = r, False, 0

@@ -68,6 +68,7 @@ class Session:
     resumed: bool
     ttl_ms: int
     grace_ms: int
+    keepalive_ms: Optional[int] = None   # enforced keepalive (0: none)
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -76,6 +77,8 @@ class Keepalive:
     session: int
     live: bool
     last_heartbeat_ms_ago: int
+    keepalive_ms: Optional[int] = None   # the session's keepalive_ms (0: none)
+    next_due_ms: Optional[int] = None    # the next keepalive is due within this
     raw: dict = field(default_factory=dict, repr=False)
 
 
