@@ -1510,6 +1510,7 @@ int main(int argc, char **argv)
 			break;
 		case OPT_ROOM:
 			ctx.room = optarg;
+			break;
 		case OPT_KEEPALIVE:
 			ctx.keepalive = optarg;
 			break;
