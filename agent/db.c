@@ -527,7 +527,8 @@ static void conn_finish_query(struct db_conn *c)
 	if (c->sync_wait_cancelled) {
 		/* committed here, perhaps not on the standby a failover would
 		 * promote: not an acknowledgement. A retry with the same ids
-		 * commits again and waits for the standby (migration 0011). */
+		 * commits a write again (the session row lock of permit_claim,
+		 * record_put, lease_acquire), which waits for the standby. */
 		r.ok = false;
 		r.error = PGC_E_UNAVAILABLE;
 		r.outcome_unknown = true;
