@@ -55,6 +55,30 @@ static const char *state_name(enum agent_state st)
 	return "unknown";
 }
 
+/* What the database server said about failover (replication.h): known
+ * fields are nil until a connection was checked. */
+static void pack_replication(msgpack_packer *pk, const struct replication_view *v)
+{
+	char detail[512];
+
+	replication_describe(v, detail, sizeof(detail));
+	pgc_pack_cstr(pk, "replication");
+	msgpack_pack_map(pk, 6);
+	pgc_pack_kv_str(pk, "failover", replication_failover_word(v));
+	pgc_pack_kv_str(pk, "detail", detail);
+	if (v->checked) {
+		pgc_pack_kv_str(pk, "server", v->server);
+		pgc_pack_kv_str(pk, "synchronous_standby_names", v->standby_names);
+		pgc_pack_kv_str(pk, "synchronous_commit", v->synchronous_commit);
+		pgc_pack_kv_int(pk, "sync_standbys", v->sync_standbys);
+	} else {
+		pgc_pack_kv_nil(pk, "server");
+		pgc_pack_kv_nil(pk, "synchronous_standby_names");
+		pgc_pack_kv_nil(pk, "synchronous_commit");
+		pgc_pack_kv_nil(pk, "sync_standbys");
+	}
+}
+
 void rpc_agent_status(struct request *req)
 {
 	struct agent *ag = req->ag;
@@ -63,7 +87,7 @@ void rpc_agent_status(struct request *req)
 
 	db_get_stats(ag->db, &st);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 21);
+	msgpack_pack_map(pk, 24);
 	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
 	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
 	pgc_pack_kv_str(pk, "host", ag->id.host);
@@ -86,5 +110,8 @@ void rpc_agent_status(struct request *req)
 	pgc_pack_kv_int(pk, "db_failures", (int64_t)st.failures);
 	pgc_pack_kv_int(pk, "watches", watches_count(ag));
 	pgc_pack_kv_int(pk, "watch_polls", (int64_t)watches_polls(ag));
+	pgc_pack_kv_int(pk, "db_standby_refusals", (int64_t)st.standby_refusals);
+	pgc_pack_kv_int(pk, "db_sync_waits_cancelled", (int64_t)st.sync_waits_cancelled);
+	pack_replication(pk, db_replication(ag->db));
 	req_done(req);
 }

@@ -20,8 +20,9 @@
 const struct option_def config_options[] = {
     {"database_url", OPT_STRING, OFF(database_url), "", 0, 0, true, false,
      "libpq conninfo string or URI of the coordination database; empty uses libpq's "
-     "environment (PGHOST, PGDATABASE, PGPASSFILE, ...). Several hosts with "
-     "target_session_attrs=read-write are supported."},
+     "environment (PGHOST, PGDATABASE, PGPASSFILE, ...). With several hosts and "
+     "target_session_attrs=read-write the agent follows the primary; a failover keeps every "
+     "acknowledged grant only with a synchronous standby (docs/OPERATIONS.md)."},
     {"replica_id", OPT_STRING, OFF(replica_id), "", 0, 0, false, false,
      "This agent's identity, unique in the fleet; empty means the host name."},
     {"socket_path", OPT_STRING, OFF(socket_path), "/run/pgcoord/agent.sock", 0, 0, false, false,

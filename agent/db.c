@@ -3,6 +3,7 @@
  */
 #include "agent/db.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -11,7 +12,9 @@
 #define DB_QUEUE_MAX 4096
 #define DB_BACKOFF_START_MS 100
 
-enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_IDLE, CONN_BUSY };
+/* CONN_CHECKING: connected, reading what the server is (replication.h)
+ * before any request may use it */
+enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_CHECKING, CONN_IDLE, CONN_BUSY };
 
 struct db_query {
 	struct db_query *next;
@@ -40,6 +43,10 @@ struct db_conn {
 	PGresult *result; /* the answer kept for the query: its result or first error */
 	int phase;	  /* statements of the pipeline whose results are all read */
 	bool rolled_back; /* the server reported an error before the Sync */
+	/* the server said the running commit stopped waiting for the
+	 * synchronous standby: committed here, maybe not there */
+	bool sync_wait_cancelled;
+	struct replication_view seen; /* filled by the check on connect */
 };
 
 struct db_lane {
@@ -61,6 +68,7 @@ struct db {
 	db_state_fn on_state;
 	void *state_arg;
 	struct db_stats stats;
+	struct replication_view replication; /* from the latest checked connection */
 	unsigned rng;
 };
 
@@ -70,6 +78,7 @@ static void conn_io_cb(evutil_socket_t fd, short what, void *arg);
 static void conn_start_connect(struct db_conn *c);
 static void lane_pump(struct db_lane *lane);
 static void conn_connect_failed(struct db_conn *c);
+static void conn_connect_refused(struct db_conn *c, const char *why);
 
 static struct timeval ms_to_tv(int ms)
 {
@@ -227,7 +236,7 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (c->state == CONN_DOWN) {
 		conn_start_connect(c);
-	} else if (c->state == CONN_CONNECTING) {
+	} else if (c->state == CONN_CONNECTING || c->state == CONN_CHECKING) {
 		log_warn(c->lane->db->log, "db", "connection attempt timed out after %d ms",
 			 c->lane->db->connect_timeout_ms);
 		conn_connect_failed(c);
@@ -263,7 +272,7 @@ static void conn_lost(struct db_conn *c, const char *why)
 	 * its transaction rolled back (the commit comes only at the Sync), as
 	 * when a backend is terminated mid-statement: that outcome is known.
 	 * Only a loss after the statement succeeded leaves it unknown. */
-	if (q && c->rolled_back && c->result) {
+	if (q && c->rolled_back && c->result && !c->sync_wait_cancelled) {
 		const char *sqlstate = PQresultErrorField(c->result, PG_DIAG_SQLSTATE);
 		code = db_error_for_sqlstate(sqlstate);
 		one_line(answer, sizeof(answer),
@@ -296,19 +305,168 @@ static void conn_lost(struct db_conn *c, const char *why)
 
 static void conn_connect_failed(struct db_conn *c)
 {
+	conn_connect_refused(c, c->pg ? PQerrorMessage(c->pg) : "out of memory");
+}
+
+/* The attempt failed, or reached a server the agent must not use: drop it
+ * and try again with backoff. */
+static void conn_connect_refused(struct db_conn *c, const char *why)
+{
 	struct db *db = c->lane->db;
 	char msg[512];
 
-	one_line(msg, sizeof(msg), c->pg ? PQerrorMessage(c->pg) : "out of memory");
+	one_line(msg, sizeof(msg), why);
 	log_write(db->log, c->failing ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN, "db", NULL,
 		  "cannot connect %s connection: %s (retrying with backoff)",
 		  lane_names[c->lane->id], msg);
 	c->failing = true;
 	event_del(c->io);
 	evtimer_del(c->timer);
+	if (c->result) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
 	PQfinish(c->pg);
 	c->pg = NULL;
+	c->state = CONN_DOWN;
 	conn_schedule_reconnect(c);
+}
+
+/*
+ * PostgreSQL warns when a commit stops waiting for the synchronous standby
+ * (a cancel, a statement timeout, a terminated backend): the transaction
+ * is committed on this server but maybe on no standby, so a failover could
+ * undo it. The query's answer must then not be an acknowledgement.
+ */
+static void conn_notice(void *arg, const PGresult *res)
+{
+	struct db_conn *c = arg;
+	const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+	if (!c->query || !replication_notice_is_cancelled_wait(msg))
+		return;
+	c->sync_wait_cancelled = true;
+	c->lane->db->stats.sync_waits_cancelled++;
+	log_warn(c->lane->db->log, "db",
+		 "a commit stopped waiting for the synchronous standby (%s): it is not "
+		 "acknowledged to the client, who is told to retry",
+		 msg);
+}
+
+/*
+ * What the server is, read once on every new connection before any request
+ * runs on it, in the same pipeline mode as requests. A standby is refused
+ * (never used for decisions, even if the conninfo lacks
+ * target_session_attrs=read-write or a pooler hides which server it is).
+ * pg_stat_replication hides sync_state from roles without pg_read_all_stats:
+ * then the attached standbys are unknown.
+ */
+static void conn_check_start(struct db_conn *c)
+{
+	static const char check_sql[] =
+	    "SELECT pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
+	    "current_setting('synchronous_commit'), "
+	    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')), "
+	    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)";
+
+	c->state = CONN_CHECKING;
+	c->phase = 0;
+	c->result = NULL;
+	if (!PQsendQueryParams(c->pg, check_sql, 0, NULL, NULL, NULL, NULL, 0) ||
+	    !PQpipelineSync(c->pg)) {
+		conn_connect_failed(c);
+		return;
+	}
+	int r = PQflush(c->pg);
+	if (r < 0)
+		conn_connect_failed(c);
+	else
+		conn_wait(c, r > 0 ? EV_READ | EV_WRITE : EV_READ);
+}
+
+/* The check's answer is in: refuse a standby, note what a primary says,
+ * and open the connection to requests. */
+static void conn_check_done(struct db_conn *c)
+{
+	struct db *db = c->lane->db;
+	PGresult *res = c->result;
+	struct replication_view *v = &c->seen;
+	char line[512];
+
+	c->result = NULL;
+	if (!res || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
+	    PQnfields(res) != 5) {
+		snprintf(line, sizeof(line), "cannot read what the server is: %s",
+			 res ? PQresultErrorMessage(res) : "no answer");
+		PQclear(res);
+		conn_connect_refused(c, line);
+		return;
+	}
+	memset(v, 0, sizeof(*v));
+	v->checked = true;
+	snprintf(v->server, sizeof(v->server), "%s:%s", PQhost(c->pg), PQport(c->pg));
+	v->in_recovery = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	snprintf(v->standby_names, sizeof(v->standby_names), "%s", PQgetvalue(res, 0, 1));
+	snprintf(v->synchronous_commit, sizeof(v->synchronous_commit), "%s", PQgetvalue(res, 0, 2));
+	long sync = atol(PQgetvalue(res, 0, 3)), hidden = atol(PQgetvalue(res, 0, 4));
+	v->sync_standbys = sync == 0 && hidden > 0 ? -1 : (int)sync;
+	PQclear(res);
+	evtimer_del(c->timer);
+	if (v->in_recovery) {
+		db->stats.standby_refusals++;
+		snprintf(line, sizeof(line),
+			 "%s is a standby (in recovery, read-only): not used for decisions",
+			 v->server);
+		conn_connect_refused(c, line);
+		return;
+	}
+	if (replication_changed(&db->replication, v)) {
+		db->replication = *v;
+		replication_describe(v, line, sizeof(line));
+		log_write(db->log, replication_failover_safe(v) ? LOG_LEVEL_INFO : LOG_LEVEL_WARN,
+			  "db", NULL, "replication: %s", line);
+	}
+	if (c->failing)
+		log_info(db->log, "db", "%s connection re-established", lane_names[c->lane->id]);
+	c->failing = false;
+	c->backoff_ms = DB_BACKOFF_START_MS;
+	c->state = CONN_IDLE;
+	conn_wait(c, EV_READ);
+	lane_update_up(c->lane);
+	lane_pump(c->lane);
+}
+
+/* Reads the check's results, as conn_read does a query's. */
+static void conn_check_read(struct db_conn *c)
+{
+	if (!PQconsumeInput(c->pg) || (PQflush(c->pg) < 0)) {
+		conn_connect_failed(c);
+		return;
+	}
+	while (!PQisBusy(c->pg)) {
+		PGresult *res = PQgetResult(c->pg);
+		if (!res) {
+			if (PQstatus(c->pg) == CONNECTION_BAD) {
+				conn_connect_failed(c);
+				return;
+			}
+			continue;
+		}
+		ExecStatusType st = PQresultStatus(res);
+		if (st == PGRES_PIPELINE_SYNC) {
+			PQclear(res);
+			conn_check_done(c);
+			return;
+		}
+		if (!c->result ||
+		    (st != PGRES_TUPLES_OK && PQresultStatus(c->result) == PGRES_TUPLES_OK)) {
+			PQclear(c->result);
+			c->result = res;
+		} else {
+			PQclear(res);
+		}
+	}
+	conn_wait(c, EV_READ);
 }
 
 static void conn_connect_step(struct db_conn *c)
@@ -321,20 +479,13 @@ static void conn_connect_step(struct db_conn *c)
 		conn_wait(c, EV_WRITE);
 		return;
 	case PGRES_POLLING_OK:
-		evtimer_del(c->timer);
 		if (PQsetnonblocking(c->pg, 1) != 0 || !PQenterPipelineMode(c->pg)) {
 			conn_connect_failed(c);
 			return;
 		}
-		if (c->failing)
-			log_info(c->lane->db->log, "db", "%s connection re-established",
-				 lane_names[c->lane->id]);
-		c->failing = false;
-		c->backoff_ms = DB_BACKOFF_START_MS;
-		c->state = CONN_IDLE;
-		conn_wait(c, EV_READ);
-		lane_update_up(c->lane);
-		lane_pump(c->lane);
+		PQsetNoticeReceiver(c->pg, conn_notice, c);
+		/* the connect timer keeps running: it bounds the check too */
+		conn_check_start(c);
 		return;
 	default:
 		conn_connect_failed(c);
@@ -373,7 +524,18 @@ static void conn_finish_query(struct db_conn *c)
 
 	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
 	r.res = res;
-	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+	if (c->sync_wait_cancelled) {
+		/* committed here, perhaps not on the standby a failover would
+		 * promote: not an acknowledgement. A retry with the same ids
+		 * commits a write again (the session row lock of permit_claim,
+		 * record_put, lease_acquire), which waits for the standby. */
+		r.ok = false;
+		r.error = PGC_E_UNAVAILABLE;
+		r.outcome_unknown = true;
+		r.message = "the commit was not confirmed by the synchronous standby (its wait was "
+			    "cancelled) and could be lost on a failover; retry with the same ids";
+		c->lane->db->stats.failures++;
+	} else if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
 		r.ok = true;
 	} else {
 		r.sqlstate = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -480,6 +642,9 @@ static void conn_io_cb(evutil_socket_t fd, short what, void *arg)
 	case CONN_CONNECTING:
 		conn_connect_step(c);
 		break;
+	case CONN_CHECKING:
+		conn_check_read(c);
+		break;
 	case CONN_BUSY:
 		if (what & EV_READ) {
 			if (!PQconsumeInput(c->pg)) {
@@ -549,6 +714,7 @@ static void conn_run(struct db_conn *c, struct db_query *q)
 	c->query = q;
 	c->phase = 0;
 	c->rolled_back = false;
+	c->sync_wait_cancelled = false;
 	q->running_on = c;
 	c->state = CONN_BUSY;
 	c->lane->db->stats.queries++;
@@ -770,4 +936,9 @@ void db_destroy(struct db *db)
 	}
 	free(db->conninfo);
 	free(db);
+}
+
+const struct replication_view *db_replication(const struct db *db)
+{
+	return &db->replication;
 }

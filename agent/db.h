@@ -20,6 +20,7 @@
 
 #include "agent/log.h"
 #include "agent/metrics.h"
+#include "agent/replication.h"
 #include "proto/codec.h"
 
 enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
@@ -93,12 +94,20 @@ bool db_lane_up(const struct db *db, enum db_lane_id lane);
 /* Counters for status and metrics. */
 struct db_stats {
 	unsigned long queries, failures, timeouts, reconnects;
+	/* connections refused because the server was a standby */
+	unsigned long standby_refusals;
+	/* commits whose wait for the synchronous standby was cancelled */
+	unsigned long sync_waits_cancelled;
 	int connected[DB_LANE__COUNT];
 	int queued[DB_LANE__COUNT];
 	/* from queueing to the result (or failure), per lane */
 	struct histogram latency[DB_LANE__COUNT];
 };
 void db_get_stats(const struct db *db, struct db_stats *out);
+
+/* What the server of the latest checked connection said about replication
+ * (checked false before the first connection). */
+const struct replication_view *db_replication(const struct db *db);
 
 /* Maps a failed result's SQLSTATE to the wire error a client should see:
  * 57014 (statement_timeout) and 55P03 (lock_timeout) are TIMEOUT.

@@ -544,6 +544,17 @@ static void render_self(struct evbuffer *out, struct agent *ag)
 			    db_lane_up(ag->db, DB_LANE_REQUESTS) ? "up" : "DOWN",
 			    st.connected[DB_LANE_REQUESTS], st.connected[DB_LANE_HEARTBEAT],
 			    st.queries, st.failures, st.reconnects);
+	const struct replication_view *rv = db_replication(ag->db);
+	char repl[512];
+	replication_describe(rv, repl, sizeof(repl));
+	evbuffer_add_printf(out, "<tr><th>failover</th><td class=\"%s\">%s: ",
+			    replication_failover_safe(rv) ? "ok" : "bad",
+			    replication_failover_word(rv));
+	http_add_escaped(out, repl);
+	evbuffer_add_printf(out,
+			    " (%lu standby connections refused, %lu synchronous waits "
+			    "cancelled)</td></tr>\n",
+			    st.standby_refusals, st.sync_waits_cancelled);
 	int leases = leases_held_count(ag);
 	evbuffer_add_printf(out,
 			    "<tr><th>here</th><td>%d client connection%s, %d session%s, %d "

@@ -219,6 +219,21 @@ static void render_rpc(const struct metrics *m, struct evbuffer *out)
 
 static const char *const lane_labels[DB_LANE__COUNT] = {"requests", "heartbeat"};
 
+/* Only once a connection was checked: before that nothing is known. */
+static void render_replication(const struct replication_view *v, struct evbuffer *out)
+{
+	if (!v->checked)
+		return;
+	gauge(out, "pgcoord_db_failover_safe",
+	      "1 when commits wait for a synchronous standby, so a failover to it keeps every "
+	      "acknowledged grant; 0 when acknowledged grants could be lost.",
+	      replication_failover_safe(v));
+	gauge(out, "pgcoord_db_sync_standbys",
+	      "Synchronous standbys attached to the server, -1 when the role may not see "
+	      "pg_stat_replication.sync_state.",
+	      v->sync_standbys);
+}
+
 static void render_db(struct agent *ag, struct evbuffer *out)
 {
 	struct db_stats st;
@@ -247,6 +262,14 @@ static void render_db(struct agent *ag, struct evbuffer *out)
 	header(out, "pgcoord_db_reconnects_total", "counter",
 	       "Database connections lost and reopened.");
 	evbuffer_add_printf(out, "pgcoord_db_reconnects_total %lu\n", st.reconnects);
+	header(out, "pgcoord_db_standby_refusals_total", "counter",
+	       "Connections dropped because the server was a standby (read-only).");
+	evbuffer_add_printf(out, "pgcoord_db_standby_refusals_total %lu\n", st.standby_refusals);
+	header(out, "pgcoord_db_sync_waits_cancelled_total", "counter",
+	       "Commits whose wait for the synchronous standby was cancelled (not acknowledged).");
+	evbuffer_add_printf(out, "pgcoord_db_sync_waits_cancelled_total %lu\n",
+			    st.sync_waits_cancelled);
+	render_replication(db_replication(ag->db), out);
 	header(out, "pgcoord_db_query_duration_seconds", "histogram",
 	       "Time from queueing a statement to its result, by lane.");
 	for (int l = 0; l < DB_LANE__COUNT; l++) {

@@ -252,6 +252,14 @@ void db_get_stats(const struct db *db, struct db_stats *out)
 	out->queued[DB_LANE_REQUESTS] = (int)db->queued;
 }
 
+/* Never checked: the fake has no server to ask. */
+const struct replication_view *db_replication(const struct db *db)
+{
+	static const struct replication_view unchecked = {0};
+	(void)db;
+	return &unchecked;
+}
+
 /* The schema's refusal codes, as db.c maps them. */
 enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
 {

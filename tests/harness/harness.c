@@ -1165,3 +1165,125 @@ void hbouncer_start(void)
 {
 	bouncer_run("start");
 }
+
+/* --- a standby --------------------------------------------------------- */
+
+static char *standby_dir(void)
+{
+	return xasprintf("%s/standby", henv("PGCOORD_TEST_TMP"));
+}
+
+static void standby_run(const char *verb, const char *arg)
+{
+	char *dir = standby_dir();
+	const char *argv[] = {henv("PGCOORD_TEST_CLUSTER"), verb, dir, arg, NULL};
+	char *out;
+	int rc = hrun(argv, &out);
+
+	free(dir);
+	if (rc != 0) {
+		char *msg = xasprintf("harness: `pg-cluster %s` of the standby exited %d:\n%s",
+				      verb, rc, tail_of(out, FAIL_LOG_TAIL));
+
+		free(out);
+		hfail("%s", msg);
+	}
+	free(out);
+}
+
+/* Runs sql as the superuser in the postgres database of the server whose
+ * socket directory is host; fails the test on error. */
+static char *server_value(const char *host, const char *sql)
+{
+	char buf[2048] = "";
+
+	conninfo_add(buf, sizeof(buf), "host", host);
+	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGPORT"));
+	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
+	conninfo_add(buf, sizeof(buf), "dbname", "postgres");
+	PGconn *conn = connect_or_fail(buf);
+	PGresult *res = exec_or_fail(conn, sql);
+	char *v =
+	    PQntuples(res) > 0 && !PQgetisnull(res, 0, 0) ? xstrdup(PQgetvalue(res, 0, 0)) : NULL;
+
+	PQclear(res);
+	PQfinish(conn);
+	return v;
+}
+
+const char *hpg_standby_host(void)
+{
+	static char *host;
+
+	if (!host)
+		host = xasprintf("%s/standby/socket", henv("PGCOORD_TEST_TMP"));
+	return host;
+}
+
+void hpg_standby_start(bool sync)
+{
+	standby_run("standby", henv("PGCOORD_TEST_PGDATA"));
+	free(server_value(henv("PGCOORD_TEST_PGHOST"),
+			  sync ? "ALTER SYSTEM SET synchronous_standby_names = 'standby'"
+			       : "ALTER SYSTEM RESET synchronous_standby_names"));
+	free(server_value(henv("PGCOORD_TEST_PGHOST"), "SELECT pg_reload_conf()"));
+	int64_t deadline = hnow_ms() + 30000;
+	for (;;) {
+		char *n =
+		    server_value(henv("PGCOORD_TEST_PGHOST"),
+				 sync ? "SELECT count(*) FROM pg_stat_replication WHERE "
+					"application_name = 'standby' AND sync_state = 'sync'"
+				      : "SELECT count(*) FROM pg_stat_replication WHERE "
+					"application_name = 'standby' AND state = 'streaming'");
+		bool attached = n && strcmp(n, "1") == 0;
+
+		free(n);
+		if (attached)
+			return;
+		if (hnow_ms() > deadline)
+			hfail("harness: the standby did not attach %s within 30 s",
+			      sync ? "as synchronous" : "");
+		hsleep_ms(50);
+	}
+}
+
+void hpg_standby_promote(void)
+{
+	standby_run("promote", NULL);
+}
+
+pid_t hpg_standby_walreceiver_pid(void)
+{
+	char *v = server_value(hpg_standby_host(), "SELECT pid FROM pg_stat_wal_receiver");
+	pid_t pid = v ? (pid_t)atol(v) : 0;
+
+	free(v);
+	return pid;
+}
+
+char *hpg_standby_conninfo(const struct harness_db *db)
+{
+	char buf[2048] = "";
+
+	conninfo_add(buf, sizeof(buf), "host", hpg_standby_host());
+	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGPORT"));
+	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
+	conninfo_add(buf, sizeof(buf), "dbname", hdb_name(db));
+	return xstrdup(buf);
+}
+
+char *hpg_failover_conninfo(const struct harness_db *db, const char *user)
+{
+	char hosts[1024], ports[64], buf[2048] = "";
+
+	snprintf(hosts, sizeof(hosts), "%s,%s", henv("PGCOORD_TEST_PGHOST"), hpg_standby_host());
+	snprintf(ports, sizeof(ports), "%s,%s", henv("PGCOORD_TEST_PGPORT"),
+		 henv("PGCOORD_TEST_PGPORT"));
+	conninfo_add(buf, sizeof(buf), "host", hosts);
+	conninfo_add(buf, sizeof(buf), "port", ports);
+	conninfo_add(buf, sizeof(buf), "user", user);
+	conninfo_add(buf, sizeof(buf), "dbname", hdb_name(db));
+	conninfo_add(buf, sizeof(buf), "target_session_attrs", "read-write");
+	conninfo_add(buf, sizeof(buf), "connect_timeout", "2");
+	return xstrdup(buf);
+}

@@ -241,6 +241,36 @@ void hpg_restart(const char *mode);
 void hpg_stop(const char *mode);
 void hpg_start(void);
 
+/* --- a streaming standby (failover tests) ------------------------------ */
+
+/*
+ * Makes $PGCOORD_TEST_TMP/standby a streaming standby of the test cluster
+ * (`pg-cluster standby`: pg_basebackup -R, application_name "standby") and
+ * starts it; sync also makes it the primary's synchronous standby
+ * (synchronous_standby_names, reloaded), else it is made asynchronous.
+ * Returns once it streams (as a synchronous standby when sync).
+ * with-postgres stops and removes it with the cluster.
+ */
+void hpg_standby_start(bool sync);
+
+/* pg_ctl promote; returns once the standby accepts writes. */
+void hpg_standby_promote(void);
+
+/* The standby's socket directory (its port is the primary's). */
+const char *hpg_standby_host(void);
+
+/* The pid of the standby's WAL receiver, 0 when none runs: SIGSTOP it to
+ * stall replication (SIGCONT before the test ends). */
+pid_t hpg_standby_walreceiver_pid(void);
+
+/* db on the standby, as the superuser (the test's view of the truth after a
+ * failover). Caller frees. */
+char *hpg_standby_conninfo(const struct harness_db *db);
+
+/* db on both servers, primary first, with target_session_attrs=read-write,
+ * as user: how agents reach a database that fails over. Caller frees. */
+char *hpg_failover_conninfo(const struct harness_db *db, const char *user);
+
 /* --- PgBouncer (with-postgres --pgbouncer) ----------------------------- */
 
 /* True when the test runs with a PgBouncer in front of the server. */

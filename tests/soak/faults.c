@@ -25,6 +25,7 @@ static const char *const kind_names[FAULT__COUNT] = {
     [FAULT_CLIENT_STOP] = "client_stop",     [FAULT_BACKEND_KILL] = "backend_kill",
     [FAULT_PG_RESTART] = "pg_restart",	     [FAULT_BOUNCER_KILL] = "pgbouncer_kill",
     [FAULT_CLIENT_NOREAD] = "client_noread", [FAULT_CLOCK_JUMP] = "clock_jump",
+    [FAULT_PG_FAILOVER] = "pg_failover",
 };
 
 const char *fault_kind_name(enum fault_kind k)
@@ -45,6 +46,9 @@ bool fault_kind_parse(const char *name, enum fault_kind *out)
 static bool kind_enabled(const struct soak_cfg *cfg, enum fault_kind k)
 {
 	if (k == FAULT_BOUNCER_KILL && !cfg->pgbouncer)
+		return false;
+	/* tests/soak/run --standby made one and says where */
+	if (k == FAULT_PG_FAILOVER && !getenv("PGCOORD_SOAK_STANDBY"))
 		return false;
 	if (k == FAULT_CLOCK_JUMP && !cfg->faketime_file[0])
 		return false;
@@ -108,6 +112,11 @@ static void plan_one(const struct soak_cfg *cfg, struct soak_rng *r, struct faul
 		break;
 	case FAULT_CLIENT_NOREAD:
 		f->hold_ms = 8000; /* at most: until the agent drops it */
+		break;
+	case FAULT_PG_FAILOVER:
+		/* not a hold: room in the schedule for the stop, the promotion
+		 * and rebuilding the old primary as the new standby */
+		f->hold_ms = 20000;
 		break;
 	case FAULT_CLOCK_JUMP:
 		f->target = cfg->agents - 1;
@@ -235,6 +244,11 @@ void fault_describe(const struct fault *f, char *buf, size_t size)
 	case FAULT_PG_RESTART:
 		snprintf(buf, size, "restart Postgres in immediate mode (a crash)");
 		break;
+	case FAULT_PG_FAILOVER:
+		snprintf(buf, size,
+			 "stop the primary in immediate mode (a crash), promote its synchronous "
+			 "standby");
+		break;
 	case FAULT_BOUNCER_KILL:
 		snprintf(buf, size, "kill -9 PgBouncer, restart after %" PRId64 " ms", f->hold_ms);
 		break;
@@ -276,6 +290,52 @@ static int run_cmd(const char *const argv[])
 		if (errno != EINTR)
 			return -1;
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/*
+ * The primary crashes (immediate stop) and its synchronous standby is
+ * promoted; then the old primary's directory is made a standby of the new
+ * one, so the next failover goes back. Both servers are named in every
+ * conninfo (tests/soak/run --standby), with target_session_attrs=read-write.
+ * Until the new standby attaches, commits wait for it (synchronous_standby_
+ * names names both): that is part of the outage.
+ */
+static bool pg_failover(char *detail, size_t len)
+{
+	static char primary[256], standby[256];
+	const char *cl = getenv("PGCOORD_TEST_CLUSTER");
+
+	if (!primary[0]) {
+		snprintf(primary, sizeof(primary), "%s", getenv("PGCOORD_TEST_PGDATA"));
+		snprintf(standby, sizeof(standby), "%s", getenv("PGCOORD_SOAK_STANDBY"));
+	}
+	const char *stop_argv[] = {cl, "shutdown", primary, "immediate", NULL};
+	const char *promote_argv[] = {cl, "promote", standby, NULL};
+	const char *remove_argv[] = {cl, "stop", primary, NULL};
+	const char *rebuild_argv[] = {cl, "standby", primary, standby, NULL};
+	int64_t t0 = soak_now_us();
+	int rc1 = run_cmd(stop_argv);
+	int rc2 = rc1 == 0 ? run_cmd(promote_argv) : -1;
+	int64_t promoted = soak_now_us();
+	int rc3 = rc2 == 0 ? run_cmd(remove_argv) : -1;
+	int rc4 = rc3 == 0 ? run_cmd(rebuild_argv) : -1;
+	int64_t rebuilt = soak_now_us();
+
+	snprintf(
+	    detail, len,
+	    "%.60s crashed, %.60s promoted after %lld ms, the old primary a standby again after "
+	    "%lld ms (exits %d %d %d %d)",
+	    strrchr(primary, '/') ? strrchr(primary, '/') + 1 : primary,
+	    strrchr(standby, '/') ? strrchr(standby, '/') + 1 : standby,
+	    (long long)((promoted - t0) / 1000), (long long)((rebuilt - t0) / 1000), rc1, rc2, rc3,
+	    rc4);
+	if (rc4 != 0)
+		return false;
+	char tmp[256];
+	memcpy(tmp, primary, sizeof(tmp));
+	memcpy(primary, standby, sizeof(primary));
+	memcpy(standby, tmp, sizeof(standby));
+	return true;
 }
 
 /* Runs sql (one statement, one integer column) and returns the sum of the
@@ -496,6 +556,9 @@ void fault_inject(struct fleet *fl, const struct soak_cfg *cfg, struct hist *h,
 		break;
 	case FAULT_CLOCK_JUMP:
 		write_clock(cfg, f->param, detail, sizeof(detail));
+		break;
+	case FAULT_PG_FAILOVER:
+		ok = pg_failover(detail, sizeof(detail));
 		break;
 	case FAULT__COUNT:
 		break;
