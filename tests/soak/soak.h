@@ -154,7 +154,8 @@ enum fault_kind {
 	FAULT_BOUNCER_KILL,  /* kill -9 PgBouncer, restart it (with --pgbouncer) */
 	FAULT_CLIENT_NOREAD, /* a client that stops reading its socket */
 	FAULT_CLOCK_JUMP,    /* the wall clock of one agent jumps (libfaketime) */
-	FAULT_PG_FAILOVER,   /* the primary crashes, its synchronous standby is promoted (--standby) */
+	FAULT_PG_FAILOVER,   /* the primary crashes, its synchronous standby is promoted (--standby)
+			      */
 	FAULT__COUNT
 };
 
