@@ -1,7 +1,9 @@
 /*
- * test_janitor_scan.c — the janitor's sweep costs what is open, not what the
- * fleet did in the past: closed sessions stay in pgcoord.sessions forever,
- * and expiring lapsed sessions every second must not read them.
+ * test_janitor_scan.c — the janitor's sweep, once a second, costs what is
+ * open, not what the fleet did in the past, and little per open row: closed
+ * sessions stay in pgcoord.sessions forever, and expiring lapsed sessions
+ * must not read them; the permit duty checks every held permit's owner, and
+ * must not do it with a function call per permit.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@ TestSuite(janitor_scan, .timeout = 90);
 /* PL/pgSQL plans a statement afresh for the first five calls of a backend
  * and may then keep a generic plan: both must stay cheap */
 #define SWEEPS 8
+#define HELD_PERMITS 2000
 
 /* Rows of pgcoord.sessions this connection's transaction has read so far. */
 static long rows_read(struct harness_db *db)
@@ -90,5 +93,68 @@ Test(janitor_scan, expiry_reads_open_sessions_only_and_still_expires_the_lapsed)
 		     OPEN_SESSIONS);
 	cr_assert_eq(hagent_stop(a), 0);
 	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Calls of a pgcoord function in this connection's transaction so far
+ * (track_functions must be on). */
+static long function_calls(struct harness_db *db, const char *name)
+{
+	return hdb_query_long(db,
+			      "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+			      "WHERE schemaname = 'pgcoord' AND funcname = '%s'",
+			      name);
+}
+
+Test(janitor_scan, permit_duty_checks_owners_in_one_join_and_still_finds_the_lost)
+{
+	struct harness_db *db = idb_migrated();
+
+	hdb_exec(db, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		     "expires_at) VALUES ('held', 1, 'h', 1, 'v', now() + interval '1 hour')");
+	/* sessions 1..N live, each holding one permit */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (id, replica_id, incarnation, expires_at) "
+		 "SELECT i, 'held', 1, now() + interval '1 hour' FROM generate_series(1, %d) i",
+		 HELD_PERMITS);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_replica, owner_session, state, "
+		 "phase, on_owner_loss) SELECT 'live-' || i, nextval('pgcoord.token_seq'), 'held', "
+		 "i, 'held', 'reserved', 'uncertain' FROM generate_series(1, %d) i",
+		 HELD_PERMITS);
+	/* one more, whose owner closed without the end-of-session hook running */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (id, replica_id, incarnation, expires_at, "
+		 "closed_at, close_reason) VALUES (%d, 'held', 1, now(), now(), 'test')",
+		 HELD_PERMITS + 1);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_replica, owner_session, state, "
+		 "phase, on_owner_loss) VALUES ('orphan', nextval('pgcoord.token_seq'), 'held', "
+		 "%d, 'held', 'reserved', 'uncertain')",
+		 HELD_PERMITS + 1);
+	/* a share of a quota without a lapse policy, so it stays uncertain */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.quotas (key, \"limit\", in_flight) VALUES ('scan', 10, 1)");
+	hdb_exec(db, "INSERT INTO pgcoord.permit_quotas (permit_id, key, weight) "
+		     "VALUES ('orphan', 'scan', 1)");
+	hdb_exec(db, "ANALYZE pgcoord.sessions, pgcoord.permits");
+	hdb_exec(db, "SET track_functions = 'all'");
+
+	hdb_exec(db, "BEGIN");
+	long before = function_calls(db, "session_is_live");
+	hdb_query_long(db, "SELECT pgcoord.janitor_lapse_permits(1000)");
+	long calls = function_calls(db, "session_is_live") - before;
+	hdb_exec(db, "COMMIT");
+
+	cr_assert_leq(calls, 1,
+		      "one sweep called session_is_live %ld times for %d held permits: a "
+		      "function call per permit, every second",
+		      calls, HELD_PERMITS + 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
+					"WHERE id = 'orphan' AND state = 'uncertain'"),
+		     1, "the permit of a session that ended unnoticed got no owner-loss treatment");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
+					"WHERE id LIKE 'live-%%' AND state = 'held'"),
+		     HELD_PERMITS, "a permit of a live session was touched");
 	hdb_drop(db);
 }
