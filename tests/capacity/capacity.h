@@ -36,6 +36,7 @@ struct cap_cfg {
 	int sessions[CAP_MAX_COUNTS], nsessions;
 	int pool_size;		   /* 0: the agent's default */
 	int heartbeat_interval_ms; /* 0: the agent's default */
+	int lease_retry_ms;	   /* 0: the agent's default */
 	int bouncer_pool_size;	   /* PgBouncer's default_pool_size; 0: as set up */
 	long closed_sessions;	   /* closed sessions preloaded: a long past */
 	int call_timeout_ms;

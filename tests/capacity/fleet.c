@@ -99,6 +99,8 @@ static pid_t spawn(const struct cap_cfg *cfg, int i)
 			setenv_int("PGCOORD_POOL_SIZE", cfg->pool_size);
 		if (cfg->heartbeat_interval_ms > 0)
 			setenv_int("PGCOORD_HEARTBEAT_INTERVAL_MS", cfg->heartbeat_interval_ms);
+		if (cfg->lease_retry_ms > 0)
+			setenv_int("PGCOORD_LEASE_RETRY_MS", cfg->lease_retry_ms);
 		execl(cfg->agent_bin, cfg->agent_bin, (char *)NULL);
 		fprintf(stderr, "pgcoord-capacity: cannot run %s: %s\n", cfg->agent_bin,
 			strerror(errno));

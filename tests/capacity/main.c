@@ -39,27 +39,30 @@ __attribute__((noreturn, format(printf, 1, 2))) static void usage_error(const ch
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: pgcoord-capacity [--quick] [--agents 1,8,32,64] [--sessions 1,10,100]\n"
-		"                        [--idle S] [--load S] [--settle S] [--pool-size N]\n"
-		"                        [--heartbeat-ms N] [--bouncer-pool N]\n"
-		"                        [--closed-sessions N] [--direct] [--agent-bin PATH]\n"
-		"Runs beside tests/harness/with-postgres --pgbouncer; scripts/capacity does all "
-		"of it.\n"
-		"  --quick          4 agents x 10 sessions, 3 s windows: the smoke run\n"
-		"  --agents LIST    agent counts, ascending (default 1,8,32,64; at most %d)\n"
-		"  --sessions LIST  sessions per agent, ascending (default 1,10,100; at most %d)\n"
-		"  --idle S         measured idle seconds per point (default 10)\n"
-		"  --load S         measured claim/release seconds per point (default 8)\n"
-		"  --settle S       unmeasured seconds before each window (default 2)\n"
-		"  --pool-size N    the agents' pool_size (default: the agent's default)\n"
-		"  --heartbeat-ms N the agents' heartbeat_interval_ms (default: the agent's)\n"
-		"  --bouncer-pool N PgBouncer's default_pool_size (default: the test setup's 20)\n"
-		"  --closed-sessions N\n"
-		"                   preload N closed sessions, a long past (default 0)\n"
-		"  --direct         agents connect to the server, not through PgBouncer\n"
-		"  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n",
-		CAP_MAX_AGENTS, CAP_MAX_SESSIONS);
+	fprintf(
+	    f,
+	    "usage: pgcoord-capacity [--quick] [--agents 1,8,32,64] [--sessions 1,10,100]\n"
+	    "                        [--idle S] [--load S] [--settle S] [--pool-size N]\n"
+	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--bouncer-pool N]\n"
+	    "                        [--closed-sessions N] [--direct] [--agent-bin PATH]\n"
+	    "Runs beside tests/harness/with-postgres --pgbouncer; scripts/capacity does all "
+	    "of it.\n"
+	    "  --quick          4 agents x 10 sessions, 3 s windows: the smoke run\n"
+	    "  --agents LIST    agent counts, ascending (default 1,8,32,64; at most %d)\n"
+	    "  --sessions LIST  sessions per agent, ascending (default 1,10,100; at most %d)\n"
+	    "  --idle S         measured idle seconds per point (default 10)\n"
+	    "  --load S         measured claim/release seconds per point (default 8)\n"
+	    "  --settle S       unmeasured seconds before each window (default 2)\n"
+	    "  --pool-size N    the agents' pool_size (default: the agent's default)\n"
+	    "  --heartbeat-ms N the agents' heartbeat_interval_ms (default: the agent's)\n"
+	    "  --lease-retry-ms N\n"
+	    "                   the agents' lease_retry_ms (default: the agent's)\n"
+	    "  --bouncer-pool N PgBouncer's default_pool_size (default: the test setup's 20)\n"
+	    "  --closed-sessions N\n"
+	    "                   preload N closed sessions, a long past (default 0)\n"
+	    "  --direct         agents connect to the server, not through PgBouncer\n"
+	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n",
+	    CAP_MAX_AGENTS, CAP_MAX_SESSIONS);
 }
 
 static long parse_long(const char *opt, const char *s, long lo, long hi)
@@ -119,6 +122,7 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	    {"settle", required_argument, NULL, 'S'},
 	    {"pool-size", required_argument, NULL, 'p'},
 	    {"heartbeat-ms", required_argument, NULL, 'b'},
+	    {"lease-retry-ms", required_argument, NULL, 'r'},
 	    {"bouncer-pool", required_argument, NULL, 'P'},
 	    {"closed-sessions", required_argument, NULL, 'C'},
 	    {"direct", no_argument, NULL, 'D'},
@@ -160,6 +164,10 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 		case 'b':
 			cfg->heartbeat_interval_ms =
 			    (int)parse_long("--heartbeat-ms", optarg, 50, 60000);
+			break;
+		case 'r':
+			cfg->lease_retry_ms =
+			    (int)parse_long("--lease-retry-ms", optarg, 50, 60000);
 			break;
 		case 'P':
 			cfg->bouncer_pool_size = (int)parse_long("--bouncer-pool", optarg, 1, 250);
@@ -269,6 +277,25 @@ static void print_table(const struct point *pts, int n)
 	}
 }
 
+/* Where the idle time went: execution ms/s of each statement kind. */
+static void print_kinds(const struct point *pts, int n)
+{
+	printf("\nIdle execution time by statement kind (ms/s, pg_stat_statements):\n\n"
+	       "| agents | sessions/agent |");
+	for (int k = 0; k < KIND_COUNT; k++)
+		printf(" %s |", stmt_kind_names[k]);
+	printf("\n| ---: | ---: |");
+	for (int k = 0; k < KIND_COUNT; k++)
+		printf(" ---: |");
+	printf("\n");
+	for (int i = 0; i < n; i++) {
+		printf("| %d | %d |", pts[i].agents, pts[i].sessions);
+		for (int k = 0; k < KIND_COUNT; k++)
+			printf(" %.2f |", per_s(pts[i].idle.exec_ms[k], pts[i].idle.seconds));
+		printf("\n");
+	}
+}
+
 static void progress(const struct point *p)
 {
 	double all = 0;
@@ -348,6 +375,9 @@ int main(int argc, char **argv)
 	       cfg.pool_size ? cfg.pool_size : 8, cfg.pool_size ? "" : " (default)",
 	       cfg.heartbeat_interval_ms ? cfg.heartbeat_interval_ms : 1000,
 	       cfg.heartbeat_interval_ms ? "" : " (default)");
+	printf("pgcoord-capacity: lease_retry_ms %d%s\n",
+	       cfg.lease_retry_ms ? cfg.lease_retry_ms : 1000,
+	       cfg.lease_retry_ms ? "" : " (default)");
 	if (!cfg.direct)
 		printf(
 		    "pgcoord-capacity: PgBouncer default_pool_size %d, server_idle_timeout 600\n",
@@ -391,6 +421,7 @@ int main(int argc, char **argv)
 		}
 	}
 	print_table(pts, npts);
+	print_kinds(pts, npts);
 	cap_model_print(pts, npts, &cfg);
 	load_average(load, sizeof(load));
 	printf("\npgcoord-capacity: load average after the last point %s\n", load);

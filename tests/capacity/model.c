@@ -42,6 +42,11 @@ static double idle_cpu(const struct point *p)
 	return p->idle.seconds > 0 ? p->idle.pg_cpu_ms / p->idle.seconds : 0;
 }
 
+static double idle_wal_kb(const struct point *p)
+{
+	return p->idle.seconds > 0 ? (double)p->idle.wal_bytes / 1024.0 / p->idle.seconds : 0;
+}
+
 /* Solves the 3×3 system m·x = v by Gaussian elimination with pivoting. */
 static bool solve3(double m[3][3], double v[3], double x[3])
 {
@@ -122,6 +127,7 @@ void cap_model_print(const struct point *pts, int n, const struct cap_cfg *cfg)
 {
 	struct fit st = fit_points(pts, n, idle_statements);
 	struct fit cpu = fit_points(pts, n, idle_cpu);
+	struct fit wal = fit_points(pts, n, idle_wal_kb);
 	double *stmt_per_cycle = calloc((size_t)n + 1, sizeof(double));
 	double *cpu_per_cycle = calloc((size_t)n + 1, sizeof(double));
 	int m = 0;
@@ -129,13 +135,15 @@ void cap_model_print(const struct point *pts, int n, const struct cap_cfg *cfg)
 	printf("\nThe model (least squares over %d points; idle cost = fleet + per agent x "
 	       "agents + per session x sessions):\n",
 	       n);
-	if (!st.ok || !cpu.ok) {
+	if (!st.ok || !cpu.ok || !wal.ok) {
 		printf("- not enough distinct points to fit (vary --agents and --sessions)\n");
 	} else {
 		printf("- statements/s: %.2f per fleet + %.3f per agent + %.4f per session\n",
 		       st.fleet, st.per_agent, st.per_session);
 		printf("- Postgres CPU ms/s: %.2f per fleet + %.3f per agent + %.4f per session\n",
 		       cpu.fleet, cpu.per_agent, cpu.per_session);
+		printf("- WAL kB/s: %.2f per fleet + %.3f per agent + %.4f per session\n",
+		       wal.fleet, wal.per_agent, wal.per_session);
 	}
 	for (int i = 0; stmt_per_cycle && cpu_per_cycle && i < n; i++) {
 		const struct point *p = &pts[i];
@@ -158,18 +166,19 @@ void cap_model_print(const struct point *pts, int n, const struct cap_cfg *cfg)
 	       spc, cpc);
 	free(stmt_per_cycle);
 	free(cpu_per_cycle);
-	if (!st.ok || !cpu.ok)
+	if (!st.ok || !cpu.ok || !wal.ok)
 		return;
 
 	double agents = FLEET_HOSTS, sessions = (double)FLEET_HOSTS * FLEET_SESSIONS;
 	double s = st.fleet + st.per_agent * agents + st.per_session * sessions;
 	double c = cpu.fleet + cpu.per_agent * agents + cpu.per_session * sessions;
+	double w = wal.fleet + wal.per_agent * agents + wal.per_session * sessions;
 	int pool = cfg->pool_size > 0 ? cfg->pool_size : 8;
 
 	printf("- a fleet of %d hosts x %d sessions at idle: %.0f statements/s (%.0f with the "
-	       "set_config each carries), %.0f Postgres CPU ms/s (%.2f cores); "
+	       "set_config each carries), %.0f Postgres CPU ms/s (%.2f cores), %.0f kB/s of WAL; "
 	       "%d agent connections to PgBouncer at pool_size %d (+1 heartbeat each)\n",
-	       FLEET_HOSTS, FLEET_SESSIONS, s, 2 * s, c, c / 1000.0, FLEET_HOSTS * (pool + 1),
+	       FLEET_HOSTS, FLEET_SESSIONS, s, 2 * s, c, c / 1000.0, w, FLEET_HOSTS * (pool + 1),
 	       pool);
 	if (cpc > 0 && c < 1000.0)
 		printf("- claims/s one such server core would have left: %.0f "
