@@ -1,0 +1,160 @@
+/*
+ * test_janitor_scan.c — the janitor's sweep, once a second, costs what is
+ * open, not what the fleet did in the past, and little per open row: closed
+ * sessions stay in pgcoord.sessions forever, and expiring lapsed sessions
+ * must not read them; the permit duty checks every held permit's owner, and
+ * must not do it with a function call per permit.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "itest.h"
+
+TestSuite(janitor_scan, .timeout = 90);
+
+#define CLOSED_SESSIONS 50000
+#define OPEN_SESSIONS 200
+/* rows of pgcoord.sessions one sweep may read: the open ones, a few times
+ * over (a bitmap scan rechecks), never the closed past */
+#define MAX_ROWS_READ (10 * OPEN_SESSIONS)
+/* PL/pgSQL plans a statement afresh for the first five calls of a backend
+ * and may then keep a generic plan: both must stay cheap */
+#define SWEEPS 8
+#define HELD_PERMITS 2000
+
+/* Rows of pgcoord.sessions this connection's transaction has read so far. */
+static long rows_read(struct harness_db *db)
+{
+	return hdb_query_long(db, "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+				  "FROM pg_stat_xact_user_tables "
+				  "WHERE relid = 'pgcoord.sessions'::regclass");
+}
+
+Test(janitor_scan, expiry_reads_open_sessions_only_and_still_expires_the_lapsed)
+{
+	struct harness_db *db = idb_migrated();
+
+	/* a long past: an agent that stopped a day ago and its closed sessions */
+	hdb_exec(db, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		     "expires_at, stopped_at) VALUES ('past', 1, 'h', 1, 'v', "
+		     "now() - interval '1 day', now() - interval '1 day')");
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (replica_id, incarnation, expires_at, closed_at, "
+		 "close_reason) SELECT 'past', 1, now() - interval '1 day', now() - interval "
+		 "'1 day', 'agent stopped' FROM generate_series(1, %d)",
+		 CLOSED_SESSIONS);
+	/* the present: open sessions renewed well ahead, one of them lapsed */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (replica_id, incarnation, expires_at) "
+		 "SELECT 'present', 1, now() + interval '1 hour' FROM generate_series(1, %d)",
+		 OPEN_SESSIONS);
+	long lapsed = hdb_query_long(db, "INSERT INTO pgcoord.sessions (replica_id, incarnation, "
+					 "expires_at) VALUES ('present', 1, now() - interval "
+					 "'1 second') RETURNING id");
+	hdb_exec(db, "VACUUM ANALYZE pgcoord.sessions");
+
+	for (int i = 0; i < SWEEPS; i++) {
+		hdb_exec(db, "BEGIN");
+		long before = rows_read(db);
+		long expired = hdb_query_long(db, "SELECT pgcoord.janitor_expire_sessions(1000)");
+		long read = rows_read(db) - before;
+		hdb_exec(db, "COMMIT");
+		cr_assert_eq(expired, i == 0 ? 1 : 0, "sweep %d expired %ld sessions", i + 1,
+			     expired);
+		cr_assert_leq(read, MAX_ROWS_READ,
+			      "sweep %d read %ld session rows for %d open ones: it scans the "
+			      "%d closed sessions of the past",
+			      i + 1, read, OPEN_SESSIONS + 1, CLOSED_SESSIONS);
+	}
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %ld "
+				    "AND close_reason = 'expired'",
+				    lapsed),
+		     1, "the lapsed session was not expired");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE replica_id = 'present' AND closed_at IS NULL"),
+		     OPEN_SESSIONS, "a live session was closed");
+
+	/* and a real agent's janitor, over the same past, still expires one */
+	struct hagent *a = hagent_start(db, "scan-janitor", NULL);
+	iwait_janitor(a);
+	lapsed =
+	    hdb_query_long(db, "INSERT INTO pgcoord.sessions (replica_id, incarnation, "
+			       "expires_at) VALUES ('present', 1, now() - interval '1 second') "
+			       "RETURNING id");
+	cr_assert(iwait_sql(db, 10000,
+			    "SELECT count(*) FROM pgcoord.sessions WHERE id = %ld "
+			    "AND close_reason = 'expired'",
+			    lapsed),
+		  "the agent's janitor did not expire a lapsed session within 10 s");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE replica_id = 'present' AND closed_at IS NULL"),
+		     OPEN_SESSIONS);
+	cr_assert_eq(hagent_stop(a), 0);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Calls of a pgcoord function in this connection's transaction so far
+ * (track_functions must be on). */
+static long function_calls(struct harness_db *db, const char *name)
+{
+	return hdb_query_long(db,
+			      "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+			      "WHERE schemaname = 'pgcoord' AND funcname = '%s'",
+			      name);
+}
+
+Test(janitor_scan, permit_duty_checks_owners_in_one_join_and_still_finds_the_lost)
+{
+	struct harness_db *db = idb_migrated();
+
+	hdb_exec(db, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		     "expires_at) VALUES ('held', 1, 'h', 1, 'v', now() + interval '1 hour')");
+	/* sessions 1..N live, each holding one permit */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (id, replica_id, incarnation, expires_at) "
+		 "SELECT i, 'held', 1, now() + interval '1 hour' FROM generate_series(1, %d) i",
+		 HELD_PERMITS);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_replica, owner_session, state, "
+		 "phase, on_owner_loss) SELECT 'live-' || i, nextval('pgcoord.token_seq'), 'held', "
+		 "i, 'held', 'reserved', 'uncertain' FROM generate_series(1, %d) i",
+		 HELD_PERMITS);
+	/* one more, whose owner closed without the end-of-session hook running */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (id, replica_id, incarnation, expires_at, "
+		 "closed_at, close_reason) VALUES (%d, 'held', 1, now(), now(), 'test')",
+		 HELD_PERMITS + 1);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_replica, owner_session, state, "
+		 "phase, on_owner_loss) VALUES ('orphan', nextval('pgcoord.token_seq'), 'held', "
+		 "%d, 'held', 'reserved', 'uncertain')",
+		 HELD_PERMITS + 1);
+	/* a share of a quota without a lapse policy, so it stays uncertain */
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.quotas (key, \"limit\", in_flight) VALUES ('scan', 10, 1)");
+	hdb_exec(db, "INSERT INTO pgcoord.permit_quotas (permit_id, key, weight) "
+		     "VALUES ('orphan', 'scan', 1)");
+	hdb_exec(db, "ANALYZE pgcoord.sessions, pgcoord.permits");
+	hdb_exec(db, "SET track_functions = 'all'");
+
+	hdb_exec(db, "BEGIN");
+	long before = function_calls(db, "session_is_live");
+	hdb_query_long(db, "SELECT pgcoord.janitor_lapse_permits(1000)");
+	long calls = function_calls(db, "session_is_live") - before;
+	hdb_exec(db, "COMMIT");
+
+	cr_assert_leq(calls, 1,
+		      "one sweep called session_is_live %ld times for %d held permits: a "
+		      "function call per permit, every second",
+		      calls, HELD_PERMITS + 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
+					"WHERE id = 'orphan' AND state = 'uncertain'"),
+		     1, "the permit of a session that ended unnoticed got no owner-loss treatment");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
+					"WHERE id LIKE 'live-%%' AND state = 'held'"),
+		     HELD_PERMITS, "a permit of a live session was touched");
+	hdb_drop(db);
+}
