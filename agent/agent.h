@@ -23,6 +23,7 @@ struct lease_registry;
 struct janitor;
 struct metrics;
 struct http;
+struct group;
 
 enum agent_state {
 	AGENT_STARTING,	  /* serving agent.* only; waiting for the database */
@@ -75,6 +76,8 @@ struct agent {
 	char **argv;
 	struct metrics *metrics;
 	struct http *http;
+	/* claims and releases waiting at the same moment share a statement */
+	struct group *claim_group, *release_group;
 };
 
 /* CLOCK_MONOTONIC in milliseconds: every local deadline uses it. */
