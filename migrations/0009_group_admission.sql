@@ -84,4 +84,36 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- The heartbeat at scale: one statement per agent per interval whatever its
+-- sessions, but the sessions it could not renew were found by testing each
+-- against every renewed one, O(n²): with 10,000 sessions on one agent
+-- that took seconds, longer than the interval. A set difference (hashed)
+-- is O(n). Otherwise as in 0001.
+CREATE OR REPLACE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
+	p_ttl_ms bigint, p_sessions bigint[])
+RETURNS TABLE (agent_ok boolean, lost bigint[], now_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_renewed bigint[] := '{}';
+	v_ok boolean;
+BEGIN
+	UPDATE pgcoord.agents SET heartbeat_at = now(),
+		expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
+	WHERE replica_id = p_replica_id AND incarnation = p_incarnation AND stopped_at IS NULL;
+	v_ok := FOUND;
+	IF v_ok THEN
+		WITH r AS (
+			UPDATE pgcoord.sessions s
+			SET expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
+			WHERE s.id = ANY (p_sessions) AND s.replica_id = p_replica_id
+			  AND s.incarnation = p_incarnation
+			  AND s.closed_at IS NULL AND s.expires_at > now()
+			RETURNING s.id)
+		SELECT coalesce(array_agg(id), '{}') INTO v_renewed FROM r;
+	END IF;
+	RETURN QUERY SELECT v_ok,
+		ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_renewed)),
+		pgcoord.ms(now());
+END $$;
+
 SELECT pgcoord.secure_functions();
