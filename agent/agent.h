@@ -24,6 +24,7 @@ struct janitor;
 struct metrics;
 struct http;
 struct watch_registry;
+struct group;
 
 enum agent_state {
 	AGENT_STARTING,	  /* serving agent.* only; waiting for the database */
@@ -77,6 +78,8 @@ struct agent {
 	char **argv;
 	struct metrics *metrics;
 	struct http *http;
+	/* claims and releases waiting at the same moment share a statement */
+	struct group *claim_group, *release_group;
 };
 
 /* CLOCK_MONOTONIC in milliseconds: every local deadline uses it. */

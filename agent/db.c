@@ -26,6 +26,7 @@ struct db_query {
 	db_done_fn done;
 	void *arg;
 	const bool *abandoned; /* when true before it is sent, it is not sent */
+	db_build_fn build;     /* makes sql and params when a connection takes it */
 	struct event *deadline;
 	struct timespec queued_at; /* for the latency histogram */
 	struct timespec due;	   /* queued_at + query_timeout_ms */
@@ -744,6 +745,12 @@ static void lane_pump(struct db_lane *lane)
 				   "sent; nothing was done");
 			q = queue_pop(lane);
 		}
+		if (q && q->build && !q->build(q->arg, &q->sql, &q->nparams, &q->params)) {
+			/* nothing left to send (every member was answered) */
+			query_fail(q, PGC_E_UNAVAILABLE, false, "nothing to send");
+			i--; /* this connection is still idle */
+			continue;
+		}
 		if (q)
 			conn_run(&lane->conns[i], q);
 	}
@@ -837,6 +844,46 @@ bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, in
 oom:
 	query_free(q);
 	return false;
+}
+
+bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, db_done_fn done,
+		    void *arg)
+{
+	struct db_lane *lane = &db->lanes[lane_id];
+	struct db_query *q;
+
+	if (!lane->up || lane->queued >= DB_QUEUE_MAX)
+		return false;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return false;
+	q->lane = lane;
+	q->done = done;
+	q->arg = arg;
+	q->build = build;
+	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
+	q->due = q->queued_at;
+	q->due.tv_sec += db->query_timeout_ms / 1000;
+	q->due.tv_nsec += (long)(db->query_timeout_ms % 1000) * 1000000;
+	if (q->due.tv_nsec >= 1000000000) {
+		q->due.tv_sec++;
+		q->due.tv_nsec -= 1000000000;
+	}
+	q->deadline = evtimer_new(db->base, query_deadline_cb, q);
+	if (!q->deadline) {
+		query_free(q);
+		return false;
+	}
+	struct timeval tv = ms_to_tv(db->query_timeout_ms);
+	evtimer_add(q->deadline, &tv);
+	if (lane->tail)
+		lane->tail->next = q;
+	else
+		lane->head = q;
+	lane->tail = q;
+	lane->queued++;
+	lane_pump(lane);
+	return true;
 }
 
 bool db_lane_up(const struct db *db, enum db_lane_id lane)

@@ -89,6 +89,22 @@ __attribute__((warn_unused_result)) bool db_query_unless(struct db *db, enum db_
 							 const char *const *params, db_done_fn done,
 							 void *arg, const bool *abandoned);
 
+/*
+ * Makes a statement's text and parameters only when a connection takes it
+ * from the queue, so it can carry whatever was queued meanwhile (a group
+ * of claims). *sql and the nparams strings of *params (NULL = SQL NULL)
+ * are malloc'ed and become the lane's. Returns false when there is
+ * nothing to send any more: done then gets UNAVAILABLE and nothing ran.
+ */
+typedef bool (*db_build_fn)(void *arg, char **sql, int *nparams, char ***params);
+
+/*
+ * db_query for a statement built late (db_build_fn). The deadline counts
+ * from now, as for db_query: what joins the statement later shares it.
+ */
+__attribute__((warn_unused_result)) bool
+db_query_built(struct db *db, enum db_lane_id lane, db_build_fn build, db_done_fn done, void *arg);
+
 bool db_lane_up(const struct db *db, enum db_lane_id lane);
 
 /* Counters for status and metrics. */

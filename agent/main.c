@@ -21,11 +21,13 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/groups.h"
 #include "agent/http.h"
 #include "agent/identity.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/listener.h"
+#include "agent/methods.h"
 #include "agent/metrics.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
@@ -189,11 +191,14 @@ static int serve(struct agent *ag)
 	}
 	ag->db = db_create(ag->base, &dbs, &ag->log, db_state_changed, ag);
 	ag->metrics = metrics_create(dispatch_method_count(), dispatch_method_name);
+	ag->claim_group = group_create(ag, &permit_claim_group_kind);
+	ag->release_group = group_create(ag, &permit_release_group_kind);
 	ag->sig_term = evsignal_new(ag->base, SIGTERM, signal_cb, ag);
 	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
-	if (!ag->db || !ag->metrics || !ag->sig_term || !ag->sig_int || !ag->sig_hup ||
-	    !leases_start(ag) || !watches_start(ag) || !identity_start(ag)) {
+	if (!ag->db || !ag->metrics || !ag->claim_group || !ag->release_group || !ag->sig_term ||
+	    !ag->sig_int || !ag->sig_hup || !leases_start(ag) || !watches_start(ag) ||
+	    !identity_start(ag)) {
 		log_error(&ag->log, "main", "out of memory at start-up");
 		ag->exit_code = 1;
 		goto out;
@@ -225,7 +230,9 @@ out:
 	sessions_lose_all(ag, "the agent exited");
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
-	db_destroy(ag->db);	/* fails what is still running: callbacks run now */
+	db_destroy(ag->db);		/* fails what is still running: callbacks run now */
+	group_destroy(ag->claim_group); /* after the database: it answered their members */
+	group_destroy(ag->release_group);
 	http_destroy(ag->http); /* after the database: its callbacks may answer pages */
 	ag->http = NULL;
 	leases_finish(ag);

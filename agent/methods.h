@@ -6,6 +6,7 @@
 #define PGCOORD_AGENT_METHODS_H
 
 struct request;
+struct group_kind;
 
 /* agent_rpc.c */
 void rpc_agent_hello(struct request *req);
@@ -42,6 +43,8 @@ void rpc_permit_get(struct request *req);
 void rpc_permit_list(struct request *req);
 void rpc_permit_history(struct request *req);
 void rpc_permit_check(struct request *req);
+/* how claims and releases are grouped (groups.h) */
+extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
 
 /* records.c */
 void rpc_record_put(struct request *req);

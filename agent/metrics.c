@@ -10,6 +10,7 @@
 
 #include "agent/agent.h"
 #include "agent/db.h"
+#include "agent/groups.h"
 #include "agent/janitor.h"
 #include "agent/watches.h"
 #include "agent/leases.h"
@@ -278,6 +279,31 @@ static void render_db(struct agent *ag, struct evbuffer *out)
 	}
 }
 
+/* Group admission (groups.h): members ÷ groups is the mean group size. */
+static void render_groups(const struct agent *ag, struct evbuffer *out)
+{
+	const struct group *groups[] = {ag->claim_group, ag->release_group};
+	struct group_stats st[2];
+
+	for (int i = 0; i < 2; i++)
+		group_get_stats(groups[i], &st[i]);
+	header(out, "pgcoord_permit_groups_total", "counter",
+	       "Statements that carried a group of permit calls, by kind.");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(out, "pgcoord_permit_groups_total{kind=\"%s\"} %llu\n",
+				    group_name(groups[i]), (unsigned long long)st[i].groups);
+	header(out, "pgcoord_permit_group_members_total", "counter",
+	       "Permit calls sent in those statements, by kind.");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(out, "pgcoord_permit_group_members_total{kind=\"%s\"} %llu\n",
+				    group_name(groups[i]), (unsigned long long)st[i].members);
+	header(out, "pgcoord_permit_group_largest", "gauge",
+	       "The most permit calls one statement has carried, by kind.");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(out, "pgcoord_permit_group_largest{kind=\"%s\"} %llu\n",
+				    group_name(groups[i]), (unsigned long long)st[i].largest);
+}
+
 void metrics_render(struct agent *ag, struct evbuffer *out)
 {
 	static const char *const states[] = {"starting", "serving", "stopping", "superseded"};
@@ -342,6 +368,8 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 		}
 		render_rpc(m, out);
 	}
+	if (ag->claim_group && ag->release_group)
+		render_groups(ag, out);
 	if (ag->db)
 		render_db(ag, out);
 }

@@ -19,6 +19,7 @@
 #include "agent/agent.h"
 #include "agent/conn.h"
 #include "agent/dispatch.h"
+#include "agent/groups.h"
 #include "agent/methods.h"
 #include "agent/metrics.h"
 #include "agent/pgrow.h"
@@ -144,16 +145,10 @@ static bool param_override(struct request *req, bool *override)
  * refusal when outcome is not "ok" and returns true; `verb` and `who_may`
  * make the message ("release", "its owner or an admin with override").
  */
-static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
-		    const char *verb, const char *who_may)
+static bool refused_at(struct request *req, const struct permit_call *call, const PGresult *res,
+		       int row, int col, const char *verb, const char *who_may)
 {
-	const char *outcome, *detail;
-	if (PQntuples(res) != 1) {
-		req_fail(req, PGC_E_INTERNAL, "permit %s returned %d rows", verb, PQntuples(res));
-		return true;
-	}
-	outcome = PQgetvalue(res, 0, 0);
-	detail = PQgetvalue(res, 0, 1);
+	const char *outcome = PQgetvalue(res, row, col), *detail = PQgetvalue(res, row, col + 1);
 	if (strcmp(outcome, "ok") == 0)
 		return false;
 	if (strcmp(outcome, "not_found") == 0)
@@ -172,6 +167,17 @@ static bool refused(struct request *req, const struct permit_call *call, const P
 		req_fail(req, PGC_E_INTERNAL, "permit %s: unexpected outcome \"%s\"", verb,
 			 outcome);
 	return true;
+}
+
+/* refused_at for a statement of its own: one row, the outcome first. */
+static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
+		    const char *verb, const char *who_may)
+{
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "permit %s returned %d rows", verb, PQntuples(res));
+		return true;
+	}
+	return refused_at(req, call, res, 0, 0, verb, who_may);
 }
 
 /* --- permit.claim ---------------------------------------------------- */
@@ -325,89 +331,98 @@ enum {
 	CL_NOW
 };
 
-static void claimed(const struct db_result *r, void *arg)
+/* Answers a claim from its row of permit_claim_group: its columns from
+ * `col` on are permit_claim's. */
+static void claim_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
-	struct request *req = arg;
-	struct permit_call *call = take_call(req);
-	const PGresult *res = r->res;
-	const char *status;
+	struct permit_call *call = ctx;
+	const char *status = PQgetvalue(res, row, col + CL_STATUS);
 
-	if (!r->ok) {
-		/* fail closed: a claim that could not be checked is never an
-		 * admission; a retry with the same id finds what committed */
-		req_fail_db(req, r);
-		goto out;
-	}
-	if (PQntuples(res) != 1) {
-		req_fail(req, PGC_E_INTERNAL, "permit_claim returned %d rows", PQntuples(res));
-		goto out;
-	}
-	status = PQgetvalue(res, 0, CL_STATUS);
 	metrics_claim_result(req->ag, status);
 	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
 		msgpack_packer *pk = req_result(req);
 		msgpack_pack_map(pk, 10);
 		pgc_pack_kv_str(pk, "status", status);
 		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_int(pk, "token", res, 0, CL_TOKEN);
-		pgrow_kv_str(pk, "state", res, 0, CL_STATE);
-		pgrow_kv_str(pk, "phase", res, 0, CL_PHASE);
-		pgrow_kv_int(pk, "owner_session", res, 0, CL_OWNER);
-		pgrow_kv_str(pk, "owner_replica", res, 0, CL_REPLICA);
+		pgrow_kv_int(pk, "token", res, row, col + CL_TOKEN);
+		pgrow_kv_str(pk, "state", res, row, col + CL_STATE);
+		pgrow_kv_str(pk, "phase", res, row, col + CL_PHASE);
+		pgrow_kv_int(pk, "owner_session", res, row, col + CL_OWNER);
+		pgrow_kv_str(pk, "owner_replica", res, row, col + CL_REPLICA);
 		/* a retry through another session finds the grant owned by the
 		 * first one; it says so rather than moving ownership silently */
 		pgc_pack_kv_bool(pk, "mine",
-				 !pgrow_null(res, 0, CL_OWNER) && req->conn->session &&
-				     pgrow_int(res, 0, CL_OWNER) == req->conn->session->id);
-		pgrow_kv_int(pk, "created_at", res, 0, CL_CREATED);
-		pgrow_kv_int(pk, "now_at", res, 0, CL_NOW);
+				 !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
+				     pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
+		pgrow_kv_int(pk, "created_at", res, row, col + CL_CREATED);
+		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
 		req_done(req);
 	} else if (strcmp(status, "denied") == 0) {
-		const char *key = PQgetvalue(res, 0, CL_DKEY);
+		const char *key = PQgetvalue(res, row, col + CL_DKEY);
 		msgpack_packer *pk = req_result(req);
 		msgpack_pack_map(pk, 7);
 		pgc_pack_kv_str(pk, "status", "denied");
 		pgc_pack_kv_str(pk, "id", call->id);
 		pgc_pack_kv_str(pk, "quota", key);
-		pgrow_kv_int(pk, "limit", res, 0, CL_DLIMIT);
-		pgrow_kv_int(pk, "in_flight", res, 0, CL_DINFLIGHT);
+		pgrow_kv_int(pk, "limit", res, row, col + CL_DLIMIT);
+		pgrow_kv_int(pk, "in_flight", res, row, col + CL_DINFLIGHT);
 		pgc_pack_kv_int(pk, "weight", claimed_weight(call, key));
-		pgrow_kv_int(pk, "now_at", res, 0, CL_NOW);
+		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
 		req_done(req);
 	} else if (strcmp(status, "unknown_quota") == 0) {
 		req_fail(req, PGC_E_NOT_FOUND,
 			 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` "
 			 "with the claim",
-			 PQgetvalue(res, 0, CL_DKEY));
-	} else if (strcmp(status, "released") == 0 && PQgetisnull(res, 0, CL_DETAIL)) {
+			 PQgetvalue(res, row, col + CL_DKEY));
+	} else if (strcmp(status, "released") == 0 && PQgetisnull(res, row, col + CL_DETAIL)) {
 		/* a tombstone without quotas: a release retired the id unclaimed */
 		req_fail(req, PGC_E_CONFLICT,
 			 "permit id \"%s\" was retired at %s (ms, database clock) by a release "
 			 "before any claim of it committed; an id is granted at most once: claim "
 			 "with a new id",
-			 call->id, PQgetvalue(res, 0, CL_RELEASED));
+			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
 	} else if (strcmp(status, "released") == 0) {
 		req_fail(req, PGC_E_CONFLICT,
 			 "permit \"%s\" was already granted and released at %s (ms, database "
 			 "clock); an id is granted at most once: claim with a new id",
-			 call->id, PQgetvalue(res, 0, CL_RELEASED));
+			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
 	} else if (strcmp(status, "mismatch") == 0) {
 		req_fail(req, PGC_E_CONFLICT,
 			 "permit \"%s\" already exists with other quotas (%s); one id names one "
 			 "claim",
-			 call->id, PQgetvalue(res, 0, CL_DETAIL));
+			 call->id, PQgetvalue(res, row, col + CL_DETAIL));
 	} else if (strcmp(status, "session_expired") == 0) {
 		req_fail(req, PGC_E_SESSION_EXPIRED,
 			 "this connection's session is no longer live in the database; open a "
 			 "new one");
 	} else if (strcmp(status, "invalid") == 0) {
-		req_fail(req, PGC_E_INVALID_PARAMS, "%s", PQgetvalue(res, 0, CL_DETAIL));
+		req_fail(req, PGC_E_INVALID_PARAMS, "%s", PQgetvalue(res, row, col + CL_DETAIL));
 	} else {
 		req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
 	}
-out:
 	call_free(call);
 }
+
+/* A claim's part of its group, or the whole group, failed: fail closed, a
+ * claim that could not be checked is never an admission; a retry with the
+ * same id finds what committed. */
+static void claim_failed(struct request *req, void *ctx, const struct db_result *r)
+{
+	req_fail_db(req, r);
+	call_free(ctx);
+}
+
+/* Claims waiting at the same moment are judged in one statement, in
+ * arrival order, each by permit_claim_as exactly as if alone (migration 0010). */
+const struct group_kind permit_claim_group_kind = {
+    .name = "claim",
+    .sql = "SELECT * FROM pgcoord.permit_claim_group($1::bigint[], $2::boolean[], $3::text[], "
+	   "$4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], "
+	   "$10::integer[], $11::text[])",
+    .nargs = 11,
+    .answer = claim_answer,
+    .fail = claim_failed,
+};
 
 void rpc_permit_claim(struct request *req)
 {
@@ -464,12 +479,9 @@ void rpc_permit_claim(struct request *req)
 				  intent_hex,
 				  has_limit ? limit_s : NULL,
 				  actor};
-	/* guarantees 1, 3, 4: the whole admission is this one function call */
-	call_query(
-	    req, call,
-	    "SELECT * FROM pgcoord.permit_claim_as($1, $2, $3, $4::text[], $5::integer[], $6, "
-	    "$7, $8, $9::bytea, $10, $11)",
-	    11, params, claimed);
+	/* guarantees 1, 3, 4: the whole admission is one function call, in
+	 * the one statement of its group */
+	group_add(ag->claim_group, req, call, params);
 	call = NULL;
 fail:
 	call_free(call);
@@ -653,17 +665,15 @@ fail:
 
 /* --- permit.release ------------------------------------------------------ */
 
-static void released(const struct db_result *r, void *arg)
+/* Answers a release from its row of permit_release_group: its columns from
+ * `col` on are permit_release's. */
+static void release_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
-	struct request *req = arg;
-	struct permit_call *call = take_call(req);
-	const PGresult *res = r->res;
+	struct permit_call *call = ctx;
 
-	if (!r->ok)
-		req_fail_db(req, r);
-	else if (!refused(req, call, res, "release",
-			  "its owner, or an admin with override: true")) {
-		if (call->override && pgrow_bool(res, 0, 2))
+	if (!refused_at(req, call, res, row, col, "release",
+			"its owner, or an admin with override: true")) {
+		if (call->override && pgrow_bool(res, row, col + 2))
 			log_warn(&req->ag->log, "permits",
 				 "operator uid %u released permit \"%s\" by override",
 				 (unsigned)req->conn->uid, call->id);
@@ -671,14 +681,30 @@ static void released(const struct db_result *r, void *arg)
 		msgpack_pack_map(pk, 5);
 		pgc_pack_kv_str(pk, "id", call->id);
 		/* false: it was released before (release is idempotent) */
-		pgc_pack_kv_bool(pk, "released", pgrow_bool(res, 0, 2));
-		pgrow_kv_str(pk, "state", res, 0, 3);
-		pgrow_kv_int(pk, "released_at", res, 0, 4);
-		pgrow_kv_int(pk, "now_at", res, 0, 5);
+		pgc_pack_kv_bool(pk, "released", pgrow_bool(res, row, col + 2));
+		pgrow_kv_str(pk, "state", res, row, col + 3);
+		pgrow_kv_int(pk, "released_at", res, row, col + 4);
+		pgrow_kv_int(pk, "now_at", res, row, col + 5);
 		req_done(req);
 	}
 	call_free(call);
 }
+
+static void release_failed(struct request *req, void *ctx, const struct db_result *r)
+{
+	req_fail_db(req, r);
+	call_free(ctx);
+}
+
+/* Releases waiting at the same moment go as one statement, like claims. */
+const struct group_kind permit_release_group_kind = {
+    .name = "release",
+    .sql = "SELECT * FROM pgcoord.permit_release_group($1::bigint[], $2::text[], $3::bigint[], "
+	   "$4::boolean[], $5::text[], $6::text[])",
+    .nargs = 6,
+    .answer = release_answer,
+    .fail = release_failed,
+};
 
 void rpc_permit_release(struct request *req)
 {
@@ -709,9 +735,8 @@ void rpc_permit_release(struct request *req)
 				 actor,
 				 reason ? reason : (call->override ? "operator override" : NULL)};
 	/* guarantees 2 and 3: released exactly once, counters and audit rows in
-	 * the same transaction */
-	call_query(req, call, "SELECT * FROM pgcoord.permit_release_as($1, $2, $3, $4, $5, $6)", 6,
-		   params, released);
+	 * the same transaction (its group's) */
+	group_add(req->ag->release_group, req, call, params);
 	call = NULL;
 fail:
 	call_free(call);

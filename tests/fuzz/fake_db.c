@@ -20,6 +20,7 @@ struct fake_query {
 	db_done_fn done;
 	void *arg;
 	const bool *abandoned;
+	db_build_fn build; /* db_query_built: made when answered, as when sent */
 };
 
 struct db {
@@ -133,6 +134,20 @@ static void answer(struct db *db, struct fake_query *q)
 	PGresult *res = NULL;
 	enum fake_answer a = next_answer(db);
 
+	if (q->build) {
+		char *sql = NULL, **params = NULL;
+		int nparams = 0;
+		bool any = q->build(q->arg, &sql, &nparams, &params);
+		for (int i = 0; i < nparams; i++)
+			free(params[i]);
+		free(params);
+		free(sql);
+		if (!any) {
+			r.error = PGC_E_UNAVAILABLE;
+			r.message = "nothing to send";
+			a = FAKE_LANE_DOWN;
+		}
+	}
 	if (q->abandoned && *q->abandoned) {
 		r.error = PGC_E_UNAVAILABLE;
 		r.message = "the client hung up before the statement was sent";
@@ -237,6 +252,15 @@ bool db_query(struct db *db, enum db_lane_id lane, const char *sql, int nparams,
 	      const char *const *params, db_done_fn done, void *arg)
 {
 	return db_query_unless(db, lane, sql, nparams, params, done, arg, NULL);
+}
+
+bool db_query_built(struct db *db, enum db_lane_id lane, db_build_fn build, db_done_fn done,
+		    void *arg)
+{
+	if (!db_query_unless(db, lane, NULL, 0, NULL, done, arg, NULL))
+		return false;
+	db->tail->build = build;
+	return true;
 }
 
 bool db_lane_up(const struct db *db, enum db_lane_id lane)

@@ -41,10 +41,12 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/groups.h"
 #include "agent/identity.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/metrics.h"
+#include "agent/methods.h"
 #include "agent/sessions.h"
 #include "agent/watches.h"
 #include "proto/codec.h"
@@ -280,7 +282,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	snprintf(ag.id.host, sizeof(ag.id.host), "fuzz");
 	ag.db = db_create(ag.base, NULL, &ag.log, NULL, NULL);
 	ag.metrics = metrics;
-	if (!ag.db || !leases_start(&ag) || !watches_start(&ag))
+	ag.claim_group = group_create(&ag, &permit_claim_group_kind);
+	ag.release_group = group_create(&ag, &permit_release_group_kind);
+	if (!ag.db || !ag.claim_group || !ag.release_group || !leases_start(&ag) ||
+	    !watches_start(&ag))
 		abort();
 	fake_db_set(ag.db, (enum fake_answer)(ctl & CTL_ANSWER), (ctl >> CTL_SEED_SHIFT) & 3);
 
@@ -320,6 +325,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		conn_close(ag.conns, "agent exiting");
 	sessions_lose_all(&ag, "the agent exited");
 	db_destroy(ag.db);
+	group_destroy(ag.claim_group);
+	group_destroy(ag.release_group);
 	leases_finish(&ag);
 	watches_finish(&ag);
 	janitor_finish(&ag);

@@ -1,0 +1,343 @@
+/*
+ * groups.c — group admission; see groups.h.
+ */
+#include "agent/groups.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/dispatch.h"
+
+/* A bound on one statement's size: an intent may be 64 KiB. Members past
+ * it ride the next statement, queued at once. */
+#define GROUP_MAX_MEMBERS 256
+
+/* How often a member Postgres stopped to break a deadlock is sent again. */
+#define GROUP_DEADLOCK_RETRIES 3
+
+struct member {
+	struct member *next;
+	struct request *req;
+	void *ctx;
+	char *args[GROUP_MAX_ARGS];
+	int deadlocks; /* times its part was stopped to break a deadlock */
+};
+
+/* One statement: queued with no members, then built with what waited. */
+struct batch {
+	struct group *g;
+	struct member **members;
+	size_t n;
+	bool built;
+};
+
+struct group {
+	struct agent *ag;
+	const struct group_kind *kind;
+	struct member *head, *tail; /* waiting for the statement that is queued */
+	bool queued;		    /* a statement is queued: newcomers ride it */
+	struct event *requeue;	    /* queues the next statement for an overflow */
+	struct group_stats stats;
+};
+
+static void member_free(struct member *m)
+{
+	for (int i = 0; i < GROUP_MAX_ARGS; i++)
+		free(m->args[i]);
+	free(m);
+}
+
+static void member_fail(const struct group *g, struct member *m, const struct db_result *r)
+{
+	g->kind->fail(m->req, m->ctx, r);
+	member_free(m);
+}
+
+static void fail_unavailable(const struct group *g, struct member *m, const char *message)
+{
+	struct db_result r = {0};
+	r.error = PGC_E_UNAVAILABLE;
+	r.message = message;
+	member_fail(g, m, &r);
+}
+
+/* A Postgres array literal of one argument of every member: {"a",NULL,"b"}. */
+static char *array_literal(struct member *const *members, size_t n, int arg)
+{
+	size_t cap = 3, len = 0;
+	char *out;
+	for (size_t i = 0; i < n; i++) {
+		const char *v = members[i]->args[arg];
+		cap += v ? 2 * strlen(v) + 3 : 5;
+	}
+	if (!(out = malloc(cap)))
+		return NULL;
+	out[len++] = '{';
+	for (size_t i = 0; i < n; i++) {
+		const char *v = members[i]->args[arg];
+		if (i)
+			out[len++] = ',';
+		if (!v) {
+			memcpy(out + len, "NULL", 4);
+			len += 4;
+			continue;
+		}
+		out[len++] = '"';
+		for (; *v; v++) {
+			if (*v == '"' || *v == '\\')
+				out[len++] = '\\';
+			out[len++] = *v;
+		}
+		out[len++] = '"';
+	}
+	out[len++] = '}';
+	out[len] = '\0';
+	return out;
+}
+
+static void batch_done(const struct db_result *r, void *arg);
+
+static void queue_statement(struct group *g);
+
+/* Runs when a connection takes the statement: the group is what waited. */
+static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
+{
+	struct batch *b = arg;
+	struct group *g = b->g;
+	struct member *m;
+	size_t cap = 0;
+
+	b->built = true;
+	g->queued = false;
+	for (m = g->head; m && cap < GROUP_MAX_MEMBERS; m = m->next)
+		cap++;
+	b->members = calloc(cap ? cap : 1, sizeof(*b->members));
+	while ((m = g->head) != NULL && b->n < cap) {
+		g->head = m->next;
+		if (!g->head)
+			g->tail = NULL;
+		m->next = NULL;
+		if (!b->members) {
+			fail_unavailable(g, m, "out of memory");
+		} else if (m->req->conn->closed) {
+			/* as db.c does for a lone statement: nobody reads the
+			 * answer, so it is not run */
+			fail_unavailable(g, m,
+					 "the client closed its connection before the statement "
+					 "was sent; nothing was done");
+		} else {
+			b->members[b->n++] = m;
+		}
+	}
+	if (g->head)
+		event_active(g->requeue, EV_TIMEOUT, 0);
+	if (b->n == 0)
+		return false;
+
+	char **p = calloc((size_t)g->kind->nargs, sizeof(char *));
+	char *text = strdup(g->kind->sql);
+	bool ok = p && text;
+	for (int i = 0; ok && i < g->kind->nargs; i++)
+		ok = (p[i] = array_literal(b->members, b->n, i)) != NULL;
+	if (!ok) {
+		for (int i = 0; p && i < g->kind->nargs; i++)
+			free(p[i]);
+		free(p);
+		free(text);
+		for (size_t i = 0; i < b->n; i++)
+			fail_unavailable(g, b->members[i], "out of memory");
+		b->n = 0;
+		return false;
+	}
+	g->stats.groups++;
+	g->stats.members += b->n;
+	if (b->n > g->stats.largest)
+		g->stats.largest = b->n;
+	*sql = text;
+	*nparams = g->kind->nargs;
+	*params = p;
+	return true;
+}
+
+/* One member's own error, raised and rolled back inside the group. */
+static void member_error(struct group *g, struct member *m, const PGresult *res, int row)
+{
+	char msg[512];
+	struct db_result r = {0};
+
+	if (strcmp(PQgetvalue(res, row, 1), "40P01") == 0 &&
+	    m->deadlocks++ < GROUP_DEADLOCK_RETRIES && !m->req->conn->closed) {
+		/* a deadlock between two groups, which two lone calls would
+		 * not have met: nothing of its part stayed, so it goes again,
+		 * first in the next group */
+		m->next = g->head;
+		g->head = m;
+		if (!g->tail)
+			g->tail = m;
+		event_active(g->requeue, EV_TIMEOUT, 0);
+		return;
+	}
+	r.sqlstate = PQgetvalue(res, row, 1);
+	r.error = db_error_for_sqlstate(r.sqlstate);
+	r.refusal = db_sqlstate_is_refusal(r.sqlstate);
+	if (r.error == PGC_E_TIMEOUT)
+		snprintf(msg, sizeof(msg),
+			 "the statement ran out of its time in the database (%.200s; just under "
+			 "query_timeout_ms) and was rolled back: nothing changed, retry",
+			 PQgetvalue(res, row, 2));
+	else
+		snprintf(msg, sizeof(msg), "%s", PQgetvalue(res, row, 2));
+	r.message = msg;
+	if (r.error == PGC_E_INTERNAL)
+		log_error(&g->ag->log, "db", "%s in a group failed: %s (SQLSTATE %s)",
+			  g->kind->name, msg, r.sqlstate);
+	member_fail(g, m, &r);
+}
+
+static void batch_done(const struct db_result *r, void *arg)
+{
+	struct batch *b = arg;
+	struct group *g = b->g;
+
+	if (!b->built) {
+		/* failed in the queue (deadline, database down): everyone who
+		 * was waiting for it gets that answer */
+		struct member *m;
+		g->queued = false;
+		while ((m = g->head) != NULL) {
+			g->head = m->next;
+			member_fail(g, m, r);
+		}
+		g->tail = NULL;
+	} else if (!r->ok) {
+		for (size_t i = 0; i < b->n; i++)
+			member_fail(g, b->members[i], r);
+	} else {
+		int rows = PQntuples(r->res);
+		for (int row = 0; row < rows; row++) {
+			long idx = strtol(PQgetvalue(r->res, row, 0), NULL, 10);
+			struct member *m;
+			if (idx < 1 || (size_t)idx > b->n || !(m = b->members[idx - 1]))
+				continue; /* not ours, or answered by an earlier row */
+			b->members[idx - 1] = NULL;
+			if (!PQgetisnull(r->res, row, 1)) {
+				member_error(g, m, r->res, row);
+			} else {
+				g->kind->answer(m->req, m->ctx, r->res, row, 3);
+				member_free(m);
+			}
+		}
+		for (size_t i = 0; i < b->n; i++) {
+			struct db_result missing = {0};
+			if (!b->members[i])
+				continue;
+			missing.error = PGC_E_INTERNAL;
+			missing.message = "the group statement returned no row for this call";
+			member_fail(g, b->members[i], &missing);
+		}
+	}
+	free(b->members);
+	free(b);
+}
+
+static void queue_statement(struct group *g)
+{
+	struct batch *b;
+	struct member *m;
+
+	if (g->queued || !g->head)
+		return;
+	b = calloc(1, sizeof(*b));
+	if (b) {
+		b->g = g;
+		/* set first: an idle connection builds it before the call returns */
+		g->queued = true;
+		if (db_query_built(g->ag->db, DB_LANE_REQUESTS, batch_build, batch_done, b))
+			return;
+		g->queued = false;
+		free(b);
+	}
+	while ((m = g->head) != NULL) {
+		g->head = m->next;
+		fail_unavailable(g, m, "the database is unreachable (or its queue is full); retry");
+	}
+	g->tail = NULL;
+}
+
+static void requeue_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	queue_statement(arg);
+}
+
+void group_add(struct group *g, struct request *req, void *ctx, const char *const *args)
+{
+	struct member *m = calloc(1, sizeof(*m));
+	bool ok = m != NULL;
+
+	if (m) {
+		m->req = req;
+		m->ctx = ctx;
+		for (int i = 0; ok && i < g->kind->nargs; i++)
+			ok = !args[i] || (m->args[i] = strdup(args[i])) != NULL;
+	}
+	if (!ok) {
+		struct db_result r = {0};
+		r.error = PGC_E_INTERNAL;
+		r.message = "out of memory";
+		if (m)
+			member_free(m);
+		g->kind->fail(req, ctx, &r);
+		return;
+	}
+	if (g->tail)
+		g->tail->next = m;
+	else
+		g->head = m;
+	g->tail = m;
+	queue_statement(g);
+}
+
+struct group *group_create(struct agent *ag, const struct group_kind *kind)
+{
+	struct group *g = calloc(1, sizeof(*g));
+	if (!g)
+		return NULL;
+	g->ag = ag;
+	g->kind = kind;
+	g->requeue = event_new(ag->base, -1, 0, requeue_cb, g);
+	if (!g->requeue) {
+		free(g);
+		return NULL;
+	}
+	return g;
+}
+
+void group_destroy(struct group *g)
+{
+	if (!g)
+		return;
+	/* db_destroy answered every member that waited on a queued statement;
+	 * what overflowed a group and waits to be queued is answered here */
+	while (g->head) {
+		struct member *m = g->head;
+		g->head = m->next;
+		fail_unavailable(g, m, "the agent is shutting down");
+	}
+	event_free(g->requeue);
+	free(g);
+}
+
+void group_get_stats(const struct group *g, struct group_stats *out)
+{
+	*out = g->stats;
+}
+
+const char *group_name(const struct group *g)
+{
+	return g->kind->name;
+}

@@ -1,0 +1,65 @@
+/*
+ * groups.h — group admission: calls of one kind (permit.claim,
+ * permit.release) that wait in the agent at the same moment go to the
+ * database as ONE statement, so they share one transaction and one commit
+ * flush.
+ *
+ * A group is whatever is queued when a pool connection takes it: the first
+ * member queues a statement whose text is made only then (db_query_built),
+ * and every member that arrives before that joins it. Nobody waits for a
+ * group to fill. The statement takes one array per argument, element i for
+ * member i (1-based, arrival order), and answers rows that begin with
+ * (member, sqlstate, message): sqlstate NULL and the member's own columns
+ * after, or the error that member's part raised (its part alone rolled
+ * back). Replies leave after the commit, at the Sync. A group that fails as
+ * a whole (connection lost, deadline) answers every member with that
+ * failure, as one statement of its own would have been answered. The
+ * group's deadline is its first member's, the earliest.
+ */
+#ifndef PGCOORD_AGENT_GROUPS_H
+#define PGCOORD_AGENT_GROUPS_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "agent/db.h"
+
+struct agent;
+struct request;
+struct evbuffer;
+
+#define GROUP_MAX_ARGS 16
+
+struct group_kind {
+	const char *name; /* "claim": the metrics' label */
+	const char *sql;  /* $1..$nargs are arrays, one element per member */
+	int nargs;
+	/* Answers one member from row `row` of res, its own columns from
+	 * `col` on. Owns ctx. */
+	void (*answer)(struct request *req, void *ctx, const PGresult *res, int row, int col);
+	/* Answers one member whose part, or whole group, failed. Owns ctx. */
+	void (*fail)(struct request *req, void *ctx, const struct db_result *r);
+};
+
+struct group;
+
+struct group *group_create(struct agent *ag, const struct group_kind *kind);
+/* After db_destroy (which answers every member still waiting). Accepts NULL. */
+void group_destroy(struct group *g);
+
+/*
+ * Adds req to the group being formed, with its kind->nargs arguments as
+ * text (copied; NULL = SQL NULL) and ctx for its answer. When the database
+ * is down, answers `unavailable` through kind->fail at once.
+ */
+void group_add(struct group *g, struct request *req, void *ctx, const char *const *args);
+
+/* Groups sent and members they carried, for /metrics. */
+struct group_stats {
+	uint64_t groups, members, largest;
+};
+void group_get_stats(const struct group *g, struct group_stats *out);
+const char *group_name(const struct group *g);
+
+#endif

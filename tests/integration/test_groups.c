@@ -1,0 +1,319 @@
+/*
+ * test_groups.c — group admission (issue 10): claims that wait in one agent
+ * at the same moment go to the database as one statement. Against a real
+ * Postgres and a real agent, with one pool connection so that a group
+ * forms for certain: the first claim waits on a quota row a test
+ * transaction holds, and the claims sent meanwhile queue behind it.
+ *
+ * The answers, tokens and audit rows of a group must be what the same
+ * claims made one at a time give; a group that fails as a whole answers
+ * every member retryably, and a retry with the same ids finds a ledger
+ * where nothing of the failed group stayed.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "itest.h"
+#include "proto/codec.h"
+
+TestSuite(groups, .timeout = 60);
+
+#define CALL_MS 10000
+#define NCLAIMS 12
+
+static const char *const one_connection[] = {"--pool-size", "1", "--metrics-listen", "127.0.0.1:0",
+					     NULL};
+
+/* A claim of weight 1 on key. */
+static void claim_params(struct iparams *p, const char *id, const char *key)
+{
+	msgpack_packer *pk = iparams_begin(p, 2);
+	pgc_pack_kv_str(pk, "id", id);
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "weight", 1);
+}
+
+static void quota_set(int fd, const char *key, int limit)
+{
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "limit", limit);
+	icall_ok(fd, "quota.set", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+}
+
+/* The claims of one run: ids <prefix>-1..10 on key (limit 5: five
+ * admitted, five denied, in arrival order), then <prefix>-1 again (held,
+ * its first token), then one on a quota that does not exist (not_found,
+ * which must not spoil the others). */
+static void claim_of(int i, const char *prefix, const char *key, char *id, size_t idlen,
+		     const char **on)
+{
+	if (i < 10)
+		snprintf(id, idlen, "%s-%d", prefix, i + 1);
+	else if (i == 10)
+		snprintf(id, idlen, "%s-1", prefix);
+	else
+		snprintf(id, idlen, "%s-nowhere", prefix);
+	*on = i == 11 ? "no-such-quota" : key;
+}
+
+/* What one answer said: "admitted", "held", "denied" or the error code. */
+struct outcome {
+	char what[32];
+	int64_t token;
+};
+
+static void read_outcome(const struct pgc_message *m, struct outcome *o)
+{
+	const msgpack_object *v;
+	memset(o, 0, sizeof(*o));
+	v = pgc_map_get(m->error ? m->error : m->result, m->error ? "code" : "status");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR, "an answer without status or code");
+	snprintf(o->what, sizeof(o->what), "%.*s", (int)v->via.str.size, v->via.str.ptr);
+	if (!m->error && (v = pgc_map_get(m->result, "token")) && v->type != MSGPACK_OBJECT_NIL)
+		cr_assert(pgc_obj_int64(v, &o->token));
+}
+
+/* Reads the answers to msgids first..first+n-1, in whatever order. */
+static void read_answers(int fd, uint32_t first, int n, struct outcome *out)
+{
+	char err[128];
+	int got = 0;
+	while (got < n) {
+		msgpack_unpacked u;
+		struct pgc_message m;
+		msgpack_unpacked_init(&u);
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &u), HRAW_MSG, "%d of %d answers came", got,
+			     n);
+		cr_assert(pgc_parse_message(&u.data, &m, err, sizeof(err)), "%s", err);
+		if (m.type == PGC_RPC_RESPONSE && m.msgid >= first &&
+		    m.msgid < first + (uint32_t)n) {
+			read_outcome(&m, &out[m.msgid - first]);
+			got++;
+		}
+		msgpack_unpacked_destroy(&u);
+	}
+}
+
+/* Sends claims i = from..to-1 of a run down fd without waiting. */
+static void send_claims(int fd, uint32_t msgid0, int from, int to, const char *prefix,
+			const char *key)
+{
+	for (int i = from; i < to; i++) {
+		char id[64];
+		const char *on;
+		struct iparams p;
+		claim_of(i, prefix, key, id, sizeof(id), &on);
+		claim_params(&p, id, on);
+		cr_assert(hraw_send_request(fd, msgid0 + (uint32_t)i, "permit.claim", p.sb.data,
+					    p.sb.size));
+		iparams_destroy(&p);
+	}
+}
+
+/* Holds key's quota row in an open transaction until COMMIT. */
+static PGconn *hold_quota(struct harness_db *db, const char *key)
+{
+	PGconn *c = hdb_connect(db);
+	PQclear(PQexec(c, "BEGIN"));
+	char sql[200];
+	snprintf(sql, sizeof(sql), "SELECT 1 FROM pgcoord.quotas WHERE key = '%s' FOR UPDATE", key);
+	PGresult *res = PQexec(c, sql);
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(c));
+	PQclear(res);
+	return c;
+}
+
+static void wait_claim_on_lock(struct harness_db *db)
+{
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "no claim reached the held quota row");
+}
+
+/* The port of an agent started with --metrics-listen 127.0.0.1:0. */
+static int http_port(struct hagent *a)
+{
+	static const char key[] = "http_listen=127.0.0.1:";
+	int64_t deadline = hnow_ms() + 5000;
+	const char *at;
+	while (!(at = strstr(hagent_log(a), key))) {
+		cr_assert_lt(hnow_ms(), deadline, "no %s in the log", key);
+		hsleep_ms(20);
+	}
+	return atoi(at + strlen(key));
+}
+
+/* One sample of /metrics, e.g. pgcoord_permit_group_largest{kind="claim"}. */
+static long metric(struct hagent *a, const char *sample)
+{
+	char cmd[256], line[512];
+	long v = -1;
+	snprintf(cmd, sizeof(cmd), "curl -s http://127.0.0.1:%d/metrics", http_port(a));
+	FILE *f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, sample, strlen(sample)) == 0 && line[strlen(sample)] == ' ')
+			v = atol(line + strlen(sample) + 1);
+	pclose(f);
+	cr_assert_geq(v, 0, "no %s in /metrics", sample);
+	return v;
+}
+
+static long audit_rows(struct harness_db *db, const char *prefix, const char *event)
+{
+	return hdb_query_long(db,
+			      "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id LIKE "
+			      "'%s-%%' AND event = '%s'",
+			      prefix, event);
+}
+
+static void assert_conserved(struct harness_db *db)
+{
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits_check() "
+					"WHERE problem <> ''"),
+		     0, "permits_check() found a violation");
+}
+
+Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-same", one_connection);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome grouped[NCLAIMS], alone[NCLAIMS];
+
+	isession_open(fd, "grouped");
+	quota_set(fd, "grp", 5);
+	quota_set(fd, "one", 5);
+
+	/* one at a time: each answered before the next is sent */
+	for (int i = 0; i < NCLAIMS; i++) {
+		send_claims(fd, 1000, i, i + 1, "one", "one");
+		read_answers(fd, 1000 + (uint32_t)i, 1, &alone[i]);
+	}
+	cr_assert_eq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), 1,
+		     "claims made one at a time were grouped");
+
+	/* together: the first waits on the held row, the rest queue behind it
+	 * on the one pool connection and go as one group */
+	PGconn *holder = hold_quota(db, "grp");
+	send_claims(fd, 2000, 0, 1, "grp", "grp");
+	wait_claim_on_lock(db);
+	send_claims(fd, 2000, 1, NCLAIMS, "grp", "grp");
+	hsleep_ms(200); /* every claim is read and queued */
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+	read_answers(fd, 2000, NCLAIMS, grouped);
+
+	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), NCLAIMS - 1,
+		      "the claims that waited together did not go as one group");
+	cr_assert_lt(metric(a, "pgcoord_permit_groups_total{kind=\"claim\"}"),
+		     metric(a, "pgcoord_permit_group_members_total{kind=\"claim\"}"));
+
+	for (int i = 0; i < NCLAIMS; i++)
+		cr_assert_str_eq(grouped[i].what, alone[i].what,
+				 "claim %d: %s in a group, %s alone", i, grouped[i].what,
+				 alone[i].what);
+	cr_assert_str_eq(grouped[0].what, "admitted");
+	cr_assert_str_eq(grouped[5].what, "denied");
+	cr_assert_str_eq(grouped[10].what, "held");
+	cr_assert_str_eq(grouped[11].what, "not_found");
+	/* fencing tokens: increasing in arrival order, the retry gets the first */
+	for (int i = 1; i < 5; i++)
+		cr_assert_gt(grouped[i].token, grouped[i - 1].token);
+	cr_assert_eq(grouped[10].token, grouped[0].token);
+
+	/* the same rows either way */
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'grp'"),
+		     5);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'one'"),
+		     5);
+	for (int i = 0; i < 10; i++) {
+		long exists = hdb_query_long(
+		    db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'grp-%d'", i + 1);
+		cr_assert_eq(exists, i < 5, "grp-%d: %ld permit rows", i + 1, exists);
+	}
+	cr_assert_eq(audit_rows(db, "grp", "admitted"), 5);
+	cr_assert_eq(audit_rows(db, "one", "admitted"), 5);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id LIKE 'grp-%%'"),
+		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id LIKE 'one-%%'"));
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(groups, a_failed_group_answers_every_member_retryably)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-fail", one_connection);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome first[1], failed[NCLAIMS], retried[NCLAIMS];
+
+	isession_open(fd, "failing");
+	quota_set(fd, "fa", 50);
+	quota_set(fd, "fb", 50);
+
+	/* claim 0 waits on fa; claims 1..9 queue, then run as one group and
+	 * wait on fb, where the group's backend is terminated */
+	PGconn *hold_a = hold_quota(db, "fa"), *hold_b = hold_quota(db, "fb");
+	send_claims(fd, 3000, 0, 1, "fx", "fa");
+	wait_claim_on_lock(db);
+	send_claims(fd, 3000, 1, 10, "fy", "fb");
+	hsleep_ms(200);
+	PQclear(PQexec(hold_a, "COMMIT"));
+	PQfinish(hold_a);
+	read_answers(fd, 3000, 1, first);
+	cr_assert_str_eq(first[0].what, "admitted");
+	wait_claim_on_lock(db);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) "
+					"FROM pg_stat_activity WHERE datname = current_database() "
+					"AND query LIKE '%%permit_claim_group%%' "
+					"AND wait_event_type = 'Lock') t"),
+		     1);
+	read_answers(fd, 3001, 9, failed);
+	for (int i = 0; i < 9; i++)
+		cr_assert_str_eq(failed[i].what, "unavailable", "member %d: %s", i + 1,
+				 failed[i].what);
+	PQclear(PQexec(hold_b, "COMMIT"));
+	PQfinish(hold_b);
+	cr_assert_eq(audit_rows(db, "fy", "admitted"), 0, "a failed group left audit rows");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'fb'"),
+		     0);
+
+	/* the same ids again, once the agent has its connection back */
+	for (int tries = 0; tries < 20; tries++) {
+		send_claims(fd, 4000, 1, 10, "fy", "fb");
+		read_answers(fd, 4001, 9, retried);
+		if (strcmp(retried[8].what, "unavailable") != 0)
+			break;
+		hsleep_ms(250); /* the connection is still coming back */
+	}
+	for (int i = 0; i < 9; i++)
+		cr_assert(strcmp(retried[i].what, "admitted") == 0 ||
+			      strcmp(retried[i].what, "held") == 0,
+			  "retry of member %d: %s", i + 1, retried[i].what);
+	cr_assert_eq(audit_rows(db, "fy", "admitted"), 9);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'fb'"),
+		     9);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
