@@ -8,6 +8,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <msgpack.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -72,6 +73,20 @@ void conn_close(struct conn *c, const char *why)
 		c->next->prev = c->prev;
 	ag->nconns--;
 	conn_unref(c);
+}
+
+bool conn_peer_gone(const struct conn *c)
+{
+	struct pollfd p = {.events = POLLRDHUP};
+
+	if (c->closed || !c->bev)
+		return true;
+	p.fd = bufferevent_getfd(c->bev);
+	if (p.fd < 0)
+		return true;
+	/* POLLRDHUP: the peer closed or shut down its side; whatever it sent
+	 * before that can no longer be answered to anyone who reads it. */
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 static void write_cb(struct bufferevent *bev, void *arg)

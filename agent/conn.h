@@ -58,6 +58,10 @@ struct conn *conn_create(struct agent *ag, int fd);
 /* Closes the socket now; the struct lives until the last request ends. */
 void conn_close(struct conn *c, const char *why);
 
+/* True when the client has hung up, though the loop may not have read the
+ * hang-up yet (a reconnect can overtake it). Never blocks. */
+bool conn_peer_gone(const struct conn *c);
+
 /* Closes after the queued output (an error reply) is written. */
 void conn_close_after_flush(struct conn *c);
 

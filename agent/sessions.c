@@ -415,6 +415,11 @@ void rpc_session_open(struct request *req)
 			fail_not_owner(req, s);
 			return;
 		}
+		/* A client that reconnects at once can overtake the old
+		 * connection's hang-up in this loop: that connection can carry
+		 * no more replies, so it ends now and the resume goes ahead. */
+		if (s->conn && !s->busy && s->conn != req->conn && conn_peer_gone(s->conn))
+			conn_close(s->conn, "its client hung up (seen by the session's resume)");
 		if (s->conn || s->busy) {
 			req_fail(req, PGC_E_CONFLICT,
 				 "session %lld is attached to another connection",
