@@ -88,9 +88,12 @@ func (c *conn) fail(err error) {
 	c.err = err
 	calls := c.calls
 	c.calls = map[uint32]*pending{}
-	close(c.dead)
 	c.mu.Unlock()
+	// The socket closes before anyone hears the connection is dead: a
+	// reconnect's session resume must not reach the agent while this
+	// connection still holds the session there.
 	c.uc.Close()
+	close(c.dead)
 	for _, p := range calls {
 		p.ch <- reply{err: err}
 	}
