@@ -41,12 +41,18 @@ export interface SessionInfo {
   resumed: boolean;
   ttl_ms: Int;
   grace_ms: Int;
+  /** The keepalive the agent enforces on the session (0: none). */
+  keepalive_ms: Int;
 }
 
 export interface Keepalive {
   session: Int;
   live: boolean;
   last_heartbeat_ms_ago: Int;
+  /** The session's keepalive_ms (0: none); the next keepalive is due
+   * within next_due_ms (0 without one). */
+  keepalive_ms: Int;
+  next_due_ms: Int;
 }
 
 export interface FleetAgent {
@@ -279,6 +285,13 @@ export interface RecordRecovered {
   remaining: Int | null;
   reason: string | null;
   now_at: Int | null;
+}
+
+/** `session.lost`: the session is no longer live (reason `"keepalive
+ * missed"` when the application stopped calling keepalive()). */
+export interface SessionLost {
+  session: Int;
+  reason: string;
 }
 
 /** `{key: weight}`, a single key (weight 1), or PROTOCOL.md's list. */

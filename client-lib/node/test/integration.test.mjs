@@ -32,8 +32,8 @@ after(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-async function connect(agent, name) {
-  const c = await Client.connect({ socketPath: agent.socketPath });
+async function connect(agent, name, opts = {}) {
+  const c = await Client.connect({ socketPath: agent.socketPath, ...opts });
   clients.push(c);
   const s = await c.sessionOpen(name);
   return [c, s.session];
@@ -130,4 +130,62 @@ test("records: a new session recovers a closed session's work", { skip }, async 
   const settled = await d.recordSettle('job', 'rec-1', 'done');
   assert.equal(settled.record.terminal, true);
   assert.equal((await d.recordGet('job', 'rec-1')).record.state, 'done');
+});
+
+/** Every notification c receives from now on, with when it was read. */
+function record(c) {
+  const seen = [];
+  c.on('notification', (method, params) => seen.push({ method, params, at: monoMs() }));
+  return seen;
+}
+
+/** The first notification in seen of method that pred accepts, within ms. */
+async function waitFor(seen, method, pred, ms) {
+  const end = monoMs() + ms;
+  for (;;) {
+    const n = seen.find((m) => m.method === method && pred(m.params));
+    if (n) return n;
+    if (monoMs() > end) assert.fail(`no ${method} within ${ms} ms`);
+    await sleep(5);
+  }
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test('keepalive: kept, the session and its lease live on; stopped, session.lost and no more renewals', { skip }, async () => {
+  const [c, sid] = await connect(agentA, 'keepalive', { keepaliveMs: 400 });
+  assert.equal(c.session.keepalive_ms, 400);
+  const lease = await c.leaseAcquire('node-keepalive', { ttlMs: 1500 });
+  assert.equal(lease.leader, true);
+  const seen = record(c);
+  let lastSentAt = 0;
+  for (let i = 0; i < 8; i++) { // 1.2 s: three times keepalive_ms
+    lastSentAt = monoMs();
+    const k = await c.keepalive();
+    assert.ok(k.live && k.keepalive_ms === 400 && k.next_due_ms > 0 && k.next_due_ms <= 400, JSON.stringify(k));
+    await sleep(150);
+  }
+  assert.equal(c.isLeader('node-keepalive'), true);
+  const live = `SELECT count(*) FROM pgcoord.sessions WHERE id = ${sid} AND closed_at IS NULL AND expires_at > now()`;
+  assert.deepEqual(await rows(live), [['1']]);
+  assert.deepEqual(await rows("SELECT holder_session::text FROM pgcoord.leases WHERE name = 'node-keepalive'"), [[String(sid)]]);
+
+  // the application stops calling: the agent notices by itself
+  const lost = await waitFor(seen, 'session.lost', (p) => p.session === sid, 3000);
+  assert.equal(lost.params.reason, 'keepalive missed');
+  // the agent's clock restarted when the last keepalive arrived, after it was sent
+  assert.ok(lost.at - lastSentAt >= 395, `lost ${lost.at - lastSentAt} ms after the last keepalive`);
+  assert.equal(c.isLeader('node-keepalive'), false);
+  await assert.rejects(c.keepalive(), (e) => e instanceof PgcoordError && e.code === 'session_expired');
+  await assert.rejects(c.call('session.keepalive'), (e) => e instanceof PgcoordError && e.code === 'session_expired');
+  // no longer renewed: the row expires within session_ttl_ms (1.5 s)
+  const deadline = monoMs() + 5000;
+  while ((await rows(live))[0][0] !== '0') {
+    assert.ok(monoMs() < deadline, 'the lost session is still renewed');
+    await sleep(100);
+  }
+  // a value out of the agent's range is its invalid_params
+  const bad = await Client.connect({ socketPath: agentA.socketPath, keepaliveMs: 50 });
+  clients.push(bad);
+  await assert.rejects(bad.sessionOpen('bad'), (e) => e instanceof PgcoordError && e.code === 'invalid_params');
 });
