@@ -510,6 +510,38 @@ export class Client extends EventEmitter {
     return this.typed('quota.list', undefined, opts);
   }
 
+  // --- watches -------------------------------------------------------------
+  // What a watch pushes arrives as notifications (events and the iterator)
+  // carrying its `watch` id: the first is the current state, then changes.
+
+  /** Pushes `quota.changed` (T.QuotaChanged) when the quota's numbers
+   * change; a key with no quota is fine (exists: false). */
+  async quotaWatch(key: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a quota key', key);
+    return this.typed('quota.watch', { key }, opts);
+  }
+
+  /** Pushes `permit.changed` (T.PermitChanged) when the permit's state,
+   * phase, owner or token changes. */
+  async permitWatch(id: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a permit id', id);
+    return this.typed('permit.watch', { id }, opts);
+  }
+
+  /** Pushes `record.orphaned` (T.RecordOrphaned) for each open record of
+   * the kind whose owner session is no longer live. */
+  async recordWatch(kind: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a record kind', kind);
+    return this.typed('record.watch', { kind }, opts);
+  }
+
+  /** Ends one of the session's watches; false when it was not one (say,
+   * cancelled already). */
+  async watchCancel(watch: number, opts?: T.CallOptions): Promise<boolean> {
+    if (!Number.isSafeInteger(watch)) throw new PgcoordError('bad_argument', 'a watch id is an integer');
+    return (await this.call('watch.cancel', { watch }, opts)).cancelled === true;
+  }
+
   // --- permits -------------------------------------------------------------
 
   /** fn() until it answers or fails for good: retryable errors are retried

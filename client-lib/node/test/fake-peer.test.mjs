@@ -464,3 +464,33 @@ test('a session lost to a missed keepalive: session.lost, then keepalive() rejec
     },
   );
 });
+
+test('watches: typed calls, their notifications as events, cancel, bad arguments refused', async () => {
+  await withFake(
+    (req, conn) => {
+      if (req.method === 'watch.cancel') return { cancelled: req.params.watch === 3 };
+      if (req.method === 'quota.watch') {
+        setTimeout(() => conn.sock.write(encode([2, 'quota.changed', [{ watch: 3, key: req.params.key, exists: true,
+          limit: 2, in_flight: 1, held: 1, uncertain: 0, room: 1, permits: 1 }]])), 5);
+      }
+      return { watch: { 'quota.watch': 3, 'permit.watch': 4, 'record.watch': 5 }[req.method], poll_ms: 100 };
+    },
+    async (c, fake) => {
+      await rejectsWith(c.quotaWatch(''), 'bad_argument');
+      await rejectsWith(c.permitWatch(7), 'bad_argument');
+      await rejectsWith(c.recordWatch(null), 'bad_argument');
+      await rejectsWith(c.watchCancel('3'), 'bad_argument');
+      assert.equal(fake.conns[0].requests.length, 0);
+      const changed = new Promise((resolve) => c.once('quota.changed', resolve));
+      assert.deepEqual(await c.quotaWatch('q1'), { watch: 3, poll_ms: 100 });
+      assert.deepEqual((await changed).room, 1);
+      assert.equal((await c.permitWatch('p1')).watch, 4);
+      assert.equal((await c.recordWatch('job')).watch, 5);
+      assert.equal(await c.watchCancel(3), true);
+      assert.equal(await c.watchCancel(4), false);
+      assert.deepEqual(fake.conns[0].requests.map((r) => [r.method, r.params]), [
+        ['quota.watch', { key: 'q1' }], ['permit.watch', { id: 'p1' }], ['record.watch', { kind: 'job' }],
+        ['watch.cancel', { watch: 3 }], ['watch.cancel', { watch: 4 }]]);
+    },
+  );
+});
