@@ -29,6 +29,18 @@ export interface ClientOptions {
   /** How long claims and releases retry retryable errors with the same id
    * (default 10000). */
   retryMs?: number;
+  /** Opens sessions with keepalive_ms (0 or absent: none; the agent takes
+   * 100..600000): the application must then call keepalive() at least that
+   * often, or the agent declares the session lost ("keepalive missed"),
+   * lets its leases lapse and applies its permits' on_owner_loss rule.
+   * The client starts no timer for it: call keepalive() from the code
+   * doing the work it vouches for (see README.md). */
+  keepaliveMs?: number;
+}
+
+export interface SessionOpenOptions extends T.CallOptions {
+  /** This session's keepalive_ms instead of the client's keepaliveMs. */
+  keepaliveMs?: number;
 }
 
 export interface ClaimOptions extends T.CallOptions {
@@ -65,6 +77,13 @@ function checkString(what: string, v: unknown): asserts v is string {
   if (typeof v !== 'string' || v === '') throw new PgcoordError('bad_argument', `${what} is a non-empty string`);
 }
 
+// keepalive_ms is whole milliseconds; the agent judges the range.
+function checkKeepalive(v: unknown): asserts v is number | undefined {
+  if (v !== undefined && (!Number.isSafeInteger(v) || (v as number) < 0)) {
+    throw new PgcoordError('bad_argument', 'keepaliveMs is a whole number of milliseconds, 0 or more');
+  }
+}
+
 function opt(obj: Params, extra: Params): Params {
   for (const [k, v] of Object.entries(extra)) if (v !== undefined) obj[k] = v;
   return obj;
@@ -76,11 +95,13 @@ export class Client extends EventEmitter {
   readonly connectTimeoutMs: number;
   readonly reconnect: boolean;
   readonly retryMs: number;
+  readonly keepaliveMs: number;
   readonly beliefs = new Beliefs();
   /** The session this client opened (resumed after reconnects), if any. */
   session: T.SessionInfo | null = null;
   /** The session was lost: calls that need it fail until a new one is opened. */
   sessionLost = false;
+  private lostReason = '';
   private lostAtMs = 0;
   private conn: Connection | null = null;
   private connecting: Promise<Connection> | null = null;
@@ -98,6 +119,8 @@ export class Client extends EventEmitter {
     this.connectTimeoutMs = opts.connectTimeoutMs ?? 5000;
     this.reconnect = opts.reconnect ?? true;
     this.retryMs = opts.retryMs ?? 10000;
+    checkKeepalive(opts.keepaliveMs);
+    this.keepaliveMs = opts.keepaliveMs ?? 0;
   }
 
   /** Connects to the agent; rejects with code `connect` when it cannot. */
@@ -157,7 +180,10 @@ export class Client extends EventEmitter {
     let m: Record<string, unknown>;
     for (;;) {
       try {
-        m = await this.callOn(conn, 'session.open', { resume: s.session }, {});
+        // keepalive_ms again: it counts when this agent took the session
+        // over from a crashed predecessor, which could not pass it on.
+        const params = opt({ resume: s.session }, { keepalive_ms: s.keepalive_ms || undefined });
+        m = await this.callOn(conn, 'session.open', params, {});
         break;
       } catch (e) {
         if (!(e instanceof PgcoordError)) throw e;
@@ -268,15 +294,31 @@ export class Client extends EventEmitter {
 
   // --- sessions ------------------------------------------------------------
 
-  async sessionOpen(name?: string, opts?: T.CallOptions): Promise<T.SessionInfo> {
-    const r = await this.typed<T.SessionInfo>('session.open', opt({}, { name }), opts);
+  /** session.open, with the client's keepaliveMs (or opts.keepaliveMs).
+   * From then on the client resumes the session after a lost connection,
+   * within its grace. */
+  async sessionOpen(name?: string, opts: SessionOpenOptions = {}): Promise<T.SessionInfo> {
+    checkKeepalive(opts.keepaliveMs);
+    const keepalive = opts.keepaliveMs ?? this.keepaliveMs;
+    const params = opt({}, { name, keepalive_ms: keepalive || undefined });
+    const r = await this.typed<T.SessionInfo>('session.open', params, opts);
     this.session = r;
     this.sessionLost = false;
+    this.lostReason = '';
     this.lostAtMs = 0;
     return r;
   }
 
+  /** session.keepalive: the session is attached and live and, for one
+   * opened with keepalive_ms, the application is: call it from the code
+   * doing the work it vouches for, never from a free-running timer.
+   * Rejects with session_expired once the session is lost. */
   keepalive(opts?: T.CallOptions): Promise<T.Keepalive> {
+    if (this.session && this.sessionLost) {
+      // Answered here: after a reconnect the agent could only say no_session.
+      const why = this.lostReason ? `: ${this.lostReason}` : '';
+      return Promise.reject(new PgcoordError('session_expired', `session ${this.session.session} was lost${why}`));
+    }
     return this.typed('session.keepalive', undefined, opts);
   }
 
@@ -299,7 +341,10 @@ export class Client extends EventEmitter {
     // The belief moves here, as the message is read, before anyone is told.
     const sid = this.session?.session ?? 0;
     this.beliefs.note(m.method, m.params, m.stampMs, sid);
-    if (m.method === 'session.lost' && m.params.session === sid) this.sessionLost = true;
+    if (m.method === 'session.lost' && m.params.session === sid) {
+      this.sessionLost = true;
+      this.lostReason = typeof m.params.reason === 'string' ? m.params.reason : '';
+    }
     this.deliver(m.method, m.params);
   }
 
@@ -463,6 +508,38 @@ export class Client extends EventEmitter {
 
   quotaList(opts?: T.CallOptions): Promise<{ quotas: T.Quota[]; now_at: number }> {
     return this.typed('quota.list', undefined, opts);
+  }
+
+  // --- watches -------------------------------------------------------------
+  // What a watch pushes arrives as notifications (events and the iterator)
+  // carrying its `watch` id: the first is the current state, then changes.
+
+  /** Pushes `quota.changed` (T.QuotaChanged) when the quota's numbers
+   * change; a key with no quota is fine (exists: false). */
+  async quotaWatch(key: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a quota key', key);
+    return this.typed('quota.watch', { key }, opts);
+  }
+
+  /** Pushes `permit.changed` (T.PermitChanged) when the permit's state,
+   * phase, owner or token changes. */
+  async permitWatch(id: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a permit id', id);
+    return this.typed('permit.watch', { id }, opts);
+  }
+
+  /** Pushes `record.orphaned` (T.RecordOrphaned) for each open record of
+   * the kind whose owner session is no longer live. */
+  async recordWatch(kind: string, opts?: T.CallOptions): Promise<T.Watch> {
+    checkString('a record kind', kind);
+    return this.typed('record.watch', { kind }, opts);
+  }
+
+  /** Ends one of the session's watches; false when it was not one (say,
+   * cancelled already). */
+  async watchCancel(watch: number, opts?: T.CallOptions): Promise<boolean> {
+    if (!Number.isSafeInteger(watch)) throw new PgcoordError('bad_argument', 'a watch id is an integer');
+    return (await this.call('watch.cancel', { watch }, opts)).cancelled === true;
   }
 
   // --- permits -------------------------------------------------------------

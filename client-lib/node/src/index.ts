@@ -2,7 +2,7 @@
 // (proto/PROTOCOL.md).
 
 export { Client, DEFAULT_SOCKET } from './client.js';
-export type { ClientOptions, ClaimOptions, ReleaseOptions, LeaseOptions, NotificationEvent } from './client.js';
+export type { ClientOptions, SessionOpenOptions, ClaimOptions, ReleaseOptions, LeaseOptions, NotificationEvent } from './client.js';
 export { PgcoordError, GaveUpError, AGENT_CODES, errorFromWire } from './errors.js';
 export type { AgentCode, ClientCode, ErrorCode } from './errors.js';
 export { Beliefs, deadlineOf, monoMs } from './belief.js';

@@ -41,12 +41,18 @@ export interface SessionInfo {
   resumed: boolean;
   ttl_ms: Int;
   grace_ms: Int;
+  /** The keepalive the agent enforces on the session (0: none). */
+  keepalive_ms: Int;
 }
 
 export interface Keepalive {
   session: Int;
   live: boolean;
   last_heartbeat_ms_ago: Int;
+  /** The session's keepalive_ms (0: none); the next keepalive is due
+   * within next_due_ms (0 without one). */
+  keepalive_ms: Int;
+  next_due_ms: Int;
 }
 
 export interface FleetAgent {
@@ -279,6 +285,68 @@ export interface RecordRecovered {
   remaining: Int | null;
   reason: string | null;
   now_at: Int | null;
+}
+
+/** What quota.watch, permit.watch and record.watch answer: `watch` names
+ * it for watchCancel and is in every notification it pushes; `poll_ms` is
+ * how often the agent reads what its sessions watch. */
+export interface Watch {
+  watch: Int;
+  poll_ms: Int;
+}
+
+/** `quota.changed`: a watched quota changed (the first one after the watch
+ * is its current state). Every number is 0 when `exists` is false. */
+export interface QuotaChanged {
+  watch: Int;
+  key: string;
+  exists: boolean;
+  limit: Int;
+  in_flight: Int;
+  held: Int;
+  uncertain: Int;
+  /** max(limit - in_flight, 0) */
+  room: Int;
+  permits: Int;
+}
+
+/** `permit.changed`: a watched permit changed; all but `watch`, `id` and
+ * `exists` are null when it does not exist. */
+export interface PermitChanged {
+  watch: Int;
+  id: string;
+  exists: boolean;
+  state: PermitState | null;
+  phase: string | null;
+  token: Int | null;
+  owner_session: Int | null;
+  owner_replica: string | null;
+  uncertain_reason: string | null;
+  state_at: Int | null;
+  phase_at: Int | null;
+  released_at: Int | null;
+}
+
+/** `record.orphaned`: an open record of a watched kind whose owner session
+ * is no longer live (record.recover would adopt it). */
+export interface RecordOrphaned {
+  watch: Int;
+  kind: string;
+  key: string;
+  state: string;
+  token: Int;
+  owner_session: Int | null;
+  owner_replica: string | null;
+  owner_uid: Int | null;
+  permit: string | null;
+  updated_at: Int;
+}
+
+/** `session.lost`: the session is no longer live (reason `"keepalive
+ * missed"` when the application stopped calling keepalive()). */
+export interface SessionLost {
+  session: Int;
+  reason: string;
 }
 
 /** `{key: weight}`, a single key (weight 1), or PROTOCOL.md's list. */

@@ -400,3 +400,97 @@ test('an aborted claim releases the id only when an attempt was sent', async () 
     },
   );
 });
+
+test('keepaliveMs goes with session.open and its resume; a bad one is refused before anything is sent', async () => {
+  await rejectsWith(Client.connect({ socketPath: path.join(tmp, 'nobody.sock'), keepaliveMs: 1.5 }), 'bad_argument');
+  await withFake(
+    (req, conn) => {
+      if (req.method === 'session.open') {
+        return { session: 9, resumed: !!req.params.resume, ttl_ms: 1500, grace_ms: 5000,
+          keepalive_ms: req.params.keepalive_ms ?? 0 };
+      }
+      if (conn.index === 0 && conn.requests.length === 2) {
+        conn.sock.destroy();
+        return undefined;
+      }
+      return { session: 9, live: true, last_heartbeat_ms_ago: 3, keepalive_ms: 400, next_due_ms: 400 };
+    },
+    async (c, fake) => {
+      await rejectsWith(c.sessionOpen('k', { keepaliveMs: -1 }), 'bad_argument');
+      await rejectsWith(c.sessionOpen('k', { keepaliveMs: '400' }), 'bad_argument');
+      assert.equal(fake.conns[0].requests.length, 0);
+      const s = await c.sessionOpen('k');
+      assert.equal(s.keepalive_ms, 400);
+      assert.deepEqual(fake.conns[0].requests[0].params, { name: 'k', keepalive_ms: 400 });
+      await rejectsWith(c.keepalive(), 'connection_lost');
+      const k = await c.keepalive();
+      assert.deepEqual([k.keepalive_ms, k.next_due_ms], [400, 400]);
+      // the resume names the session's keepalive_ms again
+      assert.deepEqual(fake.conns[1].requests[0].params, { resume: 9, keepalive_ms: 400 });
+    },
+    { keepaliveMs: 400 },
+  );
+  await withFake(
+    () => ({ session: 10, resumed: false, ttl_ms: 1500, grace_ms: 5000, keepalive_ms: 0 }),
+    async (c, fake) => {
+      // without the option, or with 0 for this session, none is asked for
+      await c.sessionOpen('none');
+      await c.sessionOpen('zero', { keepaliveMs: 0 });
+      assert.deepEqual(fake.conns[0].requests.map((r) => r.params), [{ name: 'none' }, { name: 'zero' }]);
+    },
+  );
+});
+
+test('a session lost to a missed keepalive: session.lost, then keepalive() rejects with session_expired', async () => {
+  await withFake(
+    (req, conn) => {
+      if (req.method === 'session.open') return { session: 12, resumed: false, ttl_ms: 1500, grace_ms: 5000, keepalive_ms: 200 };
+      conn.sock.write(encode([2, 'session.lost', [{ session: 12, reason: 'keepalive missed' }]]));
+      return { session: 12, live: true, last_heartbeat_ms_ago: 1, keepalive_ms: 200, next_due_ms: 200 };
+    },
+    async (c, fake) => {
+      const lost = [];
+      c.on('session.lost', (p) => lost.push(p.reason));
+      await c.sessionOpen('k', { keepaliveMs: 200 });
+      await c.keepalive();
+      assert.deepEqual(lost, ['keepalive missed']);
+      assert.equal(c.sessionLost, true);
+      await assert.rejects(c.keepalive(), (e) => e instanceof PgcoordError && e.code === 'session_expired' &&
+        !e.retryable && /keepalive missed/.test(e.message));
+      assert.equal(fake.conns[0].requests.length, 2, 'the lost session is not asked about again');
+      // a new session clears it
+      await c.sessionOpen('again');
+      assert.equal(c.sessionLost, false);
+    },
+  );
+});
+
+test('watches: typed calls, their notifications as events, cancel, bad arguments refused', async () => {
+  await withFake(
+    (req, conn) => {
+      if (req.method === 'watch.cancel') return { cancelled: req.params.watch === 3 };
+      if (req.method === 'quota.watch') {
+        setTimeout(() => conn.sock.write(encode([2, 'quota.changed', [{ watch: 3, key: req.params.key, exists: true,
+          limit: 2, in_flight: 1, held: 1, uncertain: 0, room: 1, permits: 1 }]])), 5);
+      }
+      return { watch: { 'quota.watch': 3, 'permit.watch': 4, 'record.watch': 5 }[req.method], poll_ms: 100 };
+    },
+    async (c, fake) => {
+      await rejectsWith(c.quotaWatch(''), 'bad_argument');
+      await rejectsWith(c.permitWatch(7), 'bad_argument');
+      await rejectsWith(c.recordWatch(null), 'bad_argument');
+      await rejectsWith(c.watchCancel('3'), 'bad_argument');
+      assert.equal(fake.conns[0].requests.length, 0);
+      const changed = new Promise((resolve) => c.once('quota.changed', resolve));
+      assert.deepEqual(await c.quotaWatch('q1'), { watch: 3, poll_ms: 100 });
+      assert.deepEqual((await changed).room, 1);
+      assert.equal((await c.permitWatch('p1')).watch, 4);
+      assert.equal((await c.recordWatch('job')).watch, 5);
+      assert.equal(await c.watchCancel(3), true);
+      assert.equal(await c.watchCancel(4), false);
+      assert.deepEqual(fake.conns[0].requests.map((r) => [r.method, r.params]), [
+        ['quota.watch', { key: 'q1' }], ['permit.watch', { id: 'p1' }], ['record.watch', { kind: 'job' }],
+        ['watch.cancel', { watch: 3 }], ['watch.cancel', { watch: 4 }]]);
+    },
+  );
+});

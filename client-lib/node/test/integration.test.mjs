@@ -10,8 +10,9 @@ import { Client, PgcoordError, monoMs } from '../dist/index.js';
 import { Agent, Database, haveFleet } from './fleet.mjs';
 
 const skip = haveFleet() ? false : 'needs tests/harness/with-postgres and PGCOORD_TEST_AGENT_BIN';
+const WATCH_POLL_MS = 100;
 const TIMINGS = ['--heartbeat-interval-ms', '200', '--session-ttl-ms', '1500', '--lease-retry-ms', '100',
-  '--janitor-interval-ms', '200'];
+  '--janitor-interval-ms', '200', '--watch-poll-ms', String(WATCH_POLL_MS)];
 let db, tmp, agentA, agentB;
 const clients = [];
 
@@ -32,8 +33,8 @@ after(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-async function connect(agent, name) {
-  const c = await Client.connect({ socketPath: agent.socketPath });
+async function connect(agent, name, opts = {}) {
+  const c = await Client.connect({ socketPath: agent.socketPath, ...opts });
   clients.push(c);
   const s = await c.sessionOpen(name);
   return [c, s.session];
@@ -130,4 +131,98 @@ test("records: a new session recovers a closed session's work", { skip }, async 
   const settled = await d.recordSettle('job', 'rec-1', 'done');
   assert.equal(settled.record.terminal, true);
   assert.equal((await d.recordGet('job', 'rec-1')).record.state, 'done');
+});
+
+/** Every notification c receives from now on, with when it was read. */
+function record(c) {
+  const seen = [];
+  c.on('notification', (method, params) => seen.push({ method, params, at: monoMs() }));
+  return seen;
+}
+
+/** The first notification in seen of method that pred accepts, within ms. */
+async function waitFor(seen, method, pred, ms) {
+  const end = monoMs() + ms;
+  for (;;) {
+    const n = seen.find((m) => m.method === method && pred(m.params));
+    if (n) return n;
+    if (monoMs() > end) assert.fail(`no ${method} within ${ms} ms`);
+    await sleep(5);
+  }
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test('keepalive: kept, the session and its lease live on; stopped, session.lost and no more renewals', { skip }, async () => {
+  const [c, sid] = await connect(agentA, 'keepalive', { keepaliveMs: 800 });
+  assert.equal(c.session.keepalive_ms, 800);
+  const lease = await c.leaseAcquire('node-keepalive', { ttlMs: 1500 });
+  assert.equal(lease.leader, true);
+  const seen = record(c);
+  let lastSentAt = 0;
+  for (let i = 0; i < 8; i++) { // 1.2 s: past keepalive_ms, with room for a busy machine
+    lastSentAt = monoMs();
+    const k = await c.keepalive();
+    assert.ok(k.live && k.keepalive_ms === 800 && k.next_due_ms > 0 && k.next_due_ms <= 800, JSON.stringify(k));
+    await sleep(150);
+  }
+  assert.equal(c.isLeader('node-keepalive'), true);
+  const live = `SELECT count(*) FROM pgcoord.sessions WHERE id = ${sid} AND closed_at IS NULL AND expires_at > now()`;
+  assert.deepEqual(await rows(live), [['1']]);
+  assert.deepEqual(await rows("SELECT holder_session::text FROM pgcoord.leases WHERE name = 'node-keepalive'"), [[String(sid)]]);
+
+  // the application stops calling: the agent notices by itself
+  const lost = await waitFor(seen, 'session.lost', (p) => p.session === sid, 3000);
+  assert.equal(lost.params.reason, 'keepalive missed');
+  // the agent's clock restarted when the last keepalive arrived, after it was sent
+  assert.ok(lost.at - lastSentAt >= 795, `lost ${lost.at - lastSentAt} ms after the last keepalive`);
+  assert.equal(c.isLeader('node-keepalive'), false);
+  await assert.rejects(c.keepalive(), (e) => e instanceof PgcoordError && e.code === 'session_expired');
+  await assert.rejects(c.call('session.keepalive'), (e) => e instanceof PgcoordError && e.code === 'session_expired');
+  // no longer renewed: the row expires within session_ttl_ms (1.5 s)
+  const deadline = monoMs() + 5000;
+  while ((await rows(live))[0][0] !== '0') {
+    assert.ok(monoMs() < deadline, 'the lost session is still renewed');
+    await sleep(100);
+  }
+  // a value out of the agent's range is its invalid_params
+  const bad = await Client.connect({ socketPath: agentA.socketPath, keepaliveMs: 50 });
+  clients.push(bad);
+  await assert.rejects(bad.sessionOpen('bad'), (e) => e instanceof PgcoordError && e.code === 'invalid_params');
+});
+
+test("watch: a quota watcher hears another session's release within the poll interval", { skip }, async (t) => {
+  const [w] = await connect(agentA, 'watcher');
+  const [o, osid] = await connect(agentB, 'worker');
+  await o.claim('node-w1', { 'node-wq': 1 }, { limit: 2 });
+  await o.recordPut('node-wjob', 'w-1', 'running', { permit: 'node-w1' });
+  const seen = record(w);
+  const qw = await w.quotaWatch('node-wq');
+  assert.equal(qw.poll_ms, WATCH_POLL_MS);
+  const { params: first } = await waitFor(seen, 'quota.changed', (p) => p.watch === qw.watch, 2000);
+  assert.deepEqual([first.key, first.exists, first.limit, first.in_flight, first.room], ['node-wq', true, 2, 1, 1]);
+  const pw = await w.permitWatch('node-w1');
+  assert.equal((await waitFor(seen, 'permit.changed', (p) => p.watch === pw.watch, 2000)).params.state, 'held');
+
+  const releasedAt = monoMs();
+  assert.equal((await o.release('node-w1')).released, true);
+  const heard = await waitFor(seen, 'quota.changed', (p) => p.watch === qw.watch && p.in_flight === 0, 2000);
+  const after = heard.params;
+  const tookMs = heard.at - releasedAt;
+  t.diagnostic(`the release was heard after ${Math.round(tookMs)} ms (watch_poll_ms ${WATCH_POLL_MS})`);
+  // one poll, plus scheduling slack on a machine busy with other suites
+  assert.ok(tookMs <= WATCH_POLL_MS + 600, `heard after ${tookMs} ms`);
+  assert.deepEqual([after.in_flight, after.room, after.permits], [0, 2, 0]);
+  assert.deepEqual(await rows("SELECT in_flight, \"limit\" FROM pgcoord.quotas WHERE key = 'node-wq'"), [['0', '2']]);
+  await waitFor(seen, 'permit.changed', (p) => p.watch === pw.watch && p.state === 'released', 2000);
+
+  // a record whose owner session ends is pushed as orphaned
+  const rw = await w.recordWatch('node-wjob');
+  await o.sessionClose();
+  const { params: orphan } = await waitFor(seen, 'record.orphaned', (p) => p.watch === rw.watch, 3000);
+  assert.deepEqual([orphan.kind, orphan.key, orphan.owner_session], ['node-wjob', 'w-1', osid]);
+  assert.deepEqual(await rows("SELECT closed_at IS NOT NULL FROM pgcoord.sessions WHERE id = " + osid), [['t']]);
+
+  assert.equal(await w.watchCancel(qw.watch), true);
+  assert.equal(await w.watchCancel(qw.watch), false);
 });
