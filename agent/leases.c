@@ -697,9 +697,14 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	uint64_t now = mono_ms();
 	int64_t holder = PQgetisnull(res, i, 2) ? 0 : strtoll(PQgetvalue(res, i, 2), NULL, 10);
 	bool held = strcmp(PQgetvalue(res, i, 8), "t") == 0;
-	struct lease *mine = req->conn->session
-				 ? find(req->ag, PQgetvalue(res, i, 0), req->conn->session->id)
-				 : NULL;
+	/*
+	 * A caller with a session hears its own belief. One without (an
+	 * operator's pgcoordctl) hears this agent's belief for the holding
+	 * session when that session is this agent's, its janitor's say;
+	 * otherwise it would read "leader false" for a lease this host leads.
+	 */
+	int64_t believer = req->conn->session ? req->conn->session->id : held ? holder : 0;
+	struct lease *mine = believer ? find(req->ag, PQgetvalue(res, i, 0), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
 
 	msgpack_pack_map(pk, 9);
