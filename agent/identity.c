@@ -128,9 +128,11 @@ static void fence_cb(evutil_socket_t fd, short what, void *arg)
 				  "no successful heartbeat for %llu ms: declaring every session "
 				  "lost before the database can expire it",
 				  (unsigned long long)(now - ag->id.hb_last_ok_ms));
-			sessions_lose_all(ag, "the agent could not renew the session in time "
-					      "(database unreachable); it may already have "
-					      "expired");
+			sessions_lose_all(ag,
+					  "the agent could not renew the session in time "
+					  "(database unreachable); it may already have "
+					  "expired",
+					  LOG_LEVEL_WARN);
 		}
 		ag->id.suspended = false;
 		/* sessions opened meanwhile are fenced too until a heartbeat succeeds */
@@ -165,7 +167,8 @@ static void superseded(struct agent *ag)
 		  ag->cfg.replica_id);
 	ag->state = AGENT_SUPERSEDED;
 	ag->id.registered = false;
-	sessions_lose_all(ag, "superseded: the agent lost its replica_id to another incarnation");
+	sessions_lose_all(ag, "superseded: the agent lost its replica_id to another incarnation",
+			  LOG_LEVEL_WARN);
 	agent_exit(ag, 1);
 }
 

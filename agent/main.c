@@ -227,7 +227,9 @@ static int serve(struct agent *ag)
 out:
 	while (ag->conns)
 		conn_close(ag->conns, "agent exiting");
-	sessions_lose_all(ag, "the agent exited");
+	/* after a clean stop the database has closed them already */
+	sessions_lose_all(ag, "the agent exited",
+			  ag->exit_code == 0 ? LOG_LEVEL_INFO : LOG_LEVEL_WARN);
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
 	db_destroy(ag->db);		/* fails what is still running: callbacks run now */
