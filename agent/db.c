@@ -87,13 +87,10 @@ static struct timeval ms_to_tv(int ms)
 	return tv;
 }
 
-/* Single-line message from libpq, which likes trailing newlines. */
+/* Single-line message from libpq, which likes "\n\t" and trailing newlines. */
 static void one_line(char *buf, size_t len, const char *msg)
 {
-	snprintf(buf, len, "%s", msg && msg[0] ? msg : "unknown error");
-	for (char *p = buf; *p; p++)
-		if (*p == '\n')
-			*p = (p[1] == '\0') ? '\0' : ' ';
+	log_one_line(buf, len, msg && msg[0] ? msg : "unknown error");
 }
 
 /* The refusals the pgcoord schema raises on purpose (SQLSTATE class PC;
