@@ -879,7 +879,7 @@ struct http *http_create(struct agent *ag, char *err, size_t errlen)
 	evhttp_set_max_body_size(h->ev, 0);
 	evhttp_set_gencb(h->ev, route, h);
 	char kv[128];
-	snprintf(kv, sizeof(kv), "http_listen=%s", h->addr);
+	snprintf(kv, sizeof(kv), "metrics_listen=%s", h->addr);
 	log_write(&ag->log, LOG_LEVEL_INFO, "http", kv,
 		  "serving /status, /metrics and /healthz on http://%s/", h->addr);
 	return h;
