@@ -287,10 +287,11 @@ static void opened(const struct db_result *r, void *arg)
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
 	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
-	char kv[48];
-	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
-	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened for pid %d uid %u", (int)c->pid,
-		  (unsigned)c->uid);
+	char kv[96] = "";
+	log_kv_int(kv, sizeof(kv), "session", id);
+	log_kv_int(kv, sizeof(kv), "pid", c->pid);
+	log_kv_int(kv, sizeof(kv), "uid", c->uid);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened");
 	req_done(req);
 }
 
@@ -360,10 +361,11 @@ static void resumed(const struct db_result *r, void *arg)
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
 	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
-	char kv[48];
-	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
-	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d uid %u",
-		  (int)req->conn->pid, (unsigned)req->conn->uid);
+	char kv[96] = "";
+	log_kv_int(kv, sizeof(kv), "session", id);
+	log_kv_int(kv, sizeof(kv), "pid", req->conn->pid);
+	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed");
 	req_done(req);
 }
 

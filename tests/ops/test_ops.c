@@ -746,7 +746,7 @@ Test(ops, socket_activation_serves_clients_that_connected_before_the_agent_start
 	int64_t deadline = hnow_ms() + 10000;
 	for (;;) {
 		text = hread_file(log);
-		if (strstr(text, "registered replica_id"))
+		if (strstr(text, "msg=\"registered\" replica_id="))
 			break;
 		cr_assert(hnow_ms() < deadline, "not registered:\n%s", text);
 		free(text);
@@ -790,7 +790,7 @@ Test(ops, empty_database_url_uses_libpq_environment)
 	setenv("PGDATABASE", hdb_name(db), 1);
 	unsetenv("PGCOORD_DATABASE_URL");
 	struct hagent *a = hagent_start(NULL, "libpq-env-1", NULL);
-	cr_assert(strstr(hagent_log(a), "database \\\"\\\""), "%s", hagent_log(a));
+	cr_assert(strstr(hagent_log(a), "database_url=\"\""), "%s", hagent_log(a));
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
 					"'libpq-env-1' AND stopped_at IS NULL"),
 		     1);
