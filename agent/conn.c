@@ -186,8 +186,10 @@ static void framing_error(struct conn *c, enum pgc_scan_result r)
 			 c->ag->cfg.max_depth);
 	else
 		snprintf(msg, sizeof(msg), "bytes that are not MessagePack");
-	log_write(&c->ag->log, LOG_LEVEL_WARN, "conn", NULL, "closing conn %llu (uid %u): %s",
-		  (unsigned long long)c->id, (unsigned)c->uid, msg);
+	char kv[64] = "";
+	log_kv_int(kv, sizeof(kv), "conn", (long long)c->id);
+	log_kv_int(kv, sizeof(kv), "uid", c->uid);
+	log_write(&c->ag->log, LOG_LEVEL_WARN, "conn", kv, "closing: %s", msg);
 	send_error_and_close(c, code, msg);
 }
 

@@ -71,6 +71,7 @@ struct db {
 	struct db_stats stats;
 	struct replication_view replication; /* from the latest checked connection */
 	unsigned rng;
+	char last_error[512]; /* why the latest connection failed or broke, one line */
 };
 
 static const char *const lane_names[] = {"requests", "heartbeat"};
@@ -87,13 +88,10 @@ static struct timeval ms_to_tv(int ms)
 	return tv;
 }
 
-/* Single-line message from libpq, which likes trailing newlines. */
+/* Single-line message from libpq, which likes "\n\t" and trailing newlines. */
 static void one_line(char *buf, size_t len, const char *msg)
 {
-	snprintf(buf, len, "%s", msg && msg[0] ? msg : "unknown error");
-	for (char *p = buf; *p; p++)
-		if (*p == '\n')
-			*p = (p[1] == '\0') ? '\0' : ' ';
+	log_one_line(buf, len, msg && msg[0] ? msg : "unknown error");
 }
 
 /* The refusals the pgcoord schema raises on purpose (SQLSTATE class PC;
@@ -268,6 +266,7 @@ static void conn_lost(struct db_conn *c, const char *why)
 	enum pgc_error_code code = PGC_E_UNAVAILABLE;
 
 	one_line(msg, sizeof(msg), why);
+	snprintf(db->last_error, sizeof(db->last_error), "%s", msg);
 	log_warn(db->log, "db", "%s connection lost: %s", lane_names[c->lane->id], msg);
 	/* An error the server reported for the bounds or the statement means
 	 * its transaction rolled back (the commit comes only at the Sync), as
@@ -317,6 +316,7 @@ static void conn_connect_refused(struct db_conn *c, const char *why)
 	char msg[512];
 
 	one_line(msg, sizeof(msg), why);
+	snprintf(db->last_error, sizeof(db->last_error), "%s", msg);
 	log_write(db->log, c->failing ? LOG_LEVEL_DEBUG : LOG_LEVEL_WARN, "db", NULL,
 		  "cannot connect %s connection: %s (retrying with backoff)",
 		  lane_names[c->lane->id], msg);
@@ -889,6 +889,11 @@ bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, d
 bool db_lane_up(const struct db *db, enum db_lane_id lane)
 {
 	return db->lanes[lane].up;
+}
+
+const char *db_last_error(const struct db *db)
+{
+	return db->last_error;
 }
 
 void db_get_stats(const struct db *db, struct db_stats *out)

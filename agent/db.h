@@ -107,6 +107,11 @@ db_query_built(struct db *db, enum db_lane_id lane, db_build_fn build, db_done_f
 
 bool db_lane_up(const struct db *db, enum db_lane_id lane);
 
+/* libpq's reason (one line) the latest connection attempt failed or a
+ * connection broke; "" when none has. Kept after recovery: read it while
+ * a lane is down. */
+const char *db_last_error(const struct db *db);
+
 /* Counters for status and metrics. */
 struct db_stats {
 	unsigned long queries, failures, timeouts, reconnects;

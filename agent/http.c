@@ -537,11 +537,18 @@ static void render_self(struct evbuffer *out, struct agent *ag)
 		    out, "<tr><th>last heartbeat</th><td class=\"%s\">%s ago</td></tr>\n",
 		    ag->id.suspended ? "bad" : "ok", d);
 	}
+	bool db_up = db_lane_up(ag->db, DB_LANE_REQUESTS);
+	evbuffer_add_printf(out, "<tr><th>database</th><td class=\"%s\">%s", db_up ? "ok" : "bad",
+			    db_up ? "up" : "DOWN");
+	/* "DOWN" alone sends the reader to the log; libpq's reason is here */
+	if (!db_up && db_last_error(ag->db)[0]) {
+		evbuffer_add(out, " (", 2);
+		http_add_escaped(out, db_last_error(ag->db));
+		evbuffer_add(out, ")", 1);
+	}
 	evbuffer_add_printf(out,
-			    "<tr><th>database</th><td class=\"%s\">%s: %d+%d connections, "
-			    "%lu queries, %lu failures, %lu reconnects</td></tr>\n",
-			    db_lane_up(ag->db, DB_LANE_REQUESTS) ? "ok" : "bad",
-			    db_lane_up(ag->db, DB_LANE_REQUESTS) ? "up" : "DOWN",
+			    ": %d+%d connections, %lu queries, %lu failures, %lu "
+			    "reconnects</td></tr>\n",
 			    st.connected[DB_LANE_REQUESTS], st.connected[DB_LANE_HEARTBEAT],
 			    st.queries, st.failures, st.reconnects);
 	const struct replication_view *rv = db_replication(ag->db);
@@ -872,7 +879,7 @@ struct http *http_create(struct agent *ag, char *err, size_t errlen)
 	evhttp_set_max_body_size(h->ev, 0);
 	evhttp_set_gencb(h->ev, route, h);
 	char kv[128];
-	snprintf(kv, sizeof(kv), "http_listen=%s", h->addr);
+	snprintf(kv, sizeof(kv), "metrics_listen=%s", h->addr);
 	log_write(&ag->log, LOG_LEVEL_INFO, "http", kv,
 		  "serving /status, /metrics and /healthz on http://%s/", h->addr);
 	return h;

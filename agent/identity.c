@@ -128,9 +128,11 @@ static void fence_cb(evutil_socket_t fd, short what, void *arg)
 				  "no successful heartbeat for %llu ms: declaring every session "
 				  "lost before the database can expire it",
 				  (unsigned long long)(now - ag->id.hb_last_ok_ms));
-			sessions_lose_all(ag, "the agent could not renew the session in time "
-					      "(database unreachable); it may already have "
-					      "expired");
+			sessions_lose_all(ag,
+					  "the agent could not renew the session in time "
+					  "(database unreachable); it may already have "
+					  "expired",
+					  LOG_LEVEL_WARN);
 		}
 		ag->id.suspended = false;
 		/* sessions opened meanwhile are fenced too until a heartbeat succeeds */
@@ -165,7 +167,8 @@ static void superseded(struct agent *ag)
 		  ag->cfg.replica_id);
 	ag->state = AGENT_SUPERSEDED;
 	ag->id.registered = false;
-	sessions_lose_all(ag, "superseded: the agent lost its replica_id to another incarnation");
+	sessions_lose_all(ag, "superseded: the agent lost its replica_id to another incarnation",
+			  LOG_LEVEL_WARN);
 	agent_exit(ag, 1);
 }
 
@@ -292,10 +295,13 @@ static void registered(struct agent *ag, const char *taken_over)
 	arm_fence(ag, suspend_at(ag));
 	if (!janitor_start(ag))
 		log_error(&ag->log, "identity", "out of memory starting the janitor");
-	log_info(&ag->log, "identity",
-		 "registered replica_id=\"%s\" incarnation=%" PRId64 " host=%s pid=%d%s",
-		 ag->cfg.replica_id, ag->id.incarnation, ag->id.host, (int)getpid(),
-		 n ? " (took over a crashed predecessor's live sessions)" : "");
+	char kv[1024] = "";
+	log_kv_str(kv, sizeof(kv), "replica_id", ag->cfg.replica_id);
+	log_kv_int(kv, sizeof(kv), "incarnation", ag->id.incarnation);
+	log_kv_str(kv, sizeof(kv), "host", ag->id.host);
+	log_kv_int(kv, sizeof(kv), "pid", getpid());
+	log_write(&ag->log, LOG_LEVEL_INFO, "identity", kv, "registered%s",
+		  n ? " (took over a crashed predecessor's live sessions)" : "");
 	notify_ready(ag);
 }
 
@@ -424,13 +430,16 @@ static void stop_done(const struct db_result *r, void *arg)
 	struct agent *ag = ctx->ag;
 	void (*done)(struct agent *) = ctx->done;
 	free(ctx);
-	if (r->ok)
-		log_info(&ag->log, "identity", "recorded the clean stop; %s session(s) closed",
-			 PQgetvalue(r->res, 0, 0));
-	else
+	if (r->ok) {
+		char kv[48] = "";
+		log_kv_int(kv, sizeof(kv), "sessions_closed",
+			   strtoll(PQgetvalue(r->res, 0, 0), NULL, 10));
+		log_write(&ag->log, LOG_LEVEL_INFO, "identity", kv, "recorded the clean stop");
+	} else {
 		log_warn(&ag->log, "identity",
 			 "could not record the clean stop (%s); sessions lapse by ttl instead",
 			 r->message);
+	}
 	done(ag);
 }
 

@@ -258,8 +258,9 @@ static void belief_start(struct lease *l)
 		l->on_change(l->ag, true);
 }
 
-static void belief_end(struct lease *l, const char *reason, int64_t holder_session,
-		       const char *holder_replica)
+/* level: warn when leadership was lost, info when it was given up. */
+static void belief_end(struct lease *l, enum log_level level, const char *reason,
+		       int64_t holder_session, const char *holder_replica)
 {
 	struct change_note note = {l, false, reason, holder_session, holder_replica, false};
 	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
@@ -268,7 +269,7 @@ static void belief_end(struct lease *l, const char *reason, int64_t holder_sessi
 	l->leader = false;
 	evtimer_del(l->belief_timer);
 	lease_log_kv(l, kv, sizeof(kv));
-	log_write(&l->ag->log, LOG_LEVEL_WARN, "leases", kv, "leadership belief ends: %s", reason);
+	log_write(&l->ag->log, level, "leases", kv, "leadership belief ends: %s", reason);
 	tell(l, "lease.changed", &note);
 	if (l->on_change)
 		l->on_change(l->ag, false);
@@ -284,7 +285,8 @@ static void belief_timer_cb(evutil_socket_t fd, short what, void *arg)
 			after_ms(l->belief_timer, l->belief_until - mono_ms());
 		return;
 	}
-	belief_end(l, "renewal overdue: the database did not confirm the lease in time", 0, NULL);
+	belief_end(l, LOG_LEVEL_WARN,
+		   "renewal overdue: the database did not confirm the lease in time", 0, NULL);
 	if (!l->wait) {
 		lease_drop(l);
 		return;
@@ -373,7 +375,8 @@ static void attempt_done(const struct db_result *r, void *arg)
 		uint64_t until = sent + (uint64_t)(l->ttl_ms - l->renew_ms);
 		bool was = l->leader;
 		if (was && epoch != l->epoch)
-			belief_end(l, "the lease lapsed and was re-acquired under a new epoch", 0,
+			belief_end(l, LOG_LEVEL_WARN,
+				   "the lease lapsed and was re-acquired under a new epoch", 0,
 				   NULL);
 		l->epoch = epoch;
 		if (until > now) {
@@ -394,8 +397,8 @@ static void attempt_done(const struct db_result *r, void *arg)
 		int64_t holder =
 		    PQgetisnull(r->res, 0, 2) ? 0 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
 		if (l->leader)
-			belief_end(l, "the lease is held by another session", holder,
-				   holder_replica);
+			belief_end(l, LOG_LEVEL_WARN, "the lease is held by another session",
+				   holder, holder_replica);
 		l->epoch = epoch;
 		if (l->wait)
 			after_ms(l->timer, (uint64_t)ag->cfg.lease_retry_ms);
@@ -482,7 +485,8 @@ bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
 	return l && l->leader && mono_ms() < l->belief_until;
 }
 
-void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason)
+void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,
+			   enum log_level level)
 {
 	struct lease_registry *r = reg(ag);
 	if (!r)
@@ -491,7 +495,7 @@ void leases_session_ending(struct agent *ag, int64_t session_id, const char *rea
 		next = l->next;
 		if (l->session_id != session_id)
 			continue;
-		belief_end(l, reason, 0, NULL);
+		belief_end(l, level, reason, 0, NULL);
 		lease_drop(l);
 	}
 	for (struct lease_watch **pp = &r->watches; *pp;) {
@@ -512,7 +516,7 @@ void leases_end_all(struct agent *ag, const char *reason)
 	if (!r)
 		return;
 	while (r->leases) {
-		belief_end(r->leases, reason, 0, NULL);
+		belief_end(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
 		lease_drop(r->leases);
 	}
 }
@@ -653,7 +657,7 @@ void rpc_lease_release(struct request *req)
 	/* belief ends before the hand-back is even sent */
 	l = find(ag, name, session_id);
 	if (l) {
-		belief_end(l, "released by its holder", 0, NULL);
+		belief_end(l, LOG_LEVEL_INFO, "released by its holder", 0, NULL);
 		lease_drop(l);
 	}
 	/* ...which goes after the lease's statement still running */
@@ -697,9 +701,14 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	uint64_t now = mono_ms();
 	int64_t holder = PQgetisnull(res, i, 2) ? 0 : strtoll(PQgetvalue(res, i, 2), NULL, 10);
 	bool held = strcmp(PQgetvalue(res, i, 8), "t") == 0;
-	struct lease *mine = req->conn->session
-				 ? find(req->ag, PQgetvalue(res, i, 0), req->conn->session->id)
-				 : NULL;
+	/*
+	 * A caller with a session hears its own belief. One without (an
+	 * operator's pgcoordctl) hears this agent's belief for the holding
+	 * session when that session is this agent's, its janitor's say;
+	 * otherwise it would read "leader false" for a lease this host leads.
+	 */
+	int64_t believer = req->conn->session ? req->conn->session->id : held ? holder : 0;
+	struct lease *mine = believer ? find(req->ag, PQgetvalue(res, i, 0), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
 
 	msgpack_pack_map(pk, 9);

@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "agent/log.h"
+
 struct agent;
 struct request;
 
@@ -29,8 +31,10 @@ bool leases_believes(struct agent *ag, const char *name, int64_t session_id);
 
 /* The session is ending: every belief it holds ends now (clients are told
  * lease.changed leader=false) and its campaigns and watches stop. The
- * database hand-back is done by whoever ends the session. */
-void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason);
+ * database hand-back is done by whoever ends the session. level: how the
+ * ends are logged, info for a close the client asked for. */
+void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,
+			   enum log_level level);
 
 /* Shutdown: every belief ends now, before the database hand-back. */
 void leases_end_all(struct agent *ag, const char *reason);

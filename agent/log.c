@@ -165,6 +165,30 @@ size_t log_escape(char *buf, size_t size, const char *value)
 	return escape_value(buf, size, value ? value : "", false);
 }
 
+static bool is_break(char c)
+{
+	return c == '\n' || c == '\r' || c == '\t';
+}
+
+void log_one_line(char *buf, size_t size, const char *msg)
+{
+	size_t o = 0;
+
+	if (size == 0)
+		return;
+	for (const char *p = msg ? msg : ""; *p && o + 1 < size;) {
+		if (!is_break(*p)) {
+			buf[o++] = *p++;
+			continue;
+		}
+		while (is_break(*p))
+			p++;
+		if (*p && o > 0 && buf[o - 1] != ' ')
+			buf[o++] = ' ';
+	}
+	buf[o] = '\0';
+}
+
 void log_kv_str(char *buf, size_t size, const char *key, const char *value)
 {
 	size_t len = strnlen(buf, size);

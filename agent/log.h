@@ -46,6 +46,14 @@ __attribute__((format(printf, 5, 6))) void log_write(struct logger *lg, enum log
  */
 size_t log_escape(char *buf, size_t size, const char *value);
 
+/*
+ * Copies msg to buf (NUL-terminated, at most size bytes) as one line: each
+ * run of line breaks and tabs becomes one space and trailing ones go, so a
+ * libpq message ("...failed: X\n\tIs the server running...\n") reads as
+ * words rather than escapes.
+ */
+void log_one_line(char *buf, size_t size, const char *msg);
+
 /* Append " key=value" (no leading space when buf is empty) to the
  * NUL-terminated buf of size bytes, value escaped by log_escape; a NULL
  * value is written as key=null. Keys are the caller's own literals. */

@@ -207,10 +207,12 @@ static int serve(struct agent *ag)
 	evsignal_add(ag->sig_int, NULL);
 	evsignal_add(ag->sig_hup, NULL);
 	char *shown = config_redact_conninfo(ag->cfg.database_url);
-	log_info(&ag->log, "main",
-		 "pgcoord-agent %s listening on %s, replica_id=\"%s\", database \"%s\"",
-		 PGCOORD_VERSION_STRING, ag->cfg.socket_path, ag->cfg.replica_id,
-		 shown ? shown : "");
+	char kv[2048] = "";
+	log_kv_str(kv, sizeof(kv), "version", PGCOORD_VERSION_STRING);
+	log_kv_str(kv, sizeof(kv), "socket_path", ag->cfg.socket_path);
+	log_kv_str(kv, sizeof(kv), "replica_id", ag->cfg.replica_id);
+	log_kv_str(kv, sizeof(kv), "database_url", shown ? shown : "");
+	log_write(&ag->log, LOG_LEVEL_INFO, "main", kv, "listening");
 	free(shown);
 	if (ag->cfg.metrics_listen[0]) {
 		ag->http = http_create(ag, err, sizeof(err));
@@ -227,7 +229,9 @@ static int serve(struct agent *ag)
 out:
 	while (ag->conns)
 		conn_close(ag->conns, "agent exiting");
-	sessions_lose_all(ag, "the agent exited");
+	/* after a clean stop the database has closed them already */
+	sessions_lose_all(ag, "the agent exited",
+			  ag->exit_code == 0 ? LOG_LEVEL_INFO : LOG_LEVEL_WARN);
 	listener_destroy(ag->listener);
 	ag->listener = NULL;
 	db_destroy(ag->db);		/* fails what is still running: callbacks run now */
@@ -251,7 +255,9 @@ out:
 	if (ag->sig_hup)
 		event_free(ag->sig_hup);
 	event_base_free(ag->base);
-	log_info(&ag->log, "main", "exited with status %d", ag->exit_code);
+	char status[32] = "";
+	log_kv_int(status, sizeof(status), "status", ag->exit_code);
+	log_write(&ag->log, LOG_LEVEL_INFO, "main", status, "exited");
 	return ag->exit_code;
 }
 

@@ -170,6 +170,17 @@ static bool refused_at(struct request *req, const struct permit_call *call, cons
 }
 
 /* refused_at for a statement of its own: one row, the outcome first. */
+/* An admin override, audited in the log too: who, which permit, what now. */
+static void log_override(struct request *req, const char *id, const char *what, const char *state)
+{
+	char kv[4 * 200 + 128] = ""; /* room for a fully escaped id */
+	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
+	log_kv_str(kv, sizeof(kv), "permit", id);
+	if (state)
+		log_kv_str(kv, sizeof(kv), "state", state);
+	log_write(&req->ag->log, LOG_LEVEL_WARN, "permits", kv, "%s", what);
+}
+
 static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
 		    const char *verb, const char *who_may)
 {
@@ -597,9 +608,8 @@ static void resolved(const struct db_result *r, void *arg)
 			  "its owner, a session of its uid once it is uncertain, or an admin "
 			  "(with override: true while its owner is live)")) {
 		if (call->override)
-			log_warn(&req->ag->log, "permits",
-				 "operator uid %u resolved permit \"%s\" by override: now %s",
-				 (unsigned)req->conn->uid, call->id, PQgetvalue(res, 0, 3));
+			log_override(req, call->id, "resolved by operator override",
+				     PQgetvalue(res, 0, 3));
 		msgpack_packer *pk = req_result(req);
 		msgpack_pack_map(pk, 6);
 		pgc_pack_kv_str(pk, "id", call->id);
@@ -674,9 +684,7 @@ static void release_answer(struct request *req, void *ctx, const PGresult *res, 
 	if (!refused_at(req, call, res, row, col, "release",
 			"its owner, or an admin with override: true")) {
 		if (call->override && pgrow_bool(res, row, col + 2))
-			log_warn(&req->ag->log, "permits",
-				 "operator uid %u released permit \"%s\" by override",
-				 (unsigned)req->conn->uid, call->id);
+			log_override(req, call->id, "released by operator override", NULL);
 		msgpack_packer *pk = req_result(req);
 		msgpack_pack_map(pk, 5);
 		pgc_pack_kv_str(pk, "id", call->id);

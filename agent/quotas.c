@@ -30,9 +30,12 @@ static void quota_was_set(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_INTERNAL, "quota_set returned %d rows", PQntuples(res));
 		return;
 	}
-	log_info(&req->ag->log, "quotas", "uid %u set quota \"%s\" to %s (was %s)",
-		 (unsigned)req->conn->uid, PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1),
-		 pgrow_null(res, 0, 4) ? "none" : PQgetvalue(res, 0, 4));
+	char kv[4 * 200 + 128] = ""; /* room for a fully escaped key */
+	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
+	log_kv_str(kv, sizeof(kv), "quota", PQgetvalue(res, 0, 0));
+	log_kv_str(kv, sizeof(kv), "limit", PQgetvalue(res, 0, 1));
+	log_kv_str(kv, sizeof(kv), "was", pgrow_null(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4));
+	log_write(&req->ag->log, LOG_LEVEL_INFO, "quotas", kv, "quota limit set");
 	msgpack_packer *pk = req_result(req);
 	msgpack_pack_map(pk, 7);
 	pgrow_kv_str(pk, "key", res, 0, 0);

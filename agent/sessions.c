@@ -42,7 +42,7 @@ static struct session *session_new(struct agent *ag, int64_t id, const char *nam
 
 static void session_remove(struct agent *ag, struct session *s)
 {
-	leases_session_ending(ag, s->id, "the session ended");
+	leases_session_ending(ag, s->id, "the session ended", LOG_LEVEL_WARN);
 	keepalive_stop(s);
 	if (s->conn) {
 		s->conn->session = NULL;
@@ -137,14 +137,14 @@ static void fill_lost(msgpack_packer *pk, void *arg)
 	pgc_pack_kv_str(pk, "reason", note->reason);
 }
 
-static void lose(struct agent *ag, struct session *s, const char *reason)
+static void lose(struct agent *ag, struct session *s, const char *reason, enum log_level level)
 {
 	struct lost_note note = {s->id, reason};
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, s->id);
-	log_write(&ag->log, LOG_LEVEL_WARN, "sessions", kv, "session lost: %s", reason);
+	log_write(&ag->log, level, "sessions", kv, "session lost: %s", reason);
 	/* beliefs end before the client hears its session is gone */
-	leases_session_ending(ag, s->id, reason);
+	leases_session_ending(ag, s->id, reason, level);
 	if (s->conn) {
 		s->conn->lost_session = s->id;
 		conn_notify(s->conn, "session.lost", fill_lost, &note);
@@ -156,13 +156,13 @@ void sessions_lost(struct agent *ag, int64_t id, const char *reason)
 {
 	struct session *s = sessions_find(ag, id);
 	if (s)
-		lose(ag, s, reason);
+		lose(ag, s, reason, LOG_LEVEL_WARN);
 }
 
-void sessions_lose_all(struct agent *ag, const char *reason)
+void sessions_lose_all(struct agent *ag, const char *reason, enum log_level level)
 {
 	while (ag->sessions)
-		lose(ag, ag->sessions, reason);
+		lose(ag, ag->sessions, reason, level);
 }
 
 /* --- grace expiry ---------------------------------------------------- */
@@ -199,7 +199,8 @@ void sessions_expire_grace(struct agent *ag)
 		if (s->conn || s->busy || s->closing || s->internal ||
 		    now - s->detached_ms < (uint64_t)ag->cfg.session_grace_ms)
 			continue;
-		leases_session_ending(ag, s->id, "the session's resume grace expired");
+		leases_session_ending(ag, s->id, "the session's resume grace expired",
+				      LOG_LEVEL_WARN);
 		/* closed at a later tick, once its last lease statement returned */
 		if (leases_busy(ag, s->id, NULL))
 			continue;
@@ -286,10 +287,11 @@ static void opened(const struct db_result *r, void *arg)
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
 	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
-	char kv[48];
-	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
-	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened for pid %d uid %u", (int)c->pid,
-		  (unsigned)c->uid);
+	char kv[96] = "";
+	log_kv_int(kv, sizeof(kv), "session", id);
+	log_kv_int(kv, sizeof(kv), "pid", c->pid);
+	log_kv_int(kv, sizeof(kv), "uid", c->uid);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened");
 	req_done(req);
 }
 
@@ -327,7 +329,7 @@ static void resumed(const struct db_result *r, void *arg)
 	}
 	if (PQntuples(r->res) != 1 || !s) {
 		if (s)
-			lose(ag, s, "no longer live in the database");
+			lose(ag, s, "no longer live in the database", LOG_LEVEL_WARN);
 		req_fail(req, PGC_E_SESSION_EXPIRED,
 			 "session %lld is no longer live; open a new one", (long long)id);
 		return;
@@ -359,10 +361,11 @@ static void resumed(const struct db_result *r, void *arg)
 	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
 	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
 	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
-	char kv[48];
-	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
-	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed by pid %d uid %u",
-		  (int)req->conn->pid, (unsigned)req->conn->uid);
+	char kv[96] = "";
+	log_kv_int(kv, sizeof(kv), "session", id);
+	log_kv_int(kv, sizeof(kv), "pid", req->conn->pid);
+	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
+	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed");
 	req_done(req);
 }
 
@@ -510,7 +513,7 @@ void rpc_session_close(struct request *req)
 		return;
 	}
 	/* beliefs end before the hand-back is sent */
-	leases_session_ending(ag, s->id, "the session was closed");
+	leases_session_ending(ag, s->id, "the session was closed", LOG_LEVEL_INFO);
 	/* ...which goes after any statement of its leases still running */
 	if (leases_park_if_busy(ag, s->id, NULL, req))
 		return;

@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "agent/log.h"
+
 struct agent;
 struct conn;
 struct event;
@@ -51,8 +53,9 @@ char *sessions_renew_list(struct agent *ag);
 /* The database no longer holds id live: tell its client and forget it. */
 void sessions_lost(struct agent *ag, int64_t id, const char *reason);
 
-/* Every session is gone (the agent was superseded): tell all clients. */
-void sessions_lose_all(struct agent *ag, const char *reason);
+/* Every session is gone (the agent was superseded, or exits): tell all
+ * clients; level says how it is logged (info for a clean shutdown). */
+void sessions_lose_all(struct agent *ag, const char *reason, enum log_level level);
 
 /* Closes detached sessions whose grace ran out. Called periodically. */
 void sessions_expire_grace(struct agent *ag);

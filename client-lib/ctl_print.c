@@ -413,34 +413,84 @@ static void pad(FILE *out, const char *s, size_t to)
 		fputc(' ', out);
 }
 
+/*
+ * The label a field is shown under: a value printed as a duration loses
+ * the "_ms" of its key ("uptime 1m26s", not "uptime_ms 1m26s"), one printed
+ * as "… ago" loses "_ms_ago"; anything else keeps its key.
+ */
+static void field_label(char *buf, size_t len, const char *prefix, const char *key,
+			const msgpack_object *val)
+{
+	size_t n = strlen(key);
+	int64_t i;
+
+	if (val && pgc_obj_int64(val, &i)) {
+		if (ends_with(key, "_ms_ago"))
+			n -= strlen("_ms_ago");
+		else if (ends_with(key, "_ms"))
+			n -= strlen("_ms");
+	}
+	snprintf(buf, len, "%s%.*s", prefix, (int)n, key);
+}
+
+struct field {
+	char label[CELL_MAX];
+	char value[CELL_MAX];
+};
+
+/* Appends map's fields to *fs (a nested map's one level down, as
+ * "parent.key", so a lease's holder reads as fields, not JSON). */
+static bool collect_fields(struct field **fs, size_t *nfs, const msgpack_object *map,
+			   const char *prefix, int64_t now_ms)
+{
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const msgpack_object *k = &map->via.map.ptr[i].key;
+		const msgpack_object *v = &map->via.map.ptr[i].val;
+		char key[CELL_MAX];
+
+		if (k->type == MSGPACK_OBJECT_STR)
+			cell_text(key, sizeof(key), k->via.str.ptr, k->via.str.size);
+		else
+			ctl_format_value(key, sizeof(key), NULL, k, CTL_FMT_AUTO, now_ms);
+		if (!*prefix && v->type == MSGPACK_OBJECT_MAP && v->via.map.size > 0) {
+			char sub[CELL_MAX + 2];
+			snprintf(sub, sizeof(sub), "%s.", key);
+			if (!collect_fields(fs, nfs, v, sub, now_ms))
+				return false;
+			continue;
+		}
+		struct field *grown = realloc(*fs, (*nfs + 1) * sizeof(**fs));
+		if (!grown)
+			return false;
+		*fs = grown;
+		struct field *f = &grown[(*nfs)++];
+		field_label(f->label, sizeof(f->label), prefix, key, v);
+		ctl_format_value(f->value, sizeof(f->value), key, v, CTL_FMT_AUTO, now_ms);
+	}
+	return true;
+}
+
 void ctl_print_fields(FILE *out, const msgpack_object *map, int64_t now_ms)
 {
 	if (!map || map->type != MSGPACK_OBJECT_MAP) {
 		ctl_print_json(out, map);
 		return;
 	}
-	uint32_t n = map->via.map.size;
-	char(*keys)[CELL_MAX] = calloc(n ? n : 1, sizeof(*keys));
-	if (!keys)
+	struct field *fs = NULL;
+	size_t nfs = 0, kw = 0;
+	if (!collect_fields(&fs, &nfs, map, "", now_ms)) {
+		free(fs);
+		ctl_print_json(out, map);
 		return;
-	size_t kw = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const msgpack_object *k = &map->via.map.ptr[i].key;
-		if (k->type == MSGPACK_OBJECT_STR)
-			cell_text(keys[i], CELL_MAX, k->via.str.ptr, k->via.str.size);
-		else
-			ctl_format_value(keys[i], CELL_MAX, NULL, k, CTL_FMT_AUTO, now_ms);
-		if (width(keys[i]) > kw)
-			kw = width(keys[i]);
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		char val[CELL_MAX];
-		ctl_format_value(val, sizeof(val), keys[i], &map->via.map.ptr[i].val, CTL_FMT_AUTO,
-				 now_ms);
-		pad(out, keys[i], kw + 2);
-		fprintf(out, "%s\n", val);
+	for (size_t i = 0; i < nfs; i++)
+		if (width(fs[i].label) > kw)
+			kw = width(fs[i].label);
+	for (size_t i = 0; i < nfs; i++) {
+		pad(out, fs[i].label, kw + 2);
+		fprintf(out, "%s\n", fs[i].value);
 	}
-	free(keys);
+	free(fs);
 }
 
 void ctl_print_table(FILE *out, const msgpack_object *rows, const struct ctl_column *cols,

@@ -44,7 +44,11 @@ void ctl_print_json_line(FILE *out, const msgpack_object *o);
  */
 int64_t ctl_now_ms(const msgpack_object *result);
 
-/* Prints each field of a map on its own line, keys aligned. */
+/*
+ * Prints each field of a map on its own line, labels aligned: a nested map's
+ * fields as "parent.key", and a key's unit suffix ("_ms", "_ms_ago") dropped
+ * where the value is shown as a duration.
+ */
 void ctl_print_fields(FILE *out, const msgpack_object *map, int64_t now_ms);
 
 /*

@@ -212,7 +212,8 @@ static bool start_cmd(struct run *r, char **argv)
 	setpgid(pid, pid);
 	r->pid = pid;
 	r->state = RUN_LEADING;
-	say("leading lease \"%s\" (epoch %s): started CMD as pid %d", r->o->lease, epoch, (int)pid);
+	say("leading lease \"%s\" (epoch %s): started %s as pid %d", r->o->lease, epoch, argv[0],
+	    (int)pid);
 	return true;
 }
 

@@ -214,7 +214,7 @@ static const struct ctl_command commands[] = {
      "run CMD only while this host leads lease NAME (it waits to lead); when leadership "
      "ends CMD's process group gets SIGTERM, then SIGKILL after the grace, before any other "
      "host can lead. CMD gets PGCOORD_LEASE and PGCOORD_LEASE_EPOCH (the fencing token). "
-     "Exit status below"},
+     "Its own exit statuses are under \"Exit status of run\" in --help"},
     {"watch", cmd_watch, 2, "quota KEY | permit ID | records KIND",
      "print one line per change the agent pushes (quota.changed, permit.changed, "
      "record.orphaned for records whose owner died; the first line is the current state) "
@@ -280,7 +280,8 @@ static const struct ctl_option options[] = {
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: pgcoordctl [OPTIONS] COMMAND [ARGS]\n\n"
+	fprintf(out, "usage: pgcoordctl [OPTIONS] COMMAND [ARGS]\n"
+		     "       pgcoordctl help [COMMAND]\n\n"
 		     "Talks to this host's pgcoord-agent over its Unix socket.\n\n"
 		     "Options:\n");
 	for (size_t i = 0; i < N_OPTIONS; i++) {
@@ -337,9 +338,73 @@ static void usage(FILE *out)
 		     "  5  --timeout passed before the quota had the room\n");
 }
 
+/*
+ * Prints lead padded to indent columns, then text broken at spaces so that
+ * lines end before column 79; later lines start at indent.
+ */
+static void print_wrapped(FILE *out, const char *lead, int indent, const char *text)
+{
+	const size_t width = 78 - (size_t)indent;
+	const char *p = text;
+
+	fprintf(out, "%-*s", indent, lead);
+	while (*p) {
+		size_t n = strlen(p);
+		if (n > width) {
+			n = width;
+			while (n > 0 && p[n] != ' ')
+				n--;
+			if (n == 0)
+				n = strcspn(p, " ");
+		}
+		fprintf(out, "%.*s\n", (int)n, p);
+		p += n;
+		while (*p == ' ')
+			p++;
+		if (*p)
+			fprintf(out, "%*s", indent, "");
+	}
+}
+
+static void command_usage_line(FILE *out, const struct ctl_command *c)
+{
+	fprintf(out, "usage: pgcoordctl [OPTIONS] %s%s%s\n", c->name, *c->synopsis ? " " : "",
+		c->synopsis);
+}
+
+/* `pgcoordctl help CMD`, `pgcoordctl CMD --help`: one command's page. */
+static void command_help(FILE *out, const struct ctl_command *c)
+{
+	bool any = false;
+
+	command_usage_line(out, c);
+	fputc('\n', out);
+	print_wrapped(out, "  ", 2, c->help);
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct ctl_option *o = &options[i];
+		char left[64];
+		if (!o->command || strcmp(o->command, c->name) != 0)
+			continue;
+		if (!any)
+			fprintf(out, "\nOptions of %s:\n", c->name);
+		any = true;
+		snprintf(left, sizeof(left), "  --%s%s%s", o->name, o->arg ? " " : "",
+			 o->arg ? o->arg : "");
+		print_wrapped(out, left, 23, o->help);
+	}
+	fprintf(out, "\nGlobal options, every command and the exit statuses: pgcoordctl --help\n");
+}
+
+/* The command a usage error names the usage of; NULL until one is known. */
+static const struct ctl_command *usage_command;
+
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Prints the problem, then the usage, on stderr; returns CTL_EXIT_USAGE. */
+/*
+ * Prints the problem on one line, then where to read more (the command's
+ * usage line once the command is known), on stderr; returns
+ * CTL_EXIT_USAGE. The whole help would bury the one line that matters.
+ */
 static int usage_error(const char *fmt, ...)
 {
 	va_list ap;
@@ -348,8 +413,13 @@ static int usage_error(const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fputs("\n\n", stderr);
-	usage(stderr);
+	fputc('\n', stderr);
+	if (usage_command) {
+		command_usage_line(stderr, usage_command);
+		fprintf(stderr, "see pgcoordctl help %s\n", usage_command->name);
+	} else {
+		fputs("see pgcoordctl --help\n", stderr);
+	}
 	return CTL_EXIT_USAGE;
 }
 
@@ -686,11 +756,13 @@ static int cmd_quota(struct ctl *ctx, int argc, char **argv)
 	if (argc != 3 || strcmp(argv[0], "set") != 0)
 		return usage_error("quota: expected `quota KEY` or `quota set KEY LIMIT`");
 	if (!parse_nonneg(argv[2], INT32_MAX, &limit))
-		return usage_error("quota set: LIMIT must be a whole number >= 0, not \"%s\"",
-				   argv[2]);
+		return usage_error(
+		    "quota set: LIMIT must be a whole number from 0 to %d, not \"%s\"", INT32_MAX,
+		    argv[2]);
 	if (ctx->lapse_after && !parse_nonneg(ctx->lapse_after, INT32_MAX, &lapse))
-		return usage_error("--lapse-after needs whole seconds >= 0 (0: never), not \"%s\"",
-				   ctx->lapse_after);
+		return usage_error("--lapse-after needs whole seconds from 0 (never) to %d, not "
+				   "\"%s\"",
+				   INT32_MAX, ctx->lapse_after);
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 2 + (lapse >= 0));
 	pgc_pack_kv_str(&p.pk, "key", argv[1]);
@@ -1381,6 +1453,33 @@ static bool parse_timeout(const char *s, int *out)
 	return true;
 }
 
+/* "-5", "-0": a number, never a flag. */
+static bool is_negative_number(const char *s)
+{
+	if (s[0] != '-' || !s[1])
+		return false;
+	for (s++; *s; s++)
+		if (*s < '0' || *s > '9')
+			return false;
+	return true;
+}
+
+/* `pgcoordctl help [COMMAND]` */
+static int help_command(int argc, char **argv)
+{
+	if (argc == 0) {
+		usage(stdout);
+		return CTL_EXIT_OK;
+	}
+	if (argc > 1)
+		return usage_error("help: expected at most one command, not \"%s\"", argv[1]);
+	const struct ctl_command *c = find_command(argv[0]);
+	if (!c)
+		return usage_error("help: unknown command \"%s\"", argv[0]);
+	command_help(stdout, c);
+	return CTL_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
 	struct ctl ctx = {.timeout_ms = CTL_DEFAULT_TIMEOUT_MS};
@@ -1402,17 +1501,30 @@ int main(int argc, char **argv)
 
 	/*
 	 * "-" hands operands back in order (as 1), so flags may follow the
-	 * command whatever POSIXLY_CORRECT says; "--" ends the flags.
+	 * command whatever POSIXLY_CORRECT says; "--" ends the flags. A
+	 * negative number is an operand (`quota set KEY -1` is a range error,
+	 * not an unknown flag -1): no flag is spelt with a digit.
 	 */
 	int opt;
-	while ((opt = getopt_long(argc, argv, "-h", longopts, NULL)) != -1) {
+	for (;;) {
+		if (optind < argc && is_negative_number(argv[optind])) {
+			operands[noperands++] = argv[optind++];
+			continue;
+		}
+		opt = getopt_long(argc, argv, "-h", longopts, NULL);
+		if (opt == -1)
+			break;
 		if (opt == 1) {
 			operands[noperands++] = optarg;
 			continue;
 		}
 		if (opt == '?') {
-			fputc('\n', stderr);
-			usage(stderr);
+			/* getopt has named the flag; say where to read more */
+			usage_command = noperands ? find_command(operands[0]) : NULL;
+			if (usage_command)
+				command_usage_line(stderr, usage_command);
+			fprintf(stderr, "see pgcoordctl %s%s\n", usage_command ? "help " : "--help",
+				usage_command ? usage_command->name : "");
 			rc = CTL_EXIT_USAGE;
 			goto out;
 		}
@@ -1519,8 +1631,16 @@ int main(int argc, char **argv)
 	while (optind < argc)
 		operands[noperands++] = argv[optind++];
 
+	if (noperands > 0 && strcmp(operands[0], "help") == 0) {
+		rc = help_command(noperands - 1, operands + 1);
+		goto out;
+	}
 	if (help) {
-		usage(stdout);
+		const struct ctl_command *c = noperands ? find_command(operands[0]) : NULL;
+		if (c)
+			command_help(stdout, c);
+		else
+			usage(stdout);
 		rc = CTL_EXIT_OK;
 		goto out;
 	}
@@ -1538,6 +1658,7 @@ int main(int argc, char **argv)
 		rc = usage_error("unknown command \"%s\"", operands[0]);
 		goto out;
 	}
+	usage_command = cmd;
 	for (size_t i = 0; i < N_OPTIONS; i++) {
 		if (seen[i] && options[i].command && strcmp(options[i].command, cmd->name) != 0) {
 			rc = usage_error("--%s only goes with \"%s\"", options[i].name,

@@ -269,6 +269,11 @@ bool db_lane_up(const struct db *db, enum db_lane_id lane)
 	return db->answer != FAKE_LANE_DOWN;
 }
 
+const char *db_last_error(const struct db *db)
+{
+	return db->answer == FAKE_LANE_DOWN ? "the fake database is down" : "";
+}
+
 void db_get_stats(const struct db *db, struct db_stats *out)
 {
 	*out = db->stats;

@@ -323,7 +323,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* main.c's order at exit */
 	while (ag.conns)
 		conn_close(ag.conns, "agent exiting");
-	sessions_lose_all(&ag, "the agent exited");
+	sessions_lose_all(&ag, "the agent exited", LOG_LEVEL_INFO);
 	db_destroy(ag.db);
 	group_destroy(ag.claim_group);
 	group_destroy(ag.release_group);

@@ -206,3 +206,118 @@ Test(ctl, unknown_command_or_option_exits_2)
 	cr_assert_eq(rc, 2, "no command: exit %d:\n%s", rc, out);
 	free(out);
 }
+
+/* Counts the lines of s. */
+static int lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+Test(ctl, a_usage_error_names_the_problem_and_the_commands_usage_not_the_whole_help)
+{
+	const char *const negative[] = {"quota", "set", "demo", "-1", NULL};
+	const char *const bad_flag[] = {"quota", "--no-such-flag", NULL};
+	const char *const none[] = {NULL};
+	char *out = NULL;
+
+	/* a negative number is an operand, refused for its range */
+	int rc = ctl("/nonexistent/agent.sock", negative, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "LIMIT must be a whole number from 0 to 2147483647, not \"-1\""),
+		  "%s", out);
+	cr_assert(strstr(out, "usage: pgcoordctl [OPTIONS] quota KEY | set KEY LIMIT"), "%s", out);
+	cr_assert_not(strstr(out, "invalid option"), "%s", out);
+	cr_assert_eq(lines(out), 3, "%s", out);
+	free(out);
+
+	rc = ctl("/nonexistent/agent.sock", bad_flag, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "--no-such-flag") && strstr(out, "see pgcoordctl help quota"), "%s",
+		  out);
+	cr_assert_eq(lines(out), 3, "%s", out);
+	free(out);
+
+	rc = ctl("/nonexistent/agent.sock", none, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "no command given") && strstr(out, "see pgcoordctl --help"), "%s",
+		  out);
+	cr_assert_eq(lines(out), 2, "%s", out);
+	free(out);
+}
+
+Test(ctl, help_for_one_command_shows_its_usage_text_and_own_flags)
+{
+	const char *const flag[] = {"quota", "--help", NULL};
+	const char *const word[] = {"help", "quota", NULL};
+	const char *const unknown[] = {"help", "frobnicate", NULL};
+	char *by_flag = NULL, *by_word = NULL, *out = NULL;
+
+	cr_assert_eq(ctl("/nonexistent/agent.sock", flag, &by_flag), 0, "%s", by_flag);
+	cr_assert_eq(ctl("/nonexistent/agent.sock", word, &by_word), 0, "%s", by_word);
+	cr_assert_str_eq(by_flag, by_word);
+	cr_assert(strstr(by_flag, "usage: pgcoordctl [OPTIONS] quota KEY | set KEY LIMIT") &&
+		      strstr(by_flag, "set its limit") && strstr(by_flag, "--lapse-after S"),
+		  "%s", by_flag);
+	/* only quota's own flags, not another command's */
+	cr_assert_not(strstr(by_flag, "--kill-grace"), "%s", by_flag);
+	cr_assert_lt(lines(by_flag), 15, "%s", by_flag);
+	free(by_flag);
+	free(by_word);
+
+	int rc = ctl("/nonexistent/agent.sock", unknown, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "unknown command \"frobnicate\""), "%s", out);
+	free(out);
+}
+
+/* The value on text output's line for label ("label   value"); "" if none. */
+static const char *field(const char *out, const char *label, char *buf, size_t len)
+{
+	size_t n = strlen(label);
+	buf[0] = '\0';
+	for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		if (strncmp(l, label, n) != 0 || l[n] != ' ')
+			continue;
+		const char *v = l + n + strspn(l + n, " ");
+		snprintf(buf, len, "%.*s", (int)strcspn(v, "\n"), v);
+		break;
+	}
+	return buf;
+}
+
+/* Text output: field names say what is shown, nested values read as fields. */
+Test(ctl, status_and_lease_status_print_readable_fields)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "ctl-text", NULL);
+	iwait_janitor(a);
+	const char *sock = hagent_socket(a);
+	const char *const status_args[] = {"status", NULL};
+	const char *const lease_args[] = {"lease", "status", "pgcoord.janitor", NULL};
+	char *out = NULL, want[32], got[128];
+
+	cr_assert_eq(ctl(sock, status_args, &out), 0, "%s", out);
+	cr_assert_not(strstr(out, "uptime_ms"), "%s", out);
+	cr_assert_neq(field(out, "uptime", got, sizeof(got))[0], '\0', "%s", out);
+	cr_assert_neq(field(out, "replication.failover", got, sizeof(got))[0], '\0',
+		      "no replication.failover field:\n%s", out);
+	free(out);
+
+	/* the agent's own janitor lease, asked by a caller without a session:
+	 * this agent leads it, and the holder is the session the database names */
+	long holder = hdb_query_long(db, "SELECT holder_session FROM pgcoord.leases "
+					 "WHERE name = 'pgcoord.janitor'");
+	cr_assert_eq(ctl(sock, lease_args, &out), 0, "%s", out);
+	snprintf(want, sizeof(want), "%ld", holder);
+	cr_assert_str_eq(field(out, "holder.session", got, sizeof(got)), want, "%s", out);
+	cr_assert_str_eq(field(out, "holder.replica_id", got, sizeof(got)), "ctl-text", "%s", out);
+	cr_assert_str_eq(field(out, "leader", got, sizeof(got)), "true", "%s", out);
+	cr_assert_not(strstr(out, "{"), "holder printed as JSON:\n%s", out);
+	free(out);
+
+	hagent_destroy(a);
+	hdb_drop(db);
+}

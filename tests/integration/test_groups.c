@@ -148,7 +148,7 @@ static void wait_claim_on_lock(struct harness_db *db)
 /* The port of an agent started with --metrics-listen 127.0.0.1:0. */
 static int http_port(struct hagent *a)
 {
-	static const char key[] = "http_listen=127.0.0.1:";
+	static const char key[] = "metrics_listen=127.0.0.1:";
 	int64_t deadline = hnow_ms() + 5000;
 	const char *at;
 	while (!(at = strstr(hagent_log(a), key))) {

@@ -631,7 +631,7 @@ Test(transport, socket_mode_is_exact_without_a_chmod_by_path)
 /* The port of an agent started with --metrics-listen 127.0.0.1:0. */
 static int http_port(struct hagent *a)
 {
-	static const char key[] = "http_listen=127.0.0.1:";
+	static const char key[] = "metrics_listen=127.0.0.1:";
 	int64_t deadline = hnow_ms() + 5000;
 	const char *at;
 

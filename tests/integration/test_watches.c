@@ -139,7 +139,7 @@ static void call_ok(int fd, const char *method, struct iparams *p)
  * whole response, malloc'd. */
 static char *http_get(struct hagent *a, const char *path)
 {
-	static const char key[] = "http_listen=127.0.0.1:";
+	static const char key[] = "metrics_listen=127.0.0.1:";
 	int64_t deadline = hnow_ms() + 5000;
 	const char *at;
 	while (!(at = strstr(hagent_log(a), key))) {

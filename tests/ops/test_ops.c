@@ -154,9 +154,9 @@ static char *claim(int fd, const char *id, const char *quota)
 static int http_port(struct hagent *a)
 {
 	const char *at;
-	wait_log(a, "http_listen=127.0.0.1:", 5000);
-	at = strstr(hagent_log(a), "http_listen=127.0.0.1:");
-	return atoi(at + strlen("http_listen=127.0.0.1:"));
+	wait_log(a, "metrics_listen=127.0.0.1:", 5000);
+	at = strstr(hagent_log(a), "metrics_listen=127.0.0.1:");
+	return atoi(at + strlen("metrics_listen=127.0.0.1:"));
 }
 
 /* One HTTP/1.0 request; returns the status code, *body gets the body. */
@@ -746,7 +746,7 @@ Test(ops, socket_activation_serves_clients_that_connected_before_the_agent_start
 	int64_t deadline = hnow_ms() + 10000;
 	for (;;) {
 		text = hread_file(log);
-		if (strstr(text, "registered replica_id"))
+		if (strstr(text, "msg=\"registered\" replica_id="))
 			break;
 		cr_assert(hnow_ms() < deadline, "not registered:\n%s", text);
 		free(text);
@@ -790,7 +790,7 @@ Test(ops, empty_database_url_uses_libpq_environment)
 	setenv("PGDATABASE", hdb_name(db), 1);
 	unsetenv("PGCOORD_DATABASE_URL");
 	struct hagent *a = hagent_start(NULL, "libpq-env-1", NULL);
-	cr_assert(strstr(hagent_log(a), "database \\\"\\\""), "%s", hagent_log(a));
+	cr_assert(strstr(hagent_log(a), "database_url=\"\""), "%s", hagent_log(a));
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
 					"'libpq-env-1' AND stopped_at IS NULL"),
 		     1);
@@ -916,6 +916,91 @@ Test(ops, top_draws_the_agent_fleet_leases_fullest_quotas_and_uncertain_permits)
 	cr_assert_eq(hrun(gone, &out), 3, "%s", out);
 	cr_assert(strstr(out, "unreachable"), "%s", out);
 	free(out);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* The line of the log holding needle (a copy; fails the test if none). */
+static char *log_line(struct hagent *a, const char *needle)
+{
+	const char *log = hagent_log(a), *at = strstr(log, needle);
+	cr_assert(at, "no \"%s\" in the log:\n%s", needle, log);
+	const char *start = at;
+	while (start > log && start[-1] != '\n')
+		start--;
+	return strndup(start, strcspn(start, "\n"));
+}
+
+/* A lease released by its holder and a clean shutdown are normal: info, not warn. */
+Test(ops, normal_releases_and_a_clean_shutdown_log_at_info)
+{
+	struct harness_db *db = migrated_db();
+	struct hagent *a = hagent_start(db, "calm-1", NULL);
+	int fd = hraw_connect(hagent_socket(a));
+	struct params p;
+	char *line;
+
+	/* the janitor lease is the agent's own, held until the shutdown */
+	wait_log(a, "this agent is now the fleet's janitor", 10000);
+	session_open(fd, "calm");
+	pgc_pack_kv_str(params_map(&p, 1), "name", "calm.leader");
+	call_ok(fd, "lease.acquire", &p, NULL, NULL);
+	pgc_pack_kv_str(params_map(&p, 1), "name", "calm.leader");
+	call_ok(fd, "lease.release", &p, NULL, NULL);
+	wait_log(a, "leadership belief ends: released by its holder", 5000);
+	line = log_line(a, "leadership belief ends: released by its holder");
+	cr_assert(strstr(line, "level=info ") && strstr(line, "lease=calm.leader"), "%s", line);
+	free(line);
+	cr_assert_eq(hagent_stop(a), 0);
+	close(fd);
+
+	line = log_line(a, "leadership belief ends: the agent is shutting down");
+	cr_assert(strstr(line, "level=info ") && strstr(line, "lease=pgcoord.janitor"), "%s", line);
+	free(line);
+	line = log_line(a, "session lost: the agent exited");
+	cr_assert(strstr(line, "level=info "), "%s", line);
+	free(line);
+	/* the database agrees the stop was clean */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.agents WHERE replica_id = "
+					"'calm-1' AND stopped_at IS NOT NULL"),
+		     1);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* The status page names libpq's reason for a database that is down, and
+ * the log shows libpq's words on one line, without escaped tabs. */
+Test(ops, a_database_that_refuses_the_agent_is_down_with_libpqs_reason)
+{
+	struct harness_db *db = migrated_db();
+	const char *args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+	struct hagent *a = hagent_start(db, "refused-1", args);
+	int port = http_port(a);
+	char *body = NULL;
+
+	/* grants of CONNECT are PUBLIC's, and the test's own session stays */
+	hdb_exec(db, "REVOKE CONNECT ON DATABASE \"%s\" FROM PUBLIC", hdb_name(db));
+	hdb_exec(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+		     "WHERE datname = current_database() AND pid <> pg_backend_pid()");
+	int64_t deadline = hnow_ms() + 10000;
+	for (;;) {
+		body = http_get(port, "/status", 200);
+		if (strstr(body, "DOWN"))
+			break;
+		free(body);
+		cr_assert_lt(hnow_ms(), deadline, "the status page never said DOWN:\n%s",
+			     hagent_log(a));
+		hsleep_ms(50);
+	}
+	cr_assert(strstr(body, "DOWN (") && strstr(body, "permission denied for database &quot;"),
+		  "%s", body);
+	free(body);
+
+	const char *log = hagent_log(a);
+	cr_assert(strstr(log, "connection lost: "), "%s", log);
+	cr_assert_not(strstr(log, "\\t") || strstr(log, "\\x09"), "escaped tabs:\n%s", log);
+
+	hdb_exec(db, "GRANT CONNECT ON DATABASE \"%s\" TO PUBLIC", hdb_name(db));
 	hagent_destroy(a);
 	hdb_drop(db);
 }

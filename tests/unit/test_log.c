@@ -121,3 +121,47 @@ Test(log_write, one_event_is_one_line_without_raw_controls)
 	cr_assert(strstr(text, "lease=raw\\x0alevel=error\n"), "%s", text);
 	free(text);
 }
+
+Test(log_one_line, libpq_breaks_and_tabs_become_single_spaces)
+{
+	char buf[256];
+
+	log_one_line(buf, sizeof(buf),
+		     "connection to server on socket \"/s/.s.PGSQL.5432\" failed: No such file "
+		     "or directory\n\tIs the server running locally and accepting connections "
+		     "on that socket?\n");
+	cr_assert_str_eq(buf, "connection to server on socket \"/s/.s.PGSQL.5432\" failed: No such "
+			      "file or directory Is the server running locally and accepting "
+			      "connections on that socket?");
+	log_one_line(buf, sizeof(buf), "a\r\n\t\tb \tc\n");
+	cr_assert_str_eq(buf, "a b c");
+	log_one_line(buf, 4, "abcdef");
+	cr_assert_str_eq(buf, "abc");
+	log_one_line(buf, sizeof(buf), NULL);
+	cr_assert_str_eq(buf, "");
+}
+
+Test(log_one_line, a_libpq_message_logs_without_escapes)
+{
+	char *text = NULL, line[256];
+	size_t len = 0;
+	FILE *mem = open_memstream(&text, &len);
+	struct logger lg;
+
+	cr_assert_not_null(mem);
+	logger_init(&lg, LOG_LEVEL_INFO);
+	lg.journald = false;
+	lg.out = mem;
+	log_one_line(line, sizeof(line),
+		     "server closed the connection unexpectedly\n\tThis probably means the "
+		     "server terminated abnormally\n");
+	log_write(&lg, LOG_LEVEL_WARN, "db", NULL, "requests connection lost: %s", line);
+	fclose(mem);
+	cr_assert(strstr(text, "msg=\"requests connection lost: server closed the connection "
+			       "unexpectedly This probably means the server terminated "
+			       "abnormally\"\n"),
+		  "%s", text);
+	cr_assert_not(strstr(text, "\\t") || strstr(text, "\\x09") || strstr(text, "\\n"), "%s",
+		      text);
+	free(text);
+}
