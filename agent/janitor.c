@@ -31,6 +31,8 @@ struct janitor_duty {
 static const struct janitor_duty janitor_duties[] = {
     {"expire lapsed sessions", "SELECT expired FROM pgcoord.janitor_expire_sessions($1)", false},
     {"release lapsed permits", "SELECT pgcoord.janitor_lapse_permits($1)", false},
+    /* before the purge, which deletes only audit rows already folded */
+    {"fold audit totals for permit.check", "SELECT pgcoord.janitor_fold_audit($1)", false},
     {"delete settled records past retention", "SELECT pgcoord.janitor_purge_records($1, $2)", true},
     {"delete released permits past retention", "SELECT pgcoord.janitor_purge_permits($1, $2)",
      true},

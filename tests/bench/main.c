@@ -331,18 +331,24 @@ static bool agent_check(const struct bench_cfg *cfg)
 	pgcoord_err e;
 	bool ok = false;
 
+	double t0 = bench_now();
+
 	e = pgcoord_connect(cfg->sockets[0], 5000, &c);
 	if (e == PGCOORD_OK)
 		e = pgcoord_permit_check(c, 60000, &ok, NULL, NULL);
+	/* how long the check took matters with a long history (0011) */
+	double ms = (bench_now() - t0) * 1000;
 	if (e == PGCOORD_E_TIMEOUT) {
 		printf("- permit.check through agent 0: not answered within the agent's "
 		       "query_timeout_ms (%s); permits_check() above is the verdict\n",
 		       pgcoord_last_message(c));
 		ok = true;
 	} else {
-		printf("- permit.check through agent 0: %s\n", e != PGCOORD_OK ? pgcoord_strerror(e)
-							       : ok	       ? "ok"
-									       : "VIOLATED");
+		printf("- permit.check through agent 0: %s (%.1f ms)\n",
+		       e != PGCOORD_OK ? pgcoord_strerror(e)
+		       : ok	       ? "ok"
+				       : "VIOLATED",
+		       ms);
 		ok &= e == PGCOORD_OK;
 	}
 	pgcoord_close(c);
