@@ -504,6 +504,7 @@ static void run_failover(bool sync, struct outcome *o)
 	}
 	free(url);
 	free(puts_acked);
+	hdb_drop(db);
 }
 
 Test(failover, sync, .timeout = 120)
@@ -694,4 +695,5 @@ Test(failover, stalled_standby, .timeout = 120)
 	free(ci);
 	close(fd);
 	hagent_destroy(a);
+	hdb_drop(db);
 }
