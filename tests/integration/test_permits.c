@@ -1086,6 +1086,50 @@ Test(permits, multi_quota_claim_with_one_full_quota_changes_nothing)
 	hdb_drop(db);
 }
 
+/*
+ * Nobody overtakes a queue: while claims wait on a quota (quotas.waiting,
+ * kept by waiting claims), an immediate claim on it is denied with that
+ * quota's numbers even with room left, and a multi-quota claim refused on
+ * its second quota gives back its first. Once nobody waits, the same id is
+ * admitted.
+ */
+Test(permits, claim_is_denied_while_others_wait_on_its_quota)
+{
+	struct harness_db *db = ledger_db();
+	struct hagent *a = hagent_start(db, "queue-a", NULL);
+	pgcoord *c = client(a, "queue");
+	const char *ab[2] = {"q-a", "q-b"};
+
+	quota_set(c, "q-a", 5, -1);
+	quota_set(c, "q-b", 5, -1);
+	hdb_exec(db, "UPDATE pgcoord.quotas SET waiting = 1 WHERE key = 'q-b'");
+	long events_before = hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events");
+
+	pgcoord_claim *cl = claim_n(c, "q-1", ab, NULL, 2, 0);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_DENIED,
+		     "a claim overtook a queue");
+	cr_assert_str_eq(pgcoord_claim_denied_quota(cl), "q-b");
+	cr_assert_eq(pgcoord_claim_denied_limit(cl), 5);
+	cr_assert_eq(pgcoord_claim_denied_in_flight(cl), 0);
+	pgcoord_claim_free(cl);
+	cr_assert_eq(in_flight(db, "q-a"), 0, "the quota before the refusing one kept its share");
+	cr_assert_eq(permit_rows(db, "q-1"), 0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events"),
+		     events_before, "a denied claim wrote audit rows");
+
+	hdb_exec(db, "UPDATE pgcoord.quotas SET waiting = 0 WHERE key = 'q-b'");
+	cl = claim_n(c, "q-1", ab, NULL, 2, 0);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	cr_assert_eq(in_flight(db, "q-a"), 1);
+	cr_assert_eq(in_flight(db, "q-b"), 1);
+	cr_assert_eq(events(db, "q-1", "admitted"), 2);
+	assert_conserved(db, "after claims behind a queue");
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- guarantee 5: an unknown outcome stays visible ------------------------------ */
 
 /*

@@ -5,16 +5,17 @@
 -- (guarantees 2 and 3). The soak checker must report admitted_once.
 -- @function pgcoord.permit_claim
 -- @replace
-		v_inserted := FOUND;
-		IF v_inserted THEN
+	v_inserted := FOUND;
+	IF v_inserted THEN
 -- @with
-		v_inserted := FOUND;
-		IF true THEN
+	v_inserted := FOUND;
+	IF true THEN
 -- @end
 -- @replace
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-				VALUES (p_id, v_key, v_w);
+			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w);
 -- @with
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-				VALUES (p_id, v_key, v_w) ON CONFLICT DO NOTHING;
+			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+			ON CONFLICT DO NOTHING;
 -- @end

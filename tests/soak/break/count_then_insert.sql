@@ -5,18 +5,18 @@
 -- checker must report quota_limit.
 -- @function pgcoord.permit_claim
 -- @replace
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-				WHERE q.key = v_key AND q.in_flight + v_w <= q."limit";
-				IF NOT FOUND THEN
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+			WHERE q.key = v_key AND q.in_flight + v_w <= q."limit" AND q.waiting = 0;
+			IF NOT FOUND THEN
 -- @with
-				IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
-				    JOIN pgcoord.permits p ON p.id = pq.permit_id
-				    WHERE pq.key = v_key AND p.state <> 'released') + v_w
-				   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = v_key) THEN
-					UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-					WHERE q.key = v_key;
-				ELSE
-					PERFORM 1 WHERE false; -- FOUND := false: denied
-				END IF;
-				IF NOT FOUND THEN
+			IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
+			    JOIN pgcoord.permits p ON p.id = pq.permit_id
+			    WHERE pq.key = v_key AND p.state <> 'released') + v_w
+			   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = v_key) THEN
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+				WHERE q.key = v_key;
+			ELSE
+				PERFORM 1 WHERE false; -- FOUND := false: denied
+			END IF;
+			IF NOT FOUND THEN
 -- @end
