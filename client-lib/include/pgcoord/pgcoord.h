@@ -80,6 +80,11 @@ const char *pgcoord_strerror(pgcoord_err err);
  */
 bool pgcoord_err_retryable(pgcoord_err err);
 
+/* The wire name of an agent error code ("unavailable", "not_found", …, as
+ * PROTOCOL.md spells them); NULL for PGCOORD_OK and the library's own
+ * codes (100 and up). */
+const char *pgcoord_err_name(pgcoord_err err);
+
 /*
  * Connects to the agent at socket_path (NULL = PGCOORD_DEFAULT_SOCKET, or
  * $PGCOORD_SOCKET_PATH when set) within timeout_ms. On success *out owns a
