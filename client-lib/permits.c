@@ -3,6 +3,7 @@
  * methods (PROTOCOL.md, "Permits"): the claim with its opaque outcome, the
  * lifecycle calls, and the reads that hand back the result map.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,10 +33,18 @@ static bool check_id(pgcoord *c, const char *what, const char *id)
 
 /* --- claim ------------------------------------------------------------ */
 
-pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *keys,
-				 const int32_t *weights, size_t nquotas, const void *intent,
-				 size_t intent_len, int64_t limit, unsigned flags, int timeout_ms,
-				 pgcoord_claim **out)
+void pgcoord_claim_opts_init(struct pgcoord_claim_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_claim_opts)PGCOORD_CLAIM_OPTS_INIT;
+}
+
+/* The fields every version of the struct has; later ones are read only when
+ * the caller's size covers them. */
+#define CLAIM_OPTS_V0_SIZE (offsetof(struct pgcoord_claim_opts, flags) + sizeof(unsigned))
+
+pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoord_claim_opts *opts,
+				 int timeout_ms, pgcoord_claim **out)
 {
 	struct pgcoord_writer w;
 	msgpack_unpacked u;
@@ -48,6 +57,18 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 		return PGCOORD_E_ARG;
 	if (!check_id(c, "the permit id", id))
 		return PGCOORD_E_ARG;
+	if (!opts || opts->size < CLAIM_OPTS_V0_SIZE) {
+		pgcoord__set_message(c, "claim options are missing or not initialised "
+					"(start from PGCOORD_CLAIM_OPTS_INIT)");
+		return PGCOORD_E_ARG;
+	}
+	const char *const *keys = opts->keys;
+	const int32_t *weights = opts->weights;
+	size_t nquotas = opts->nquotas;
+	const void *intent = opts->intent;
+	size_t intent_len = opts->intent_len;
+	int64_t limit = opts->limit;
+	unsigned flags = opts->flags;
 	if (!keys || nquotas == 0 || (intent_len && !intent) || limit < PGCOORD_NO_LIMIT ||
 	    flags & ~PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS) {
 		pgcoord__set_message(c, "a claim needs at least one quota key (and intent bytes "

@@ -499,6 +499,86 @@ Test(errors, every_code_has_a_description_and_retry_class)
 	cr_assert_str_eq(pgcoord_strerror((pgcoord_err)9999), "unknown pgcoord error");
 }
 
+Test(errors, wire_codes_have_their_wire_names)
+{
+	for (int e = 1; e <= PGCOORD_E_TOO_LARGE; e++)
+		cr_assert_str_eq(pgcoord_err_name((pgcoord_err)e),
+				 pgc_error_name((enum pgc_error_code)e), "code %d", e);
+	cr_assert_null(pgcoord_err_name(PGCOORD_OK));
+	cr_assert_null(pgcoord_err_name(PGCOORD_E_CONNECT));
+	cr_assert_null(pgcoord_err_name(PGCOORD_E_CLOSED));
+}
+
+/* --- claim options -------------------------------------------------------- */
+
+/* Checks that every field of the options reached the wire, then admits. */
+static void script_claim_with_options(struct fake *f)
+{
+	struct req r;
+	if (!fake_expect(f, &r, "permit.claim"))
+		return;
+	const msgpack_object *quotas = pgc_map_get(r.params, "quotas");
+	const msgpack_object *intent = pgc_map_get(r.params, "intent");
+	int64_t weight = 0, limit = 0;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "id"), "job-1") || !quotas ||
+	    quotas->type != MSGPACK_OBJECT_ARRAY || quotas->via.array.size != 1 ||
+	    !pgc_obj_str_eq(pgc_map_get(&quotas->via.array.ptr[0], "key"), "gpu") ||
+	    !pgc_obj_int64(pgc_map_get(&quotas->via.array.ptr[0], "weight"), &weight) ||
+	    weight != 3 || !intent || intent->type != MSGPACK_OBJECT_BIN ||
+	    intent->via.bin.size != 2 || memcmp(intent->via.bin.ptr, "hi", 2) != 0 ||
+	    !pgc_obj_int64(pgc_map_get(r.params, "limit"), &limit) || limit != 9 ||
+	    !pgc_obj_str_eq(pgc_map_get(r.params, "on_owner_loss"), "release"))
+		fake_failf(f, "permit.claim params do not match the options");
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 4);
+	pgc_pack_kv_str(&o.pk, "status", "admitted");
+	pgc_pack_kv_int(&o.pk, "token", 77);
+	pgc_pack_kv_int(&o.pk, "owner_session", 42);
+	pgc_pack_kv_bool(&o.pk, "mine", true);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(claim, options_reach_the_wire_and_uninitialised_ones_are_refused, .timeout = 10)
+{
+	fake_start(script_claim_with_options);
+	pgcoord *c = connect_fake();
+	const char *keys[] = {"gpu"};
+	const int32_t weights[] = {3};
+	pgcoord_claim *cl = NULL;
+
+	/* Refused before anything is sent: the fake sees only the next claim. */
+	struct pgcoord_claim_opts unset = {0};
+	unset.keys = keys;
+	unset.nquotas = 1;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", &unset, 2000, &cl), PGCOORD_E_ARG);
+	cr_assert_null(cl);
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", NULL, 2000, &cl), PGCOORD_E_ARG);
+
+	struct pgcoord_claim_opts opts;
+	pgcoord_claim_opts_init(&opts);
+	cr_assert_eq(opts.size, sizeof(opts));
+	cr_assert_eq(opts.limit, PGCOORD_NO_LIMIT);
+	opts.keys = keys;
+	opts.weights = weights;
+	opts.nquotas = 1;
+	opts.intent = "hi";
+	opts.intent_len = 2;
+	opts.limit = 9;
+	opts.flags = PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", &opts, 2000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	cr_assert_eq(pgcoord_claim_get_token(cl), 77);
+	pgcoord_claim_free(cl);
+
+	pgcoord_close(c);
+	fake_stop();
+}
+
 /* --- notifications -------------------------------------------------------- */
 
 static void script_notify_during_call(struct fake *f)

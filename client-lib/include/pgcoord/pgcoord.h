@@ -203,30 +203,61 @@ typedef enum pgcoord_claim_status {
 /* The outcome of a claim (opaque); read it with the pgcoord_claim_* accessors. */
 typedef struct pgcoord_claim pgcoord_claim;
 
-/* pgcoord_permit_claim flag: in-process work, released when its session
+/* pgcoord_claim_opts.flags: in-process work, released when its session
  * dies (by default a dead owner's permit stays counted, uncertain). */
 #define PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS 0x1u
 
-/* pgcoord_permit_claim's limit for "this claim sets no limit". */
+/* pgcoord_claim_opts.limit for "this claim sets no limit". */
 #define PGCOORD_NO_LIMIT (-1)
 
 /*
- * Owner. Claims weights[i] (NULL: 1 each) of quota keys[i] for i <
- * nquotas, all or nothing, as permit `id` (1..200 bytes). intent (may be
- * NULL) is stored with the permit in the same transaction, up to 64 KiB.
- * limit >= 0 also sets the (single) quota's limit, creating it if needed
- * (from a non-admin: only creating it; an existing limit stays);
- * PGCOORD_NO_LIMIT leaves it. On PGCOORD_OK, *out owns the outcome (free it
- * with pgcoord_claim_free); a denial is PGCOORD_OK with status DENIED.
- * PGCOORD_E_UNAVAILABLE / _TIMEOUT / _CALL_TIMEOUT mean "not known to be
- * admitted": retry with the same id. PGCOORD_E_NOT_FOUND names a quota that
- * does not exist; PGCOORD_E_CONFLICT an id already used by another claim or
- * already released.
+ * What a claim asks for. Start from PGCOORD_CLAIM_OPTS_INIT (or
+ * pgcoord_claim_opts_init) and set the fields you need: `size` tells the
+ * library which fields this caller was built with, so fields appended in
+ * later versions keep their defaults for older callers. The struct and what
+ * it points to are only read during the call.
+ *
+ *   keys, weights, nquotas  claim weights[i] (weights NULL: 1 each) of quota
+ *                           keys[i] for i < nquotas, all or nothing
+ *   intent, intent_len      stored with the permit in the same transaction
+ *                           (NULL: none), up to 64 KiB
+ *   limit                   >= 0 also sets the (single) quota's limit,
+ *                           creating it if needed (from a non-admin: only
+ *                           creating it; an existing limit stays);
+ *                           PGCOORD_NO_LIMIT (the default) leaves it
+ *   flags                   PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS
  */
-pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *keys,
-				 const int32_t *weights, size_t nquotas, const void *intent,
-				 size_t intent_len, int64_t limit, unsigned flags, int timeout_ms,
-				 pgcoord_claim **out);
+struct pgcoord_claim_opts {
+	size_t size; /* sizeof(struct pgcoord_claim_opts) as the caller knew it */
+	const char *const *keys;
+	const int32_t *weights;
+	size_t nquotas;
+	const void *intent;
+	size_t intent_len;
+	int64_t limit;
+	unsigned flags;
+};
+
+#define PGCOORD_CLAIM_OPTS_INIT                                                                    \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_claim_opts), .limit = PGCOORD_NO_LIMIT               \
+	}
+
+/* Sets *opts to PGCOORD_CLAIM_OPTS_INIT. */
+void pgcoord_claim_opts_init(struct pgcoord_claim_opts *opts);
+
+/*
+ * Owner. Claims as permit `id` (1..200 bytes) what opts asks for. On
+ * PGCOORD_OK, *out owns the outcome (free it with pgcoord_claim_free); a
+ * denial is PGCOORD_OK with status DENIED. PGCOORD_E_UNAVAILABLE /
+ * _TIMEOUT / _CALL_TIMEOUT mean "not known to be admitted": retry with the
+ * same id. PGCOORD_E_NOT_FOUND names a quota that does not exist;
+ * PGCOORD_E_CONFLICT an id already used by another claim or already
+ * released. PGCOORD_E_ARG for opts NULL, without quotas, or with a size
+ * smaller than the first version's.
+ */
+pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoord_claim_opts *opts,
+				 int timeout_ms, pgcoord_claim **out);
 
 pgcoord_claim_status pgcoord_claim_get_status(const pgcoord_claim *cl);
 /* The fencing token of the grant (admitted or held); 0 when denied. */
