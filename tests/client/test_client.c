@@ -1136,7 +1136,7 @@ static void script_campaign_renew_and_lose(struct fake *f)
 	fake_wait_hangup(f);
 }
 
-Test(lease, renewals_extend_belief_and_a_pushed_end_counts_without_poll, .timeout = 10)
+Test(lease, renewals_extend_belief_and_a_pushed_end_counts_after_refresh, .timeout = 10)
 {
 	struct seen_notes seen = {0};
 	bool leader = true;
@@ -1168,6 +1168,7 @@ Test(lease, renewals_extend_belief_and_a_pushed_end_counts_without_poll, .timeou
 	t0 = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	while (pgcoord_lease_is_leader(c, "job")) {
 		usleep(5 * 1000);
+		cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_OK);
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		cr_assert_lt((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 - t0, 1000,
 			     "the pushed lease.changed leader=false was not taken in");
@@ -1205,6 +1206,7 @@ Test(lease, deadline_counts_from_when_the_socket_was_last_seen_empty, .timeout =
 	/* The renewal (300 ms) waits unread in the socket for 400 ms: dating it
 	 * by when it was read would believe for 300 ms more. */
 	usleep(400 * 1000);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_OK);
 	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
 	pgcoord_close(c);
 	fake_stop();
@@ -1247,8 +1249,13 @@ Test(lease, session_loss_and_a_broken_connection_end_belief_at_once, .timeout = 
 	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, false, 2000, &leader, NULL), PGCOORD_OK);
 	cr_assert(leader);
 	fake_stop(); /* the fake agent hangs up */
+	/* The question does no I/O: it neither reads the hang-up nor closes. */
+	cr_assert(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_neq(pgcoord_fd(c), -1);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_E_IO);
 	cr_assert_not(pgcoord_lease_is_leader(c, "job"), "no agent, no belief");
 	cr_assert_eq(pgcoord_fd(c), -1);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_E_CLOSED);
 	pgcoord_close(c);
 }
 

@@ -13,7 +13,7 @@
  *
  * Event loops: wait for pgcoord_fd() to become readable, then call
  * pgcoord_poll(c, 0, NULL). Notifications that arrive while a call (or
- * pgcoord_lease_is_leader and its siblings) reads the socket are queued
+ * pgcoord_lease_refresh) reads the socket are queued
  * inside the library and do NOT make pgcoord_fd() readable again, so also
  * call pgcoord_poll(c, 0, NULL) after each of those.
  *
@@ -408,20 +408,35 @@ pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t
 /*
  * True only while the last lease.changed (or acquire result) for name said
  * this session leads and the local deadline lies ahead on CLOCK_MONOTONIC.
- * Never waits: it takes in what the agent has already sent (so a pushed
- * end of leadership counts even if you have not polled; the notifications
- * are queued for pgcoord_poll) and compares the deadline with the clock.
- * False for NULL arguments and on a closed handle. A connection failure
- * found here closes the handle (pgcoord_last_message says why).
+ * Never does I/O and never changes the handle: it compares the belief's
+ * deadline with the clock, so it is cheap to ask before every step and
+ * safe from any point of an event loop. A pushed end of leadership counts
+ * once the library has read it: every call, pgcoord_poll and
+ * pgcoord_lease_refresh read what the agent sent. Even when nothing is read,
+ * the belief ends at its deadline. False for NULL arguments and on a closed
+ * handle.
  */
-bool pgcoord_lease_is_leader(pgcoord *c, const char *name);
+bool pgcoord_lease_is_leader(const pgcoord *c, const char *name);
 
 /* The belief left, in ms (0 when not leading), as pgcoord_lease_is_leader
- * would judge it: the longest a step may take that must end while leading. */
-int64_t pgcoord_lease_valid_ms(pgcoord *c, const char *name);
+ * would judge it: the longest a step may take that must end while leading.
+ * No I/O. */
+int64_t pgcoord_lease_valid_ms(const pgcoord *c, const char *name);
 
-/* The epoch (fencing token) of the current belief; 0 when not leading. */
-int64_t pgcoord_lease_epoch(pgcoord *c, const char *name);
+/* The epoch (fencing token) of the current belief; 0 when not leading. No
+ * I/O. */
+int64_t pgcoord_lease_epoch(const pgcoord *c, const char *name);
+
+/*
+ * The explicit I/O behind the belief: takes in what the agent has already
+ * sent, without waiting, so a pushed lease.changed leader=false or
+ * session.lost ends the belief now (the notifications are queued for
+ * pgcoord_poll, not delivered). PGCOORD_E_IO when the connection failed
+ * (the handle is then closed, which ends every belief; see
+ * pgcoord_last_message), PGCOORD_E_PROTOCOL for a frame that is not
+ * MessagePack-RPC, PGCOORD_E_CLOSED when it was closed already.
+ */
+pgcoord_err pgcoord_lease_refresh(pgcoord *c);
 
 /*
  * The ttl the agent holds name with for this session, as the last
