@@ -579,6 +579,77 @@ Test(claim, options_reach_the_wire_and_uninitialised_ones_are_refused, .timeout 
 	fake_stop();
 }
 
+/* A claim that waits: wait_ms on the wire, a queued answer, then a cancel. */
+static void script_queued_claim_then_cancel(struct fake *f)
+{
+	struct req r;
+	int64_t wait_ms = 0;
+	if (!fake_expect(f, &r, "permit.claim"))
+		return;
+	if (!pgc_obj_int64(pgc_map_get(r.params, "wait_ms"), &wait_ms) || wait_ms != 1500)
+		fake_failf(f, "permit.claim without wait_ms 1500");
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 7);
+	pgc_pack_kv_str(&o.pk, "status", "queued");
+	pgc_pack_kv_str(&o.pk, "id", "job-2");
+	pgc_pack_kv_int(&o.pk, "position", 2);
+	pgc_pack_kv_int(&o.pk, "queued_at", 1000);
+	pgc_pack_kv_int(&o.pk, "deadline_at", 2500);
+	pgc_pack_kv_bool(&o.pk, "mine", true);
+	pgc_pack_kv_int(&o.pk, "now_at", 1000);
+	out_send(f, &o);
+	req_free(&r);
+
+	if (!fake_expect(f, &r, "permit.cancel"))
+		return;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "id"), "job-2"))
+		fake_failf(f, "permit.cancel without id job-2");
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 4);
+	pgc_pack_kv_str(&o.pk, "id", "job-2");
+	pgc_pack_kv_bool(&o.pk, "cancelled", true);
+	pgc_pack_kv_str(&o.pk, "status", "cancelled");
+	pgc_pack_kv_int(&o.pk, "now_at", 1001);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(claim, a_waiting_claim_is_queued_with_its_place_and_can_be_cancelled, .timeout = 10)
+{
+	fake_start(script_queued_claim_then_cancel);
+	pgcoord *c = connect_fake();
+	const char *keys[] = {"gpu"};
+	pgcoord_claim *cl = NULL;
+	struct pgcoord_claim_opts opts = PGCOORD_CLAIM_OPTS_INIT;
+	opts.keys = keys;
+	opts.nquotas = 1;
+
+	opts.wait_ms = 3600001; /* refused before anything is sent */
+	cr_assert_eq(pgcoord_permit_claim(c, "job-2", &opts, 2000, &cl), PGCOORD_E_ARG);
+	opts.wait_ms = 1500;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-2", &opts, 2000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_QUEUED);
+	cr_assert_eq(pgcoord_claim_queue_position(cl), 2);
+	cr_assert_eq(pgcoord_claim_queue_deadline_at(cl), 2500);
+	cr_assert(pgcoord_claim_is_mine(cl));
+	cr_assert_eq(pgcoord_claim_get_token(cl), 0, "a queued claim holds nothing yet");
+	pgcoord_claim_free(cl);
+
+	pgcoord_cancel_status st = 0;
+	cr_assert_eq(pgcoord_permit_cancel(c, "job-2", 2000, &st), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(st, PGCOORD_CANCEL_CANCELLED);
+	cr_assert_eq(pgcoord_permit_cancel(c, "", 2000, &st), PGCOORD_E_ARG);
+
+	pgcoord_close(c);
+	fake_stop();
+}
+
 /* --- notifications -------------------------------------------------------- */
 
 static void script_notify_during_call(struct fake *f)

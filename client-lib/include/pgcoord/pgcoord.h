@@ -198,6 +198,8 @@ typedef enum pgcoord_claim_status {
 	PGCOORD_CLAIM_ADMITTED = 1, /* a new permit: this call took the slot(s) */
 	PGCOORD_CLAIM_HELD = 2,	    /* the id had a permit already: the original grant, unchanged */
 	PGCOORD_CLAIM_DENIED = 3,   /* a quota had no room; nothing changed */
+	PGCOORD_CLAIM_QUEUED = 4,   /* waiting in the fleet-wide queue (wait_ms > 0): the
+				       outcome comes as permit.admitted or permit.expired */
 } pgcoord_claim_status;
 
 /* The outcome of a claim (opaque); read it with the pgcoord_claim_* accessors. */
@@ -226,6 +228,12 @@ typedef struct pgcoord_claim pgcoord_claim;
  *                           creating it; an existing limit stays);
  *                           PGCOORD_NO_LIMIT (the default) leaves it
  *   flags                   PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS
+ *   wait_ms                 0 (the default): answer at once; 1..3600000:
+ *                           when there is no room (or others wait), queue
+ *                           for up to that long (PGCOORD_CLAIM_QUEUED).
+ *                           Its session then receives permit.admitted
+ *                           {id, token, …} or permit.expired {id, reason}
+ *                           through the notification callback
  */
 struct pgcoord_claim_opts {
 	size_t size; /* sizeof(struct pgcoord_claim_opts) as the caller knew it */
@@ -236,6 +244,8 @@ struct pgcoord_claim_opts {
 	size_t intent_len;
 	int64_t limit;
 	unsigned flags;
+	/* Appended fields: read only when size covers them. */
+	int64_t wait_ms;
 };
 
 #define PGCOORD_CLAIM_OPTS_INIT                                                                    \
@@ -272,8 +282,30 @@ bool pgcoord_claim_is_mine(const pgcoord_claim *cl);
 const char *pgcoord_claim_denied_quota(const pgcoord_claim *cl);
 int64_t pgcoord_claim_denied_limit(const pgcoord_claim *cl);
 int64_t pgcoord_claim_denied_in_flight(const pgcoord_claim *cl);
+/* For a queued claim: its place in line (1 = next) and when its wait ends
+ * (ms since the epoch, database clock) at the time of the answer; 0
+ * otherwise. */
+int64_t pgcoord_claim_queue_position(const pgcoord_claim *cl);
+int64_t pgcoord_claim_queue_deadline_at(const pgcoord_claim *cl);
 /* Accepts NULL. */
 void pgcoord_claim_free(pgcoord_claim *cl);
+
+/* How pgcoord_permit_cancel found the id. */
+typedef enum pgcoord_cancel_status {
+	PGCOORD_CANCEL_CANCELLED = 1, /* it was waiting and left the queue */
+	PGCOORD_CANCEL_ADMITTED = 2,  /* admitted already: the session holds a permit */
+	PGCOORD_CANCEL_HELD = 3,      /* a permit is held: release it to give it up */
+	PGCOORD_CANCEL_RELEASED = 4,  /* admitted and released already */
+} pgcoord_cancel_status;
+
+/*
+ * Owner. Takes a queued claim out of the queue. When it was admitted
+ * before the cancel arrived, the session owns a permit (ADMITTED / HELD):
+ * release it with pgcoord_permit_release. PGCOORD_E_NOT_FOUND when the id
+ * is neither queued nor a permit. *status may be NULL.
+ */
+pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
+				  pgcoord_cancel_status *status);
 
 typedef enum pgcoord_phase {
 	PGCOORD_PHASE_RESERVED = 0,
