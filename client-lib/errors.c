@@ -4,6 +4,7 @@
  * what happened on this side of the socket.
  */
 #include "pgcoord/pgcoord.h"
+#include "proto/codec.h"
 
 const char *pgcoord_strerror(pgcoord_err err)
 {
@@ -81,4 +82,12 @@ bool pgcoord_err_retryable(pgcoord_err err)
 	default:
 		return false;
 	}
+}
+
+/* The agent's codes keep their wire names (what scripts and docs use). */
+const char *pgcoord_err_name(pgcoord_err err)
+{
+	if ((int)err < 1 || (int)err > 99)
+		return NULL;
+	return pgc_error_name((enum pgc_error_code)err);
 }

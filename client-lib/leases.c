@@ -192,20 +192,31 @@ void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
 }
 
 /*
- * Takes in what the agent has already sent, without waiting: a belief that
- * ended must count even when the application has not polled. Notifications
- * read here are queued for pgcoord_poll as usual. A broken connection
- * closes the handle (and so ends every belief).
+ * Takes in what the agent has already sent, without waiting: the one place
+ * the belief questions' answers can move by I/O. Notifications read here
+ * are queued for pgcoord_poll as usual. A broken connection closes the
+ * handle (and so ends every belief).
  */
-static void pump(pgcoord *c)
+pgcoord_err pgcoord_lease_refresh(pgcoord *c)
 {
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (c->fd < 0)
+		return PGCOORD_E_CLOSED;
 	/* Bounded, so an agent that floods us cannot keep us here. */
 	for (int i = 0; i < 64 && c->fd >= 0; i++) {
-		if (pgcoord__drain_frames(c, NULL) != PGCOORD_OK)
-			return;
-		if (c->fd < 0 || pgcoord__read_more(c, pgcoord__deadline(0)) != PGCOORD_OK)
-			return;
+		pgcoord_err err = pgcoord__drain_frames(c, NULL);
+		if (err != PGCOORD_OK)
+			return err;
+		if (c->fd < 0)
+			return PGCOORD_E_IO;
+		err = pgcoord__read_more(c, pgcoord__deadline(0));
+		if (err == PGCOORD_E_CALL_TIMEOUT)
+			return PGCOORD_OK; /* nothing more to read now */
+		if (err != PGCOORD_OK)
+			return err;
 	}
+	return PGCOORD_OK;
 }
 
 /* --- calls --------------------------------------------------------------- */
@@ -362,29 +373,26 @@ pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t
 
 /* --- the local belief ---------------------------------------------------- */
 
-bool pgcoord_lease_is_leader(pgcoord *c, const char *name)
+bool pgcoord_lease_is_leader(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return false;
-	pump(c);
 	return belief_live(belief_find(c, name, strlen(name)), pgcoord__now_ms());
 }
 
-int64_t pgcoord_lease_valid_ms(pgcoord *c, const char *name)
+int64_t pgcoord_lease_valid_ms(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return 0;
-	pump(c);
 	const struct pgcoord_belief *b = belief_find(c, name, strlen(name));
 	int64_t now = pgcoord__now_ms();
 	return belief_live(b, now) ? b->until_ms - now : 0;
 }
 
-int64_t pgcoord_lease_epoch(pgcoord *c, const char *name)
+int64_t pgcoord_lease_epoch(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return 0;
-	pump(c);
 	const struct pgcoord_belief *b = belief_find(c, name, strlen(name));
 	return belief_live(b, pgcoord__now_ms()) ? b->epoch : 0;
 }

@@ -3,6 +3,7 @@
  * methods (PROTOCOL.md, "Permits"): the claim with its opaque outcome, the
  * lifecycle calls, and the reads that hand back the result map.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@ struct pgcoord_claim {
 	char *denied_quota;
 	int64_t denied_limit;
 	int64_t denied_in_flight;
+	int64_t position;    /* queued: 1 = next in line */
+	int64_t deadline_at; /* queued: when the wait ends, database clock ms */
 };
 
 static bool check_id(pgcoord *c, const char *what, const char *id)
@@ -32,10 +35,23 @@ static bool check_id(pgcoord *c, const char *what, const char *id)
 
 /* --- claim ------------------------------------------------------------ */
 
-pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *keys,
-				 const int32_t *weights, size_t nquotas, const void *intent,
-				 size_t intent_len, int64_t limit, unsigned flags, int timeout_ms,
-				 pgcoord_claim **out)
+void pgcoord_claim_opts_init(struct pgcoord_claim_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_claim_opts)PGCOORD_CLAIM_OPTS_INIT;
+}
+
+/* The fields every version of the struct has; later ones are read only when
+ * the caller's size covers them. */
+#define CLAIM_OPTS_V0_SIZE (offsetof(struct pgcoord_claim_opts, flags) + sizeof(unsigned))
+#define CLAIM_OPTS_HAS(o, field)                                                                   \
+	((o)->size >= offsetof(struct pgcoord_claim_opts, field) + sizeof((o)->field))
+
+/* permit.claim's wait_ms range (PROTOCOL.md, "Waiting claims"). */
+#define CLAIM_WAIT_MS_MAX 3600000
+
+pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoord_claim_opts *opts,
+				 int timeout_ms, pgcoord_claim **out)
 {
 	struct pgcoord_writer w;
 	msgpack_unpacked u;
@@ -48,6 +64,24 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 		return PGCOORD_E_ARG;
 	if (!check_id(c, "the permit id", id))
 		return PGCOORD_E_ARG;
+	if (!opts || opts->size < CLAIM_OPTS_V0_SIZE) {
+		pgcoord__set_message(c, "claim options are missing or not initialised "
+					"(start from PGCOORD_CLAIM_OPTS_INIT)");
+		return PGCOORD_E_ARG;
+	}
+	const char *const *keys = opts->keys;
+	const int32_t *weights = opts->weights;
+	size_t nquotas = opts->nquotas;
+	const void *intent = opts->intent;
+	size_t intent_len = opts->intent_len;
+	int64_t limit = opts->limit;
+	unsigned flags = opts->flags;
+	int64_t wait_ms = CLAIM_OPTS_HAS(opts, wait_ms) ? opts->wait_ms : 0;
+	if (wait_ms < 0 || wait_ms > CLAIM_WAIT_MS_MAX) {
+		pgcoord__set_message(c, "wait_ms %lld is outside 0..%d", (long long)wait_ms,
+				     CLAIM_WAIT_MS_MAX);
+		return PGCOORD_E_ARG;
+	}
 	if (!keys || nquotas == 0 || (intent_len && !intent) || limit < PGCOORD_NO_LIMIT ||
 	    flags & ~PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS) {
 		pgcoord__set_message(c, "a claim needs at least one quota key (and intent bytes "
@@ -62,7 +96,7 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 	}
 
 	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 3 + (intent != NULL) + (limit >= 0));
+	msgpack_pack_map(&w.pk, 3 + (intent != NULL) + (limit >= 0) + (wait_ms > 0));
 	pgc_pack_kv_str(&w.pk, "id", id);
 	pgc_pack_cstr(&w.pk, "quotas");
 	msgpack_pack_array(&w.pk, nquotas);
@@ -80,6 +114,8 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 	}
 	if (limit >= 0)
 		pgc_pack_kv_int(&w.pk, "limit", limit);
+	if (wait_ms > 0)
+		pgc_pack_kv_int(&w.pk, "wait_ms", wait_ms);
 
 	pgcoord_err err =
 	    pgcoord__call_decoded(c, "permit.claim", &w, timeout_ms, &u, &raw, &raw_len);
@@ -99,6 +135,12 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *
 								: PGCOORD_CLAIM_HELD;
 		if (!pgc_obj_int64(pgc_map_get(&u.data, "token"), &cl->token) ||
 		    !pgc_obj_int64(pgc_map_get(&u.data, "owner_session"), &cl->owner_session) ||
+		    !pgc_obj_bool(pgc_map_get(&u.data, "mine"), &cl->mine))
+			goto bad;
+	} else if (pgc_obj_str_eq(status, "queued")) {
+		cl->status = PGCOORD_CLAIM_QUEUED;
+		if (!pgc_obj_int64(pgc_map_get(&u.data, "position"), &cl->position) ||
+		    !pgc_obj_int64(pgc_map_get(&u.data, "deadline_at"), &cl->deadline_at) ||
 		    !pgc_obj_bool(pgc_map_get(&u.data, "mine"), &cl->mine))
 			goto bad;
 	} else if (pgc_obj_str_eq(status, "denied")) {
@@ -157,6 +199,16 @@ int64_t pgcoord_claim_denied_limit(const pgcoord_claim *cl)
 int64_t pgcoord_claim_denied_in_flight(const pgcoord_claim *cl)
 {
 	return cl ? cl->denied_in_flight : -1;
+}
+
+int64_t pgcoord_claim_queue_position(const pgcoord_claim *cl)
+{
+	return cl && cl->status == PGCOORD_CLAIM_QUEUED ? cl->position : 0;
+}
+
+int64_t pgcoord_claim_queue_deadline_at(const pgcoord_claim *cl)
+{
+	return cl && cl->status == PGCOORD_CLAIM_QUEUED ? cl->deadline_at : 0;
 }
 
 void pgcoord_claim_free(pgcoord_claim *cl)
@@ -263,6 +315,51 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 		err = PGCOORD_E_PROTOCOL;
 	} else if (released) {
 		*released = did;
+	}
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	return err;
+}
+
+pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
+				  pgcoord_cancel_status *status)
+{
+	static const struct {
+		const char *name;
+		pgcoord_cancel_status status;
+	} statuses[] = {
+	    {"cancelled", PGCOORD_CANCEL_CANCELLED},
+	    {"admitted", PGCOORD_CANCEL_ADMITTED},
+	    {"held", PGCOORD_CANCEL_HELD},
+	    {"released", PGCOORD_CANCEL_RELEASED},
+	};
+	struct pgcoord_writer w;
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (status)
+		*status = 0;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!check_id(c, "the permit id", id))
+		return PGCOORD_E_ARG;
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 1);
+	pgc_pack_kv_str(&w.pk, "id", id);
+	pgcoord_err err =
+	    pgcoord__call_decoded(c, "permit.cancel", &w, timeout_ms, &u, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	const msgpack_object *st = pgc_map_get(&u.data, "status");
+	size_t i = 0;
+	while (i < sizeof(statuses) / sizeof(statuses[0]) && !pgc_obj_str_eq(st, statuses[i].name))
+		i++;
+	if (i == sizeof(statuses) / sizeof(statuses[0])) {
+		pgcoord__set_message(c, "the permit.cancel result has no known status");
+		err = PGCOORD_E_PROTOCOL;
+	} else if (status) {
+		*status = statuses[i].status;
 	}
 	msgpack_unpacked_destroy(&u);
 	pgcoord_free(raw);

@@ -185,8 +185,13 @@ static bool agent_cycle(struct worker *w, long seq)
 		 w->index, seq);
 	/* the same id on a retry: an earlier attempt that was admitted is found */
 	for (int i = 0; i < CALL_RETRIES; i++) {
-		e = pgcoord_permit_claim(w->agent, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					 timeout, &cl);
+		e = pgcoord_permit_claim(
+		    w->agent, id,
+		    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						 .keys = keys,
+						 .nquotas = 1,
+						 .limit = PGCOORD_NO_LIMIT},
+		    timeout, &cl);
 		if (e == PGCOORD_OK || !pgcoord_err_retryable(e) || e == PGCOORD_E_IO)
 			break;
 	}
@@ -233,8 +238,13 @@ static bool leave_one_taken(struct worker *w, long seq)
 		return direct_step(w, "claim");
 	snprintf(id, sizeof(id), "%sc%d-w%d-%ld-kept", BENCH_PERMIT_PREFIX, w->run->spec->index,
 		 w->index, seq);
-	if (pgcoord_permit_claim(w->agent, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-				 w->run->cfg->call_timeout_ms, &cl) != PGCOORD_OK)
+	if (pgcoord_permit_claim(
+		w->agent, id,
+		&(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					     .keys = keys,
+					     .nquotas = 1,
+					     .limit = PGCOORD_NO_LIMIT},
+		w->run->cfg->call_timeout_ms, &cl) != PGCOORD_OK)
 		return false;
 	ok = pgcoord_claim_get_status(cl) == PGCOORD_CLAIM_ADMITTED;
 	pgcoord_claim_free(cl);

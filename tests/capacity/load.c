@@ -80,8 +80,13 @@ static bool cycle(struct worker *w, long seq)
 	snprintf(id, sizeof(id), CAP_PREFIX "p%d-a%d-%ld", w->point, w->agent, seq);
 	/* the same id on a retry: an earlier attempt that was admitted is found */
 	for (int i = 0; i < CALL_RETRIES; i++) {
-		e = pgcoord_permit_claim(w->client, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					 timeout, &cl);
+		e = pgcoord_permit_claim(
+		    w->client, id,
+		    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						 .keys = keys,
+						 .nquotas = 1,
+						 .limit = PGCOORD_NO_LIMIT},
+		    timeout, &cl);
 		if (e == PGCOORD_OK || !pgcoord_err_retryable(e) || e == PGCOORD_E_IO)
 			break;
 	}

@@ -499,6 +499,157 @@ Test(errors, every_code_has_a_description_and_retry_class)
 	cr_assert_str_eq(pgcoord_strerror((pgcoord_err)9999), "unknown pgcoord error");
 }
 
+Test(errors, wire_codes_have_their_wire_names)
+{
+	for (int e = 1; e <= PGCOORD_E_TOO_LARGE; e++)
+		cr_assert_str_eq(pgcoord_err_name((pgcoord_err)e),
+				 pgc_error_name((enum pgc_error_code)e), "code %d", e);
+	cr_assert_null(pgcoord_err_name(PGCOORD_OK));
+	cr_assert_null(pgcoord_err_name(PGCOORD_E_CONNECT));
+	cr_assert_null(pgcoord_err_name(PGCOORD_E_CLOSED));
+}
+
+/* --- claim options -------------------------------------------------------- */
+
+/* Checks that every field of the options reached the wire, then admits. */
+static void script_claim_with_options(struct fake *f)
+{
+	struct req r;
+	if (!fake_expect(f, &r, "permit.claim"))
+		return;
+	const msgpack_object *quotas = pgc_map_get(r.params, "quotas");
+	const msgpack_object *intent = pgc_map_get(r.params, "intent");
+	int64_t weight = 0, limit = 0;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "id"), "job-1") || !quotas ||
+	    quotas->type != MSGPACK_OBJECT_ARRAY || quotas->via.array.size != 1 ||
+	    !pgc_obj_str_eq(pgc_map_get(&quotas->via.array.ptr[0], "key"), "gpu") ||
+	    !pgc_obj_int64(pgc_map_get(&quotas->via.array.ptr[0], "weight"), &weight) ||
+	    weight != 3 || !intent || intent->type != MSGPACK_OBJECT_BIN ||
+	    intent->via.bin.size != 2 || memcmp(intent->via.bin.ptr, "hi", 2) != 0 ||
+	    !pgc_obj_int64(pgc_map_get(r.params, "limit"), &limit) || limit != 9 ||
+	    !pgc_obj_str_eq(pgc_map_get(r.params, "on_owner_loss"), "release"))
+		fake_failf(f, "permit.claim params do not match the options");
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 4);
+	pgc_pack_kv_str(&o.pk, "status", "admitted");
+	pgc_pack_kv_int(&o.pk, "token", 77);
+	pgc_pack_kv_int(&o.pk, "owner_session", 42);
+	pgc_pack_kv_bool(&o.pk, "mine", true);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(claim, options_reach_the_wire_and_uninitialised_ones_are_refused, .timeout = 10)
+{
+	fake_start(script_claim_with_options);
+	pgcoord *c = connect_fake();
+	const char *keys[] = {"gpu"};
+	const int32_t weights[] = {3};
+	pgcoord_claim *cl = NULL;
+
+	/* Refused before anything is sent: the fake sees only the next claim. */
+	struct pgcoord_claim_opts unset = {0};
+	unset.keys = keys;
+	unset.nquotas = 1;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", &unset, 2000, &cl), PGCOORD_E_ARG);
+	cr_assert_null(cl);
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", NULL, 2000, &cl), PGCOORD_E_ARG);
+
+	struct pgcoord_claim_opts opts;
+	pgcoord_claim_opts_init(&opts);
+	cr_assert_eq(opts.size, sizeof(opts));
+	cr_assert_eq(opts.limit, PGCOORD_NO_LIMIT);
+	opts.keys = keys;
+	opts.weights = weights;
+	opts.nquotas = 1;
+	opts.intent = "hi";
+	opts.intent_len = 2;
+	opts.limit = 9;
+	opts.flags = PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-1", &opts, 2000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	cr_assert_eq(pgcoord_claim_get_token(cl), 77);
+	pgcoord_claim_free(cl);
+
+	pgcoord_close(c);
+	fake_stop();
+}
+
+/* A claim that waits: wait_ms on the wire, a queued answer, then a cancel. */
+static void script_queued_claim_then_cancel(struct fake *f)
+{
+	struct req r;
+	int64_t wait_ms = 0;
+	if (!fake_expect(f, &r, "permit.claim"))
+		return;
+	if (!pgc_obj_int64(pgc_map_get(r.params, "wait_ms"), &wait_ms) || wait_ms != 1500)
+		fake_failf(f, "permit.claim without wait_ms 1500");
+	struct out o;
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 7);
+	pgc_pack_kv_str(&o.pk, "status", "queued");
+	pgc_pack_kv_str(&o.pk, "id", "job-2");
+	pgc_pack_kv_int(&o.pk, "position", 2);
+	pgc_pack_kv_int(&o.pk, "queued_at", 1000);
+	pgc_pack_kv_int(&o.pk, "deadline_at", 2500);
+	pgc_pack_kv_bool(&o.pk, "mine", true);
+	pgc_pack_kv_int(&o.pk, "now_at", 1000);
+	out_send(f, &o);
+	req_free(&r);
+
+	if (!fake_expect(f, &r, "permit.cancel"))
+		return;
+	if (!pgc_obj_str_eq(pgc_map_get(r.params, "id"), "job-2"))
+		fake_failf(f, "permit.cancel without id job-2");
+	out_init(&o);
+	pgc_pack_response_ok_begin(&o.pk, r.msgid);
+	msgpack_pack_map(&o.pk, 4);
+	pgc_pack_kv_str(&o.pk, "id", "job-2");
+	pgc_pack_kv_bool(&o.pk, "cancelled", true);
+	pgc_pack_kv_str(&o.pk, "status", "cancelled");
+	pgc_pack_kv_int(&o.pk, "now_at", 1001);
+	out_send(f, &o);
+	req_free(&r);
+	fake_wait_hangup(f);
+}
+
+Test(claim, a_waiting_claim_is_queued_with_its_place_and_can_be_cancelled, .timeout = 10)
+{
+	fake_start(script_queued_claim_then_cancel);
+	pgcoord *c = connect_fake();
+	const char *keys[] = {"gpu"};
+	pgcoord_claim *cl = NULL;
+	struct pgcoord_claim_opts opts = PGCOORD_CLAIM_OPTS_INIT;
+	opts.keys = keys;
+	opts.nquotas = 1;
+
+	opts.wait_ms = 3600001; /* refused before anything is sent */
+	cr_assert_eq(pgcoord_permit_claim(c, "job-2", &opts, 2000, &cl), PGCOORD_E_ARG);
+	opts.wait_ms = 1500;
+	cr_assert_eq(pgcoord_permit_claim(c, "job-2", &opts, 2000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_QUEUED);
+	cr_assert_eq(pgcoord_claim_queue_position(cl), 2);
+	cr_assert_eq(pgcoord_claim_queue_deadline_at(cl), 2500);
+	cr_assert(pgcoord_claim_is_mine(cl));
+	cr_assert_eq(pgcoord_claim_get_token(cl), 0, "a queued claim holds nothing yet");
+	pgcoord_claim_free(cl);
+
+	pgcoord_cancel_status st = 0;
+	cr_assert_eq(pgcoord_permit_cancel(c, "job-2", 2000, &st), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(st, PGCOORD_CANCEL_CANCELLED);
+	cr_assert_eq(pgcoord_permit_cancel(c, "", 2000, &st), PGCOORD_E_ARG);
+
+	pgcoord_close(c);
+	fake_stop();
+}
+
 /* --- notifications -------------------------------------------------------- */
 
 static void script_notify_during_call(struct fake *f)
@@ -1056,7 +1207,7 @@ static void script_campaign_renew_and_lose(struct fake *f)
 	fake_wait_hangup(f);
 }
 
-Test(lease, renewals_extend_belief_and_a_pushed_end_counts_without_poll, .timeout = 10)
+Test(lease, renewals_extend_belief_and_a_pushed_end_counts_after_refresh, .timeout = 10)
 {
 	struct seen_notes seen = {0};
 	bool leader = true;
@@ -1088,6 +1239,7 @@ Test(lease, renewals_extend_belief_and_a_pushed_end_counts_without_poll, .timeou
 	t0 = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	while (pgcoord_lease_is_leader(c, "job")) {
 		usleep(5 * 1000);
+		cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_OK);
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		cr_assert_lt((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 - t0, 1000,
 			     "the pushed lease.changed leader=false was not taken in");
@@ -1125,6 +1277,7 @@ Test(lease, deadline_counts_from_when_the_socket_was_last_seen_empty, .timeout =
 	/* The renewal (300 ms) waits unread in the socket for 400 ms: dating it
 	 * by when it was read would believe for 300 ms more. */
 	usleep(400 * 1000);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_OK);
 	cr_assert_not(pgcoord_lease_is_leader(c, "job"));
 	pgcoord_close(c);
 	fake_stop();
@@ -1167,8 +1320,13 @@ Test(lease, session_loss_and_a_broken_connection_end_belief_at_once, .timeout = 
 	cr_assert_eq(pgcoord_lease_acquire(c, "job", 0, false, 2000, &leader, NULL), PGCOORD_OK);
 	cr_assert(leader);
 	fake_stop(); /* the fake agent hangs up */
+	/* The question does no I/O: it neither reads the hang-up nor closes. */
+	cr_assert(pgcoord_lease_is_leader(c, "job"));
+	cr_assert_neq(pgcoord_fd(c), -1);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_E_IO);
 	cr_assert_not(pgcoord_lease_is_leader(c, "job"), "no agent, no belief");
 	cr_assert_eq(pgcoord_fd(c), -1);
+	cr_assert_eq(pgcoord_lease_refresh(c), PGCOORD_E_CLOSED);
 	pgcoord_close(c);
 }
 

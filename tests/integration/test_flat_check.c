@@ -39,8 +39,13 @@ static void claim(pgcoord *c, const char *id)
 {
 	const char *keys[1] = {"flat"};
 	pgcoord_claim *cl = NULL;
-	pgcoord_err err =
-	    pgcoord_permit_claim(c, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0, CALL_MS, &cl);
+	pgcoord_err err = pgcoord_permit_claim(
+	    c, id,
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .nquotas = 1,
+					 .limit = PGCOORD_NO_LIMIT},
+	    CALL_MS, &cl);
 	cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	pgcoord_claim_free(cl);

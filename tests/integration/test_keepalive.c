@@ -77,8 +77,14 @@ static void claim(pgcoord *c, const char *id, unsigned flags)
 {
 	const char *keys[1] = {"ka-quota"};
 	pgcoord_claim *cl = NULL;
-	if (pgcoord_permit_claim(c, id, keys, NULL, 1, NULL, 0, 5, flags, CALL_MS, &cl) !=
-		PGCOORD_OK ||
+	if (pgcoord_permit_claim(
+		c, id,
+		&(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					     .keys = keys,
+					     .nquotas = 1,
+					     .limit = 5,
+					     .flags = flags},
+		CALL_MS, &cl) != PGCOORD_OK ||
 	    pgcoord_claim_get_status(cl) != PGCOORD_CLAIM_ADMITTED)
 		_exit(2);
 	pgcoord_claim_free(cl);

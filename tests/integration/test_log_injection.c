@@ -97,8 +97,13 @@ Test(log_injection, client_values_are_escaped_one_line_per_event)
 		     pgcoord_last_message(operator));
 	pgcoord_claim *cl = NULL;
 	const char *keys[1] = {quota};
-	cr_assert_eq(pgcoord_permit_claim(owner, permit, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT,
-					  0, CALL_MS, &cl),
+	cr_assert_eq(pgcoord_permit_claim(
+			 owner, permit,
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = keys,
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &cl),
 		     PGCOORD_OK, "%s", pgcoord_last_message(owner));
 	pgcoord_claim_free(cl);
 	cr_assert_eq(

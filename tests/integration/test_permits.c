@@ -72,8 +72,15 @@ static pgcoord_claim *claim_n(pgcoord *c, const char *id, const char *const *key
 			      const int32_t *weights, size_t n, unsigned flags)
 {
 	pgcoord_claim *cl = NULL;
-	pgcoord_err err = pgcoord_permit_claim(c, id, keys, weights, n, NULL, 0, PGCOORD_NO_LIMIT,
-					       flags, CALL_MS, &cl);
+	pgcoord_err err = pgcoord_permit_claim(
+	    c, id,
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .weights = weights,
+					 .nquotas = n,
+					 .limit = PGCOORD_NO_LIMIT,
+					 .flags = flags},
+	    CALL_MS, &cl);
 	cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	return cl;
@@ -91,9 +98,14 @@ static void assert_claim_conflict(pgcoord *c, const char *id, const char *key, c
 {
 	pgcoord_claim *cl = NULL;
 	const char *keys[1] = {key};
-	cr_assert_eq(
-	    pgcoord_permit_claim(c, id, keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0, CALL_MS, &cl),
-	    PGCOORD_E_CONFLICT, "claim %s was not refused", id);
+	cr_assert_eq(pgcoord_permit_claim(
+			 c, id,
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = keys,
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &cl),
+		     PGCOORD_E_CONFLICT, "claim %s was not refused", id);
 	cr_assert_null(cl);
 	cr_assert(strstr(pgcoord_last_message(c), why), "%s", pgcoord_last_message(c));
 }
@@ -290,8 +302,13 @@ static void *race_worker(void *arg)
 		snprintf(id, sizeof(id), "race-%d-%d", round, r->index);
 		pthread_barrier_wait(r->barrier); /* everyone claims at once */
 		if (!r->setup_error[0]) {
-			r->errors[round] = pgcoord_permit_claim(c, id, keys, NULL, 1, NULL, 0,
-								PGCOORD_NO_LIMIT, 0, CALL_MS, &cl);
+			r->errors[round] = pgcoord_permit_claim(
+			    c, id,
+			    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+							 .keys = keys,
+							 .nquotas = 1,
+							 .limit = PGCOORD_NO_LIMIT},
+			    CALL_MS, &cl);
 			r->results[round] = cl ? pgcoord_claim_get_status(cl) : 0;
 			r->tokens[round] = cl ? pgcoord_claim_get_token(cl) : 0;
 			pgcoord_claim_free(cl);
@@ -467,8 +484,15 @@ static void *dup_run(void *arg)
 		pgcoord_claim *cl = NULL;
 		snprintf(id, sizeof(id), "dup-%d", i);
 		pthread_barrier_wait(w->barrier);
-		w->err[i] = pgcoord_permit_claim(w->c, id, keys, NULL, 1, "x", 1, PGCOORD_NO_LIMIT,
-						 0, CALL_MS, &cl);
+		w->err[i] = pgcoord_permit_claim(
+		    w->c, id,
+		    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						 .keys = keys,
+						 .nquotas = 1,
+						 .intent = "x",
+						 .intent_len = 1,
+						 .limit = PGCOORD_NO_LIMIT},
+		    CALL_MS, &cl);
 		w->status[i] = cl ? pgcoord_claim_get_status(cl) : 0;
 		w->token[i] = cl ? pgcoord_claim_get_token(cl) : 0;
 		pgcoord_claim_free(cl);
@@ -942,8 +966,15 @@ Test(permits, intent_phase_and_history_are_recorded_with_the_claim)
 	msgpack_unpacked u;
 
 	quota_set(c, "life", 4, -1);
-	cr_assert_eq(pgcoord_permit_claim(c, "l-1", keys, NULL, 1, intent, sizeof(intent),
-					  PGCOORD_NO_LIMIT, 0, CALL_MS, &cl),
+	cr_assert_eq(pgcoord_permit_claim(
+			 c, "l-1",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = keys,
+						      .nquotas = 1,
+						      .intent = intent,
+						      .intent_len = sizeof(intent),
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &cl),
 		     PGCOORD_OK);
 	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
 	cr_assert(pgcoord_claim_is_mine(cl));
@@ -981,8 +1012,13 @@ Test(permits, intent_phase_and_history_are_recorded_with_the_claim)
 	/* one id names one claim */
 	const char *other[1] = {"life-2"};
 	quota_set(c, "life-2", 4, -1);
-	cr_assert_eq(pgcoord_permit_claim(c, "l-1", other, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					  CALL_MS, &cl),
+	cr_assert_eq(pgcoord_permit_claim(
+			 c, "l-1",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = other,
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &cl),
 		     PGCOORD_E_CONFLICT);
 	cr_assert_eq(in_flight(db, "life-2"), 0);
 
@@ -1063,15 +1099,25 @@ Test(permits, multi_quota_claim_with_one_full_quota_changes_nothing)
 	/* a key that names no quota, and no limit: a clear error, no effect */
 	const char *missing[1] = {"m-none"};
 	pgcoord_claim *none = NULL;
-	cr_assert_eq(pgcoord_permit_claim(c, "m-4", missing, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					  CALL_MS, &none),
+	cr_assert_eq(pgcoord_permit_claim(
+			 c, "m-4",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = missing,
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &none),
 		     PGCOORD_E_NOT_FOUND);
 	cr_assert(strstr(pgcoord_last_message(c), "m-none"), "%s", pgcoord_last_message(c));
 	cr_assert_eq(permit_rows(db, "m-4"), 0);
 	/* …unless the claim carries the limit, which is recorded */
-	cr_assert_eq(
-	    pgcoord_permit_claim(c, "m-4", missing, NULL, 1, NULL, 0, 7, 0, CALL_MS, &none),
-	    PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_claim(
+			 c, "m-4",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = missing,
+						      .nquotas = 1,
+						      .limit = 7},
+			 CALL_MS, &none),
+		     PGCOORD_OK);
 	cr_assert_eq(pgcoord_claim_get_status(none), PGCOORD_CLAIM_ADMITTED);
 	pgcoord_claim_free(none);
 	cr_assert_eq(
@@ -1590,8 +1636,14 @@ static void *chaos_run(void *arg)
 		for (int attempt = 0; attempt < 4 && !atomic_load(&ch->stop); attempt++) {
 			if (!c && !(c = chaos_connect(ch, &seed)))
 				break;
-			err = pgcoord_permit_claim(c, id, keys, NULL, nkeys, NULL, 0,
-						   PGCOORD_NO_LIMIT, flags, 3000, &cl);
+			err = pgcoord_permit_claim(
+			    c, id,
+			    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+							 .keys = keys,
+							 .nquotas = nkeys,
+							 .limit = PGCOORD_NO_LIMIT,
+							 .flags = flags},
+			    3000, &cl);
 			atomic_fetch_add(&ch->claims, 1);
 			if (err == PGCOORD_OK)
 				break;

@@ -80,8 +80,14 @@ static void claim(pgcoord *c, const char *id, const char *quota, int32_t weight)
 	const char *keys[1] = {quota};
 	int32_t weights[1] = {weight};
 	pgcoord_claim *cl = NULL;
-	pgcoord_err err = pgcoord_permit_claim(c, id, keys, weights, 1, NULL, 0, PGCOORD_NO_LIMIT,
-					       0, CALL_MS, &cl);
+	pgcoord_err err = pgcoord_permit_claim(
+	    c, id,
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .weights = weights,
+					 .nquotas = 1,
+					 .limit = PGCOORD_NO_LIMIT},
+	    CALL_MS, &cl);
 	cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED, "claim %s", id);
@@ -1099,8 +1105,13 @@ Test(records, adopted_permits_belong_to_the_adopter_count_and_resolve)
 	assert_conserved(db, "after the adoption");
 	const char *keys[1] = {"gpu"};
 	pgcoord_claim *cl = NULL;
-	cr_assert_eq(pgcoord_permit_claim(rescuer, "pd", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT,
-					  0, CALL_MS, &cl),
+	cr_assert_eq(pgcoord_permit_claim(
+			 rescuer, "pd",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = keys,
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 CALL_MS, &cl),
 		     PGCOORD_OK);
 	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_DENIED, "no room is left");
 	pgcoord_claim_free(cl);

@@ -74,8 +74,13 @@ Test(statement_bounds, a_claim_behind_a_lock_stops_in_the_database_and_never_adm
 	const char *keys[1] = {"q"};
 	pgcoord_claim *cl = NULL;
 	int64_t sent = hnow_ms();
-	pgcoord_err err = pgcoord_permit_claim(c, "p1", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0,
-					       CALL_MS, &cl);
+	pgcoord_err err = pgcoord_permit_claim(
+	    c, "p1",
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .nquotas = 1,
+					 .limit = PGCOORD_NO_LIMIT},
+	    CALL_MS, &cl);
 	int64_t answered = hnow_ms();
 	cr_assert_eq(err, PGCOORD_E_TIMEOUT, "claim behind a lock: %s (%s)", pgcoord_strerror(err),
 		     pgcoord_last_message(c));
@@ -106,8 +111,13 @@ Test(statement_bounds, a_claim_behind_a_lock_stops_in_the_database_and_never_adm
 
 	/* the connection was kept, and serves the retry */
 	cr_assert_eq(istatus_int(a, "db_reconnects"), reconnects);
-	err = pgcoord_permit_claim(c, "p1", keys, NULL, 1, NULL, 0, PGCOORD_NO_LIMIT, 0, CALL_MS,
-				   &cl);
+	err = pgcoord_permit_claim(
+	    c, "p1",
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .nquotas = 1,
+					 .limit = PGCOORD_NO_LIMIT},
+	    CALL_MS, &cl);
 	cr_assert_eq(err, PGCOORD_OK, "the retry: %s (%s)", pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);

@@ -401,8 +401,17 @@ static pgcoord_err claim_once(struct cl *cl, pgcoord *c, int64_t sess, const str
 	pgcoord_err err;
 
 	snprintf(intent, sizeof(intent), "soak intent of %s", p->id);
-	err = pgcoord_permit_claim(c, p->id, p->keys, p->w, (size_t)p->nkeys, intent,
-				   strlen(intent), PGCOORD_NO_LIMIT, flags, timeout_ms, &out);
+	err = pgcoord_permit_claim(
+	    c, p->id,
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = p->keys,
+					 .weights = p->w,
+					 .nquotas = (size_t)p->nkeys,
+					 .intent = intent,
+					 .intent_len = strlen(intent),
+					 .limit = PGCOORD_NO_LIMIT,
+					 .flags = flags},
+	    timeout_ms, &out);
 	keys_json(p, kj, sizeof(kj), wj, sizeof(wj));
 	/* rec() reads the last message from cl->c; use c's own */
 	hist_begin(&cl->h, "op");

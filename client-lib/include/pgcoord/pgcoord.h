@@ -13,7 +13,7 @@
  *
  * Event loops: wait for pgcoord_fd() to become readable, then call
  * pgcoord_poll(c, 0, NULL). Notifications that arrive while a call (or
- * pgcoord_lease_is_leader and its siblings) reads the socket are queued
+ * pgcoord_lease_refresh) reads the socket are queued
  * inside the library and do NOT make pgcoord_fd() readable again, so also
  * call pgcoord_poll(c, 0, NULL) after each of those.
  *
@@ -79,6 +79,11 @@ const char *pgcoord_strerror(pgcoord_err err);
  * with pgcoord_session_resume() within its grace period, then retry).
  */
 bool pgcoord_err_retryable(pgcoord_err err);
+
+/* The wire name of an agent error code ("unavailable", "not_found", …, as
+ * PROTOCOL.md spells them); NULL for PGCOORD_OK and the library's own
+ * codes (100 and up). */
+const char *pgcoord_err_name(pgcoord_err err);
 
 /*
  * Connects to the agent at socket_path (NULL = PGCOORD_DEFAULT_SOCKET, or
@@ -193,35 +198,76 @@ typedef enum pgcoord_claim_status {
 	PGCOORD_CLAIM_ADMITTED = 1, /* a new permit: this call took the slot(s) */
 	PGCOORD_CLAIM_HELD = 2,	    /* the id had a permit already: the original grant, unchanged */
 	PGCOORD_CLAIM_DENIED = 3,   /* a quota had no room; nothing changed */
+	PGCOORD_CLAIM_QUEUED = 4,   /* waiting in the fleet-wide queue (wait_ms > 0): the
+				       outcome comes as permit.admitted or permit.expired */
 } pgcoord_claim_status;
 
 /* The outcome of a claim (opaque); read it with the pgcoord_claim_* accessors. */
 typedef struct pgcoord_claim pgcoord_claim;
 
-/* pgcoord_permit_claim flag: in-process work, released when its session
+/* pgcoord_claim_opts.flags: in-process work, released when its session
  * dies (by default a dead owner's permit stays counted, uncertain). */
 #define PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS 0x1u
 
-/* pgcoord_permit_claim's limit for "this claim sets no limit". */
+/* pgcoord_claim_opts.limit for "this claim sets no limit". */
 #define PGCOORD_NO_LIMIT (-1)
 
 /*
- * Owner. Claims weights[i] (NULL: 1 each) of quota keys[i] for i <
- * nquotas, all or nothing, as permit `id` (1..200 bytes). intent (may be
- * NULL) is stored with the permit in the same transaction, up to 64 KiB.
- * limit >= 0 also sets the (single) quota's limit, creating it if needed
- * (from a non-admin: only creating it; an existing limit stays);
- * PGCOORD_NO_LIMIT leaves it. On PGCOORD_OK, *out owns the outcome (free it
- * with pgcoord_claim_free); a denial is PGCOORD_OK with status DENIED.
- * PGCOORD_E_UNAVAILABLE / _TIMEOUT / _CALL_TIMEOUT mean "not known to be
- * admitted": retry with the same id. PGCOORD_E_NOT_FOUND names a quota that
- * does not exist; PGCOORD_E_CONFLICT an id already used by another claim or
- * already released.
+ * What a claim asks for. Start from PGCOORD_CLAIM_OPTS_INIT (or
+ * pgcoord_claim_opts_init) and set the fields you need: `size` tells the
+ * library which fields this caller was built with, so fields appended in
+ * later versions keep their defaults for older callers. The struct and what
+ * it points to are only read during the call.
+ *
+ *   keys, weights, nquotas  claim weights[i] (weights NULL: 1 each) of quota
+ *                           keys[i] for i < nquotas, all or nothing
+ *   intent, intent_len      stored with the permit in the same transaction
+ *                           (NULL: none), up to 64 KiB
+ *   limit                   >= 0 also sets the (single) quota's limit,
+ *                           creating it if needed (from a non-admin: only
+ *                           creating it; an existing limit stays);
+ *                           PGCOORD_NO_LIMIT (the default) leaves it
+ *   flags                   PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS
+ *   wait_ms                 0 (the default): answer at once; 1..3600000:
+ *                           when there is no room (or others wait), queue
+ *                           for up to that long (PGCOORD_CLAIM_QUEUED).
+ *                           Its session then receives permit.admitted
+ *                           {id, token, …} or permit.expired {id, reason}
+ *                           through the notification callback
  */
-pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const char *const *keys,
-				 const int32_t *weights, size_t nquotas, const void *intent,
-				 size_t intent_len, int64_t limit, unsigned flags, int timeout_ms,
-				 pgcoord_claim **out);
+struct pgcoord_claim_opts {
+	size_t size; /* sizeof(struct pgcoord_claim_opts) as the caller knew it */
+	const char *const *keys;
+	const int32_t *weights;
+	size_t nquotas;
+	const void *intent;
+	size_t intent_len;
+	int64_t limit;
+	unsigned flags;
+	/* Appended fields: read only when size covers them. */
+	int64_t wait_ms;
+};
+
+#define PGCOORD_CLAIM_OPTS_INIT                                                                    \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_claim_opts), .limit = PGCOORD_NO_LIMIT               \
+	}
+
+/* Sets *opts to PGCOORD_CLAIM_OPTS_INIT. */
+void pgcoord_claim_opts_init(struct pgcoord_claim_opts *opts);
+
+/*
+ * Owner. Claims as permit `id` (1..200 bytes) what opts asks for. On
+ * PGCOORD_OK, *out owns the outcome (free it with pgcoord_claim_free); a
+ * denial is PGCOORD_OK with status DENIED. PGCOORD_E_UNAVAILABLE /
+ * _TIMEOUT / _CALL_TIMEOUT mean "not known to be admitted": retry with the
+ * same id. PGCOORD_E_NOT_FOUND names a quota that does not exist;
+ * PGCOORD_E_CONFLICT an id already used by another claim or already
+ * released. PGCOORD_E_ARG for opts NULL, without quotas, or with a size
+ * smaller than the first version's.
+ */
+pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoord_claim_opts *opts,
+				 int timeout_ms, pgcoord_claim **out);
 
 pgcoord_claim_status pgcoord_claim_get_status(const pgcoord_claim *cl);
 /* The fencing token of the grant (admitted or held); 0 when denied. */
@@ -236,8 +282,30 @@ bool pgcoord_claim_is_mine(const pgcoord_claim *cl);
 const char *pgcoord_claim_denied_quota(const pgcoord_claim *cl);
 int64_t pgcoord_claim_denied_limit(const pgcoord_claim *cl);
 int64_t pgcoord_claim_denied_in_flight(const pgcoord_claim *cl);
+/* For a queued claim: its place in line (1 = next) and when its wait ends
+ * (ms since the epoch, database clock) at the time of the answer; 0
+ * otherwise. */
+int64_t pgcoord_claim_queue_position(const pgcoord_claim *cl);
+int64_t pgcoord_claim_queue_deadline_at(const pgcoord_claim *cl);
 /* Accepts NULL. */
 void pgcoord_claim_free(pgcoord_claim *cl);
+
+/* How pgcoord_permit_cancel found the id. */
+typedef enum pgcoord_cancel_status {
+	PGCOORD_CANCEL_CANCELLED = 1, /* it was waiting and left the queue */
+	PGCOORD_CANCEL_ADMITTED = 2,  /* admitted already: the session holds a permit */
+	PGCOORD_CANCEL_HELD = 3,      /* a permit is held: release it to give it up */
+	PGCOORD_CANCEL_RELEASED = 4,  /* admitted and released already */
+} pgcoord_cancel_status;
+
+/*
+ * Owner. Takes a queued claim out of the queue. When it was admitted
+ * before the cancel arrived, the session owns a permit (ADMITTED / HELD):
+ * release it with pgcoord_permit_release. PGCOORD_E_NOT_FOUND when the id
+ * is neither queued nor a permit. *status may be NULL.
+ */
+pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
+				  pgcoord_cancel_status *status);
 
 typedef enum pgcoord_phase {
 	PGCOORD_PHASE_RESERVED = 0,
@@ -372,20 +440,35 @@ pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t
 /*
  * True only while the last lease.changed (or acquire result) for name said
  * this session leads and the local deadline lies ahead on CLOCK_MONOTONIC.
- * Never waits: it takes in what the agent has already sent (so a pushed
- * end of leadership counts even if you have not polled; the notifications
- * are queued for pgcoord_poll) and compares the deadline with the clock.
- * False for NULL arguments and on a closed handle. A connection failure
- * found here closes the handle (pgcoord_last_message says why).
+ * Never does I/O and never changes the handle: it compares the belief's
+ * deadline with the clock, so it is cheap to ask before every step and
+ * safe from any point of an event loop. A pushed end of leadership counts
+ * once the library has read it: every call, pgcoord_poll and
+ * pgcoord_lease_refresh read what the agent sent. Even when nothing is read,
+ * the belief ends at its deadline. False for NULL arguments and on a closed
+ * handle.
  */
-bool pgcoord_lease_is_leader(pgcoord *c, const char *name);
+bool pgcoord_lease_is_leader(const pgcoord *c, const char *name);
 
 /* The belief left, in ms (0 when not leading), as pgcoord_lease_is_leader
- * would judge it: the longest a step may take that must end while leading. */
-int64_t pgcoord_lease_valid_ms(pgcoord *c, const char *name);
+ * would judge it: the longest a step may take that must end while leading.
+ * No I/O. */
+int64_t pgcoord_lease_valid_ms(const pgcoord *c, const char *name);
 
-/* The epoch (fencing token) of the current belief; 0 when not leading. */
-int64_t pgcoord_lease_epoch(pgcoord *c, const char *name);
+/* The epoch (fencing token) of the current belief; 0 when not leading. No
+ * I/O. */
+int64_t pgcoord_lease_epoch(const pgcoord *c, const char *name);
+
+/*
+ * The explicit I/O behind the belief: takes in what the agent has already
+ * sent, without waiting, so a pushed lease.changed leader=false or
+ * session.lost ends the belief now (the notifications are queued for
+ * pgcoord_poll, not delivered). PGCOORD_E_IO when the connection failed
+ * (the handle is then closed, which ends every belief; see
+ * pgcoord_last_message), PGCOORD_E_PROTOCOL for a frame that is not
+ * MessagePack-RPC, PGCOORD_E_CLOSED when it was closed already.
+ */
+pgcoord_err pgcoord_lease_refresh(pgcoord *c);
 
 /*
  * The ttl the agent holds name with for this session, as the last

@@ -492,12 +492,16 @@ static bool op_expect_leader(struct run *r, const msgpack_object *s)
 	if (ci < 0 || name == NULL)
 		return conf_fail("expect_leader: needs a client and a name");
 	cl = &r->clients[ci];
+	/* The belief question does no I/O: take in what the agent pushed first
+	 * (a failure closes the handle, which ends the belief). */
+	(void)pgcoord_lease_refresh(cl->h);
 	while (pgcoord_lease_is_leader(cl->h, name) != want) {
 		if (conf_now_ms() >= end)
 			return conf_fail("%s: leader of %s is not %s after %lld ms",
 					 r->client_names[ci], name, want ? "true" : "false",
 					 (long long)within);
 		conf_sleep_ms(5);
+		(void)pgcoord_lease_refresh(cl->h);
 	}
 	now = conf_now_ms();
 	if (!want) {

@@ -14,7 +14,7 @@
 
 #include "ctl_print.h"
 #include "pgcoord/pgcoord.h"
-#include "proto/codec.h"
+#include "ctl_msgpack.h"
 
 enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_NOCONNECT = 3, EXIT_IO = 4 };
 
@@ -79,13 +79,13 @@ static void print_event(const struct watcher *w, const char *method, const msgpa
 		msgpack_unpacked u;
 		size_t n = 1, off = 0;
 		for (uint32_t i = 0; p && i < p->via.map.size; i++)
-			n += !pgc_obj_str_eq(&p->via.map.ptr[i].key, "watch");
+			n += !ctl_obj_str_eq(&p->via.map.ptr[i].key, "watch");
 		msgpack_sbuffer_init(&sb);
 		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 		msgpack_pack_map(&pk, n);
-		pgc_pack_kv_str(&pk, "event", method);
+		ctl_pack_kv_str(&pk, "event", method);
 		for (uint32_t i = 0; p && i < p->via.map.size; i++) {
-			if (pgc_obj_str_eq(&p->via.map.ptr[i].key, "watch"))
+			if (ctl_obj_str_eq(&p->via.map.ptr[i].key, "watch"))
 				continue;
 			msgpack_pack_object(&pk, p->via.map.ptr[i].key);
 			msgpack_pack_object(&pk, p->via.map.ptr[i].val);
@@ -100,7 +100,7 @@ static void print_event(const struct watcher *w, const char *method, const msgpa
 		for (uint32_t i = 0; p && i < p->via.map.size; i++) {
 			const msgpack_object *k = &p->via.map.ptr[i].key;
 			char value[512];
-			if (k->type != MSGPACK_OBJECT_STR || pgc_obj_str_eq(k, "watch"))
+			if (k->type != MSGPACK_OBJECT_STR || ctl_obj_str_eq(k, "watch"))
 				continue;
 			char key[64];
 			snprintf(key, sizeof(key), "%.*s", (int)k->via.str.size, k->via.str.ptr);
@@ -130,7 +130,7 @@ static void on_notify(void *user, const char *method, const void *params, size_t
 	}
 	const msgpack_object *p = &u.data;
 	/* another watch's (none here, but a resumed session might have some) */
-	if (pgc_obj_int64(pgc_map_get(p, "watch"), &watch) && watch != w->watch_id) {
+	if (ctl_obj_int64(ctl_map_get(p, "watch"), &watch) && watch != w->watch_id) {
 		msgpack_unpacked_destroy(&u);
 		return;
 	}
@@ -139,8 +139,8 @@ static void on_notify(void *user, const char *method, const void *params, size_t
 	if (!w->waiting) {
 		print_event(w, method, p);
 	} else if (strcmp(method, "quota.changed") == 0 &&
-		   pgc_obj_bool(pgc_map_get(p, "exists"), &exists) && exists &&
-		   pgc_obj_int64(pgc_map_get(p, "room"), &room) && room >= w->opt->room) {
+		   ctl_obj_bool(ctl_map_get(p, "exists"), &exists) && exists &&
+		   ctl_obj_int64(ctl_map_get(p, "room"), &room) && room >= w->opt->room) {
 		w->satisfied = true;
 		print_event(w, method, p);
 	}

@@ -47,7 +47,7 @@
 #include <msgpack.h>
 
 #include "pgcoord/pgcoord.h"
-#include "proto/codec.h"
+#include "ctl_msgpack.h"
 #include "agent/migrate.h"
 #include "ctl_print.h"
 #include "ctl_top.h"
@@ -496,9 +496,8 @@ static int ctl_call(struct ctl *ctx, const char *method, const void *params, siz
 		const char *msg = pgcoord_last_message(ctx->conn);
 		const char *retry = pgcoord_err_retryable(err) ? " (retryable)" : "";
 		if ((int)err < 100)
-			fprintf(stderr, "pgcoordctl: %s: %s%s%s%s\n", method,
-				pgc_error_name((enum pgc_error_code)err), *msg ? ": " : "", msg,
-				retry);
+			fprintf(stderr, "pgcoordctl: %s: %s%s%s%s\n", method, pgcoord_err_name(err),
+				*msg ? ": " : "", msg, retry);
 		else
 			fprintf(stderr, "pgcoordctl: %s: %s%s\n", method,
 				*msg ? msg : pgcoord_strerror(err), retry);
@@ -522,8 +521,8 @@ static void pack_kept(msgpack_packer *pk, const msgpack_object *row, const char 
 		      size_t n)
 {
 	for (size_t k = 0; k < n; k++) {
-		const msgpack_object *v = pgc_map_get(row, keep[k]);
-		pgc_pack_cstr(pk, keep[k]);
+		const msgpack_object *v = ctl_map_get(row, keep[k]);
+		ctl_pack_cstr(pk, keep[k]);
 		if (v)
 			msgpack_pack_object(pk, *v);
 		else
@@ -564,15 +563,15 @@ static int cmd_ping(struct ctl *ctx, int argc, char **argv)
  * and its database reachable. Scripts (and scripts/dev) wait on this. */
 static bool status_healthy(const msgpack_object *st, char *why, size_t whylen)
 {
-	const msgpack_object *state = pgc_map_get(st, "state");
-	const msgpack_object *db = pgc_map_get(st, "db");
+	const msgpack_object *state = ctl_map_get(st, "state");
+	const msgpack_object *db = ctl_map_get(st, "db");
 	bool registered = false;
-	pgc_obj_bool(pgc_map_get(st, "registered"), &registered);
-	if (!pgc_obj_str_eq(state, "serving") || !pgc_obj_str_eq(db, "up") || !registered) {
+	ctl_obj_bool(ctl_map_get(st, "registered"), &registered);
+	if (!ctl_obj_str_eq(state, "serving") || !ctl_obj_str_eq(db, "up") || !registered) {
 		const char *s = "?", *d = "?";
 		size_t sl = 1, dl = 1;
-		pgc_obj_str(state, &s, &sl);
-		pgc_obj_str(db, &d, &dl);
+		ctl_obj_str(state, &s, &sl);
+		ctl_obj_str(db, &d, &dl);
 		snprintf(why, whylen, "state=%.*s db=%.*s registered=%s", (int)sl, s, (int)dl, d,
 			 registered ? "true" : "false");
 		return false;
@@ -608,7 +607,7 @@ static int list_command(struct ctl *ctx, const char *method, const char *list_ke
 	int rc = ctl_call(ctx, method, NULL, 0, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
-	const msgpack_object *rows = pgc_map_get(r.obj, list_key);
+	const msgpack_object *rows = ctl_map_get(r.obj, list_key);
 	if (ctx->json) {
 		ctl_print_json(stdout, r.obj);
 	} else if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
@@ -700,7 +699,7 @@ static int call_with(struct ctl *ctx, const char *method, struct ctl_params *p,
 /* Prints the whole result as JSON, or result[key] (a map) as fields. */
 static void print_map(struct ctl *ctx, const struct ctl_result *r, const char *key)
 {
-	const msgpack_object *m = key ? pgc_map_get(r->obj, key) : r->obj;
+	const msgpack_object *m = key ? ctl_map_get(r->obj, key) : r->obj;
 	if (ctx->json)
 		ctl_print_json(stdout, r->obj);
 	else
@@ -745,7 +744,7 @@ static int cmd_quota(struct ctl *ctx, int argc, char **argv)
 			return usage_error("--lapse-after goes with `quota set`");
 		params_init(&p);
 		msgpack_pack_map(&p.pk, 1);
-		pgc_pack_kv_str(&p.pk, "key", argv[0]);
+		ctl_pack_kv_str(&p.pk, "key", argv[0]);
 		rc = call_with(ctx, "quota.get", &p, &r);
 		if (rc != CTL_EXIT_OK)
 			return rc;
@@ -765,10 +764,10 @@ static int cmd_quota(struct ctl *ctx, int argc, char **argv)
 				   INT32_MAX, ctx->lapse_after);
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 2 + (lapse >= 0));
-	pgc_pack_kv_str(&p.pk, "key", argv[1]);
-	pgc_pack_kv_int(&p.pk, "limit", limit);
+	ctl_pack_kv_str(&p.pk, "key", argv[1]);
+	ctl_pack_kv_int(&p.pk, "limit", limit);
 	if (lapse >= 0)
-		pgc_pack_kv_int(&p.pk, "lapse_after_s", lapse);
+		ctl_pack_kv_int(&p.pk, "lapse_after_s", lapse);
 	rc = call_with(ctx, "quota.set", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -790,12 +789,12 @@ static void pack_quotas_text(msgpack_packer *pk, const msgpack_object *quotas)
 		const char *k = "";
 		size_t klen = 0;
 		int64_t w = 0;
-		pgc_obj_str(pgc_map_get(q, "key"), &k, &klen);
-		pgc_obj_int64(pgc_map_get(q, "weight"), &w);
+		ctl_obj_str(ctl_map_get(q, "key"), &k, &klen);
+		ctl_obj_int64(ctl_map_get(q, "weight"), &w);
 		n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s%.*s:%lld", i ? "," : "",
 				      (int)klen, k, (long long)w);
 	}
-	pgc_pack_cstr(pk, buf);
+	ctl_pack_cstr(pk, buf);
 }
 
 /*
@@ -816,7 +815,7 @@ static int print_permits(const msgpack_object *result)
 	    {"STATE_SINCE", "state_at", CTL_FMT_AGE},
 	    {"REASON", "uncertain_reason", CTL_FMT_AUTO},
 	};
-	const msgpack_object *rows = pgc_map_get(result, "permits");
+	const msgpack_object *rows = ctl_map_get(result, "permits");
 	struct ctl_params p;
 	msgpack_unpacked u;
 	size_t off = 0;
@@ -830,8 +829,8 @@ static int print_permits(const msgpack_object *result)
 	msgpack_pack_array(&p.pk, rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
-		const msgpack_object *owner = pgc_map_get(row, "owner_session");
-		const msgpack_object *replica = pgc_map_get(row, "owner_replica");
+		const msgpack_object *owner = ctl_map_get(row, "owner_session");
+		const msgpack_object *replica = ctl_map_get(row, "owner_replica");
 		int64_t sid;
 		const char *rep = "?";
 		size_t replen = 1;
@@ -839,13 +838,13 @@ static int print_permits(const msgpack_object *result)
 
 		msgpack_pack_map(&p.pk, 8);
 		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
-		pgc_pack_cstr(&p.pk, "quotas");
-		pack_quotas_text(&p.pk, pgc_map_get(row, "quotas"));
-		pgc_pack_cstr(&p.pk, "owner");
-		if (pgc_obj_int64(owner, &sid)) {
-			pgc_obj_str(replica, &rep, &replen);
+		ctl_pack_cstr(&p.pk, "quotas");
+		pack_quotas_text(&p.pk, ctl_map_get(row, "quotas"));
+		ctl_pack_cstr(&p.pk, "owner");
+		if (ctl_obj_int64(owner, &sid)) {
+			ctl_obj_str(replica, &rep, &replen);
 			snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
-			pgc_pack_cstr(&p.pk, who);
+			ctl_pack_cstr(&p.pk, who);
 		} else {
 			msgpack_pack_nil(&p.pk);
 		}
@@ -856,7 +855,7 @@ static int print_permits(const msgpack_object *result)
 				ctl_now_ms(result));
 	msgpack_unpacked_destroy(&u);
 	msgpack_sbuffer_destroy(&p.sb);
-	pgc_obj_bool(pgc_map_get(result, "truncated"), &truncated);
+	ctl_obj_bool(ctl_map_get(result, "truncated"), &truncated);
 	if (truncated)
 		printf("(more permits than shown; narrow with --state or --quota)\n");
 	return CTL_EXIT_OK;
@@ -871,9 +870,9 @@ static int permits_list(struct ctl *ctx)
 	params_init(&p);
 	msgpack_pack_map(&p.pk, (ctx->state != NULL) + (ctx->quota != NULL));
 	if (ctx->state)
-		pgc_pack_kv_str(&p.pk, "state", ctx->state);
+		ctl_pack_kv_str(&p.pk, "state", ctx->state);
 	if (ctx->quota)
-		pgc_pack_kv_str(&p.pk, "quota", ctx->quota);
+		ctl_pack_kv_str(&p.pk, "quota", ctx->quota);
 	rc = call_with(ctx, "permit.list", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -901,14 +900,14 @@ static int permits_by_id(struct ctl *ctx, const char *method, const char *id)
 
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 1);
-	pgc_pack_kv_str(&p.pk, "id", id);
+	ctl_pack_kv_str(&p.pk, "id", id);
 	rc = call_with(ctx, method, &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
 	if (ctx->json)
 		ctl_print_json(stdout, r.obj);
 	else if (history)
-		ctl_print_table(stdout, pgc_map_get(r.obj, "events"), cols,
+		ctl_print_table(stdout, ctl_map_get(r.obj, "events"), cols,
 				sizeof(cols) / sizeof(cols[0]), ctl_now_ms(r.obj));
 	else
 		print_map(ctx, &r, "permit");
@@ -933,10 +932,10 @@ static int permits_resolve(struct ctl *ctx, const char *id)
 				   ctx->gone ? "gone" : "running");
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 4);
-	pgc_pack_kv_str(&p.pk, "id", id);
-	pgc_pack_kv_str(&p.pk, "outcome", ctx->gone ? "gone" : "running");
-	pgc_pack_kv_str(&p.pk, "evidence", ctx->evidence);
-	pgc_pack_kv_bool(&p.pk, "override", true);
+	ctl_pack_kv_str(&p.pk, "id", id);
+	ctl_pack_kv_str(&p.pk, "outcome", ctx->gone ? "gone" : "running");
+	ctl_pack_kv_str(&p.pk, "evidence", ctx->evidence);
+	ctl_pack_kv_bool(&p.pk, "override", true);
 	rc = call_with(ctx, "permit.resolve", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -956,10 +955,10 @@ static int permits_release(struct ctl *ctx, const char *id)
 				   "operator override: add --override (audited with your uid)");
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 2 + (ctx->reason != NULL));
-	pgc_pack_kv_str(&p.pk, "id", id);
-	pgc_pack_kv_bool(&p.pk, "override", true);
+	ctl_pack_kv_str(&p.pk, "id", id);
+	ctl_pack_kv_bool(&p.pk, "override", true);
 	if (ctx->reason)
-		pgc_pack_kv_str(&p.pk, "reason", ctx->reason);
+		ctl_pack_kv_str(&p.pk, "reason", ctx->reason);
 	rc = call_with(ctx, "permit.release", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -1012,12 +1011,12 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 
 	if (rc != CTL_EXIT_OK)
 		return rc;
-	if (!pgc_obj_bool(pgc_map_get(r.obj, "ok"), &ok)) {
+	if (!ctl_obj_bool(ctl_map_get(r.obj, "ok"), &ok)) {
 		fprintf(stderr, "pgcoordctl: permit.check: the result has no \"ok\"\n");
 		result_free(&r);
 		return CTL_EXIT_IO;
 	}
-	pgc_obj_int64(pgc_map_get(r.obj, "quotas"), &quotas);
+	ctl_obj_int64(ctl_map_get(r.obj, "quotas"), &quotas);
 	if (ctx->json) {
 		ctl_print_json(stdout, r.obj);
 	} else if (ok) {
@@ -1026,7 +1025,7 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 		       (long long)quotas, quotas == 1 ? "" : "s");
 	} else {
 		printf("FAILED: the permit ledger breaks conservation:\n");
-		ctl_print_table(stdout, pgc_map_get(r.obj, "violations"), cols,
+		ctl_print_table(stdout, ctl_map_get(r.obj, "violations"), cols,
 				sizeof(cols) / sizeof(cols[0]), ctl_now_ms(r.obj));
 	}
 	result_free(&r);
@@ -1052,7 +1051,7 @@ static int print_leases(const msgpack_object *result)
 	    {"ACQUIRED", "acquired_at", CTL_FMT_AGE},
 	    {"RENEWED", "renewed_at", CTL_FMT_AGE},
 	};
-	const msgpack_object *rows = pgc_map_get(result, "leases");
+	const msgpack_object *rows = ctl_map_get(result, "leases");
 	struct ctl_params p;
 	msgpack_unpacked u;
 	size_t off = 0;
@@ -1065,7 +1064,7 @@ static int print_leases(const msgpack_object *result)
 	msgpack_pack_array(&p.pk, rows->via.array.size);
 	for (uint32_t i = 0; i < rows->via.array.size; i++) {
 		const msgpack_object *row = &rows->via.array.ptr[i];
-		const msgpack_object *holder = pgc_map_get(row, "holder");
+		const msgpack_object *holder = ctl_map_get(row, "holder");
 		int64_t sid;
 		const char *rep = "?";
 		size_t replen = 1;
@@ -1073,12 +1072,12 @@ static int print_leases(const msgpack_object *result)
 
 		msgpack_pack_map(&p.pk, 7);
 		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
-		pgc_pack_cstr(&p.pk, "holder");
+		ctl_pack_cstr(&p.pk, "holder");
 		if (holder && holder->type == MSGPACK_OBJECT_MAP &&
-		    pgc_obj_int64(pgc_map_get(holder, "session"), &sid)) {
-			pgc_obj_str(pgc_map_get(holder, "replica_id"), &rep, &replen);
+		    ctl_obj_int64(ctl_map_get(holder, "session"), &sid)) {
+			ctl_obj_str(ctl_map_get(holder, "replica_id"), &rep, &replen);
 			snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
-			pgc_pack_cstr(&p.pk, who);
+			ctl_pack_cstr(&p.pk, who);
 		} else {
 			msgpack_pack_nil(&p.pk);
 		}
@@ -1116,7 +1115,7 @@ static int cmd_lease(struct ctl *ctx, int argc, char **argv)
 		return usage_error("lease: expected `lease status NAME`");
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 1);
-	pgc_pack_kv_str(&p.pk, "name", argv[1]);
+	ctl_pack_kv_str(&p.pk, "name", argv[1]);
 	rc = call_with(ctx, "lease.status", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
@@ -1202,10 +1201,10 @@ static void print_records(const msgpack_object *rows, int64_t now_ms)
 
 		msgpack_pack_map(&p.pk, sizeof(keep) / sizeof(keep[0]) + 1);
 		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
-		pgc_obj_int64(pgc_map_get(row, "owner_session"), &sid);
-		pgc_obj_str(pgc_map_get(row, "owner_replica"), &rep, &replen);
+		ctl_obj_int64(ctl_map_get(row, "owner_session"), &sid);
+		ctl_obj_str(ctl_map_get(row, "owner_replica"), &rep, &replen);
 		snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
-		pgc_pack_kv_str(&p.pk, "owner", who);
+		ctl_pack_kv_str(&p.pk, "owner", who);
 	}
 	msgpack_unpacked_init(&u);
 	if (msgpack_unpack_next(&u, p.sb.data, p.sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
@@ -1230,8 +1229,8 @@ static int cmd_records(struct ctl *ctx, int argc, char **argv)
 			return usage_error("--kind, --owner and --dead go with the `records` list");
 		params_init(&p);
 		msgpack_pack_map(&p.pk, 2);
-		pgc_pack_kv_str(&p.pk, "kind", argv[1]);
-		pgc_pack_kv_str(&p.pk, "key", argv[2]);
+		ctl_pack_kv_str(&p.pk, "kind", argv[1]);
+		ctl_pack_kv_str(&p.pk, "key", argv[2]);
 		rc = call_with(ctx, "record.get", &p, &r);
 		if (rc != CTL_EXIT_OK)
 			return rc;
@@ -1245,18 +1244,18 @@ static int cmd_records(struct ctl *ctx, int argc, char **argv)
 	params_init(&p);
 	msgpack_pack_map(&p.pk, (ctx->kind != NULL) + (owner > 0) + 2 * ctx->dead);
 	if (ctx->kind)
-		pgc_pack_kv_str(&p.pk, "kind", ctx->kind);
+		ctl_pack_kv_str(&p.pk, "kind", ctx->kind);
 	if (owner > 0)
-		pgc_pack_kv_int(&p.pk, "owner", owner);
+		ctl_pack_kv_int(&p.pk, "owner", owner);
 	if (ctx->dead) {
 		/* what a recovery would take: open records of owners not live */
-		pgc_pack_kv_bool(&p.pk, "live_owner", false);
-		pgc_pack_kv_bool(&p.pk, "terminal", false);
+		ctl_pack_kv_bool(&p.pk, "live_owner", false);
+		ctl_pack_kv_bool(&p.pk, "terminal", false);
 	}
 	rc = call_with(ctx, "record.list", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
-	const msgpack_object *rows = pgc_map_get(r.obj, "records");
+	const msgpack_object *rows = ctl_map_get(r.obj, "records");
 	if (ctx->json) {
 		ctl_print_json(stdout, r.obj);
 	} else if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
@@ -1264,7 +1263,7 @@ static int cmd_records(struct ctl *ctx, int argc, char **argv)
 		rc = CTL_EXIT_IO;
 	} else {
 		print_records(rows, ctl_now_ms(r.obj));
-		pgc_obj_bool(pgc_map_get(r.obj, "truncated"), &truncated);
+		ctl_obj_bool(ctl_map_get(r.obj, "truncated"), &truncated);
 		if (truncated)
 			printf(
 			    "(more records than shown; narrow with --kind, --owner or --dead)\n");
@@ -1290,29 +1289,29 @@ static int cmd_recover(struct ctl *ctx, int argc, char **argv)
 		return usage_error("--limit needs a whole number 1..10000, not \"%s\"", ctx->limit);
 	params_init(&p);
 	msgpack_pack_map(&p.pk, 1 + (ctx->kinds != NULL) + (limit > 0));
-	pgc_pack_kv_bool(&p.pk, "dry_run", true);
+	ctl_pack_kv_bool(&p.pk, "dry_run", true);
 	if (ctx->kinds) {
 		size_t n = 1;
 		for (const char *s = ctx->kinds; *s; s++)
 			n += *s == ',';
-		pgc_pack_cstr(&p.pk, "kinds");
+		ctl_pack_cstr(&p.pk, "kinds");
 		msgpack_pack_array(&p.pk, n);
 		for (const char *s = ctx->kinds;; s++) {
 			const char *end = strchr(s, ',');
 			size_t len = end ? (size_t)(end - s) : strlen(s);
-			pgc_pack_strn(&p.pk, s, len);
+			ctl_pack_strn(&p.pk, s, len);
 			if (!end)
 				break;
 			s = end;
 		}
 	}
 	if (limit > 0)
-		pgc_pack_kv_int(&p.pk, "limit", limit);
+		ctl_pack_kv_int(&p.pk, "limit", limit);
 	rc = call_with(ctx, "record.recover", &p, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
-	const msgpack_object *rows = pgc_map_get(r.obj, "adopted");
-	if (!pgc_obj_bool(pgc_map_get(r.obj, "liveness_read"), &read) || !rows ||
+	const msgpack_object *rows = ctl_map_get(r.obj, "adopted");
+	if (!ctl_obj_bool(ctl_map_get(r.obj, "liveness_read"), &read) || !rows ||
 	    rows->type != MSGPACK_OBJECT_ARRAY) {
 		fprintf(stderr, "pgcoordctl: record.recover: the result is not well-formed\n");
 		result_free(&r);
@@ -1323,12 +1322,12 @@ static int cmd_recover(struct ctl *ctx, int argc, char **argv)
 	} else if (!read) {
 		const char *why = "";
 		size_t len = 0;
-		pgc_obj_str(pgc_map_get(r.obj, "reason"), &why, &len);
+		ctl_obj_str(ctl_map_get(r.obj, "reason"), &why, &len);
 		printf("liveness could not be read (%.*s): a recovery would adopt nothing now\n",
 		       (int)len, why);
 	} else {
-		pgc_obj_int64(pgc_map_get(r.obj, "left_alone"), &left);
-		pgc_obj_int64(pgc_map_get(r.obj, "remaining"), &remaining);
+		ctl_obj_int64(ctl_map_get(r.obj, "left_alone"), &left);
+		ctl_obj_int64(ctl_map_get(r.obj, "remaining"), &remaining);
 		print_records(rows, ctl_now_ms(r.obj));
 		printf("a recovery would adopt %u record%s of dead owners; %lld left alone (live "
 		       "owners)",

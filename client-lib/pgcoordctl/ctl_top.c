@@ -13,7 +13,7 @@
 #include <msgpack.h>
 
 #include "pgcoord/pgcoord.h"
-#include "proto/codec.h"
+#include "ctl_msgpack.h"
 #include "ctl_print.h"
 
 #define TOP_AGENTS_MAX 8
@@ -92,21 +92,21 @@ static bool ask(struct top *t, const char *method, const void *params, size_t pl
 
 static const msgpack_object *list_of(const struct answer *a, const char *key)
 {
-	const msgpack_object *rows = a->obj ? pgc_map_get(a->obj, key) : NULL;
+	const msgpack_object *rows = a->obj ? ctl_map_get(a->obj, key) : NULL;
 	return rows && rows->type == MSGPACK_OBJECT_ARRAY ? rows : NULL;
 }
 
 static int64_t get_int(const msgpack_object *map, const char *key)
 {
 	int64_t v = 0;
-	pgc_obj_int64(map ? pgc_map_get(map, key) : NULL, &v);
+	ctl_obj_int64(map ? ctl_map_get(map, key) : NULL, &v);
 	return v;
 }
 
 static bool get_bool(const msgpack_object *map, const char *key)
 {
 	bool v = false;
-	pgc_obj_bool(map ? pgc_map_get(map, key) : NULL, &v);
+	ctl_obj_bool(map ? ctl_map_get(map, key) : NULL, &v);
 	return v;
 }
 
@@ -115,7 +115,7 @@ static const char *get_str(const msgpack_object *map, const char *key, char *buf
 {
 	const char *s = "";
 	size_t n = 0, j = 0;
-	pgc_obj_str(map ? pgc_map_get(map, key) : NULL, &s, &n);
+	ctl_obj_str(map ? ctl_map_get(map, key) : NULL, &s, &n);
 	for (size_t i = 0; i < n && j + 1 < len; i++)
 		if ((unsigned char)s[i] >= 0x20 && s[i] != 0x7f)
 			buf[j++] = s[i];
@@ -149,8 +149,8 @@ static void note(const char *title, const struct answer *a)
 
 static void pack_copy(msgpack_packer *pk, const msgpack_object *map, const char *key)
 {
-	const msgpack_object *v = map ? pgc_map_get(map, key) : NULL;
-	pgc_pack_cstr(pk, key);
+	const msgpack_object *v = map ? ctl_map_get(map, key) : NULL;
+	ctl_pack_cstr(pk, key);
 	if (v)
 		msgpack_pack_object(pk, *v);
 	else
@@ -264,19 +264,19 @@ static void draw_leases(const struct answer *leases)
 	msgpack_pack_array(&pk, n);
 	for (size_t i = 0; i < n; i++) {
 		const msgpack_object *r = &rows->via.array.ptr[i];
-		const msgpack_object *h = pgc_map_get(r, "holder");
+		const msgpack_object *h = ctl_map_get(r, "holder");
 		bool held = h && h->type == MSGPACK_OBJECT_MAP;
 		msgpack_pack_map(&pk, 5);
 		pack_copy(&pk, r, "name");
-		pgc_pack_kv_str(&pk, "holder",
+		ctl_pack_kv_str(&pk, "holder",
 				held ? get_str(h, "replica_id", buf, sizeof(buf)) : "(free)");
-		pgc_pack_cstr(&pk, "session");
+		ctl_pack_cstr(&pk, "session");
 		if (held)
 			msgpack_pack_int64(&pk, get_int(h, "session"));
 		else
 			msgpack_pack_nil(&pk);
 		pack_copy(&pk, r, "epoch");
-		pgc_pack_cstr(&pk, "expires_in_ms");
+		ctl_pack_cstr(&pk, "expires_in_ms");
 		if (held)
 			msgpack_pack_int64(&pk, get_int(r, "expires_in_ms"));
 		else
@@ -340,7 +340,7 @@ static void draw_quotas(const struct answer *quotas)
 		pack_copy(&pk, pick[i], "limit");
 		pack_copy(&pk, pick[i], "in_flight");
 		pack_copy(&pk, pick[i], "uncertain");
-		pgc_pack_kv_str(&pk, "used", used);
+		ctl_pack_kv_str(&pk, "used", used);
 	}
 	section("QUOTAS NEAREST THEIR LIMIT", &sb, n, rows->via.array.size, cols, 5, 0);
 	msgpack_sbuffer_destroy(&sb);
@@ -374,7 +374,7 @@ static void draw_permits(const struct answer *permits)
 		const msgpack_object *r = &rows->via.array.ptr[i];
 		const char *id;
 		size_t idlen;
-		if (!pgc_obj_str(pgc_map_get(r, "id"), &id, &idlen))
+		if (!ctl_obj_str(ctl_map_get(r, "id"), &id, &idlen))
 			continue;
 		if (last && idlen == lastlen && memcmp(id, last, idlen) == 0)
 			continue;
@@ -389,14 +389,14 @@ static void draw_permits(const struct answer *permits)
 		msgpack_pack_map(&pk, 4);
 		pack_copy(&pk, uniq[i], "id");
 		pack_copy(&pk, uniq[i], "state_at");
-		if (pgc_map_get(uniq[i], "owner_session") &&
-		    pgc_map_get(uniq[i], "owner_session")->type != MSGPACK_OBJECT_NIL)
+		if (ctl_map_get(uniq[i], "owner_session") &&
+		    ctl_map_get(uniq[i], "owner_session")->type != MSGPACK_OBJECT_NIL)
 			snprintf(who, sizeof(who), "%lld@%s",
 				 (long long)get_int(uniq[i], "owner_session"),
 				 get_str(uniq[i], "owner_replica", rep, sizeof(rep)));
 		else
 			snprintf(who, sizeof(who), "(none)");
-		pgc_pack_kv_str(&pk, "owner", who);
+		ctl_pack_kv_str(&pk, "owner", who);
 		pack_copy(&pk, uniq[i], "uncertain_reason");
 	}
 	if (get_bool(permits->obj, "truncated"))
@@ -418,14 +418,14 @@ static void print_json_frame(const char *const *names, struct answer *answers, s
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, n);
 	for (size_t i = 0; i < n; i++) {
-		pgc_pack_cstr(&pk, names[i]);
+		ctl_pack_cstr(&pk, names[i]);
 		if (answers[i].obj) {
 			msgpack_pack_object(&pk, *answers[i].obj);
 		} else if (answers[i].missing) {
 			msgpack_pack_nil(&pk);
 		} else {
 			msgpack_pack_map(&pk, 1);
-			pgc_pack_kv_str(&pk, "error", answers[i].why);
+			ctl_pack_kv_str(&pk, "error", answers[i].why);
 		}
 	}
 	msgpack_unpacked_init(&u);
@@ -451,8 +451,8 @@ static bool frame(struct top *t)
 	msgpack_sbuffer_init(&uncertain);
 	msgpack_packer_init(&pk, &uncertain, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 2);
-	pgc_pack_kv_str(&pk, "state", "uncertain");
-	pgc_pack_kv_int(&pk, "limit", TOP_PERMITS_MAX);
+	ctl_pack_kv_str(&pk, "state", "uncertain");
+	ctl_pack_kv_int(&pk, "limit", TOP_PERMITS_MAX);
 	for (size_t i = 0; i < 6; i++) {
 		memset(&a[i], 0, sizeof(a[i]));
 		if (!reached) {

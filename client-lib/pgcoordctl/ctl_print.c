@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "proto/codec.h"
+#include "ctl_msgpack.h"
 #include "ctl_print.h"
 
 #define CELL_MAX 256
@@ -243,7 +243,7 @@ int64_t ctl_now_ms(const msgpack_object *result)
 {
 	int64_t now;
 	/* An agent that had no row to read the clock from sends 0. */
-	if (pgc_obj_int64(pgc_map_get(result, "now_at"), &now) && now > 0)
+	if (ctl_obj_int64(ctl_map_get(result, "now_at"), &now) && now > 0)
 		return now;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -339,7 +339,7 @@ void ctl_format_value(char *buf, size_t len, const char *key, const msgpack_obje
 	if (fmt == CTL_FMT_AUTO)
 		fmt = fmt_for_key(key);
 	/* "…_ms_ago" is a duration into the past; -1 means "never happened". */
-	if (key && ends_with(key, "_ms_ago") && pgc_obj_int64(o, &i)) {
+	if (key && ends_with(key, "_ms_ago") && ctl_obj_int64(o, &i)) {
 		if (i < 0) {
 			snprintf(buf, len, "never");
 		} else {
@@ -349,15 +349,15 @@ void ctl_format_value(char *buf, size_t len, const char *key, const msgpack_obje
 		}
 		return;
 	}
-	if (fmt == CTL_FMT_AGE && pgc_obj_int64(o, &i)) {
+	if (fmt == CTL_FMT_AGE && ctl_obj_int64(o, &i)) {
 		ctl_format_age(buf, len, i, now_ms);
 		return;
 	}
-	if (fmt == CTL_FMT_DURATION && pgc_obj_int64(o, &i)) {
+	if (fmt == CTL_FMT_DURATION && ctl_obj_int64(o, &i)) {
 		ctl_format_duration(buf, len, i);
 		return;
 	}
-	if (pgc_obj_bool(o, &b)) {
+	if (ctl_obj_bool(o, &b)) {
 		snprintf(buf, len, "%s",
 			 b ? (fmt == CTL_FMT_YESNO ? "yes" : "true")
 			   : (fmt == CTL_FMT_YESNO ? "no" : "false"));
@@ -424,7 +424,7 @@ static void field_label(char *buf, size_t len, const char *prefix, const char *k
 	size_t n = strlen(key);
 	int64_t i;
 
-	if (val && pgc_obj_int64(val, &i)) {
+	if (val && ctl_obj_int64(val, &i)) {
 		if (ends_with(key, "_ms_ago"))
 			n -= strlen("_ms_ago");
 		else if (ends_with(key, "_ms"))
@@ -509,7 +509,7 @@ void ctl_print_table(FILE *out, const msgpack_object *rows, const struct ctl_col
 		const msgpack_object *row = &rows->via.array.ptr[r];
 		for (size_t c = 0; c < ncols; c++) {
 			char *cell = cells[r * ncols + c];
-			ctl_format_value(cell, CELL_MAX, cols[c].key, pgc_map_get(row, cols[c].key),
+			ctl_format_value(cell, CELL_MAX, cols[c].key, ctl_map_get(row, cols[c].key),
 					 cols[c].fmt, now_ms);
 			if (width(cell) > w[c])
 				w[c] = width(cell);

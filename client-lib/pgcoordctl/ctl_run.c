@@ -24,7 +24,7 @@
 #include <msgpack.h>
 
 #include "pgcoord/pgcoord.h"
-#include "proto/codec.h"
+#include "ctl_msgpack.h"
 
 /* After SIGKILL, how long to wait for the group to vanish before exiting
  * anyway (a process stuck in the kernel cannot be helped by waiting). */
@@ -110,18 +110,18 @@ static void on_notify(void *user, const char *method, const void *params, size_t
 		msgpack_unpacked_destroy(&u);
 		return;
 	}
-	pgc_obj_str(pgc_map_get(&u.data, "reason"), &reason, &rlen);
+	ctl_obj_str(ctl_map_get(&u.data, "reason"), &reason, &rlen);
 	if (strcmp(method, "lease.changed") == 0 &&
-	    pgc_obj_str(pgc_map_get(&u.data, "name"), &name, &nlen) &&
+	    ctl_obj_str(ctl_map_get(&u.data, "name"), &name, &nlen) &&
 	    strlen(r->o->lease) == nlen && memcmp(name, r->o->lease, nlen) == 0 &&
-	    pgc_obj_bool(pgc_map_get(&u.data, "leader"), &leader) && !leader)
+	    ctl_obj_bool(ctl_map_get(&u.data, "leader"), &leader) && !leader)
 		snprintf(r->why, sizeof(r->why), "the agent ended leadership: %.*s", (int)rlen,
 			 reason);
 	else if (strcmp(method, "session.lost") == 0) {
 		r->session_lost = true;
 		snprintf(r->why, sizeof(r->why), "the session was lost: %.*s", (int)rlen, reason);
 	} else if (strcmp(method, "session.suspended") == 0) {
-		pgc_obj_int64(pgc_map_get(&u.data, "safe_ms"), &safe_ms);
+		ctl_obj_int64(ctl_map_get(&u.data, "safe_ms"), &safe_ms);
 		say("the agent cannot heartbeat; the session is lost in %" PRId64
 		    " ms unless it recovers",
 		    safe_ms);
