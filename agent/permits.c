@@ -1093,7 +1093,7 @@ static void checked(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const PGresult *res = r->res;
-	int n, quotas = 0, bad = 0;
+	int n, quotas = 0, bad = 0, stalled = 0;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
@@ -1103,20 +1103,29 @@ static void checked(const struct db_result *r, void *arg)
 	for (int i = 0; i < n; i++) {
 		if (pgrow_null(res, i, 1))
 			continue;
+		if (!pgrow_null(res, i, 7)) {
+			stalled++;
+			continue;
+		}
 		quotas++;
 		bad += PQgetlength(res, i, 6) > 0;
 	}
 	if (bad)
 		log_error(&req->ag->log, "permits",
 			  "conservation check failed for %d quota(s); see permit.check", bad);
+	if (stalled)
+		log_error(&req->ag->log, "permits",
+			  "%d waiting queue(s) have a head that fits but was not admitted; see "
+			  "permit.check",
+			  stalled);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 4);
+	msgpack_pack_map(pk, 5);
 	pgc_pack_kv_bool(pk, "ok", bad == 0);
 	pgc_pack_kv_int(pk, "quotas", quotas);
 	pgc_pack_cstr(pk, "violations");
 	msgpack_pack_array(pk, (size_t)bad);
 	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, 1) || PQgetlength(res, i, 6) == 0)
+		if (pgrow_null(res, i, 1) || !pgrow_null(res, i, 7) || PQgetlength(res, i, 6) == 0)
 			continue;
 		msgpack_pack_map(pk, 6);
 		pgrow_kv_str(pk, "key", res, i, 1);
@@ -1125,6 +1134,17 @@ static void checked(const struct db_result *r, void *arg)
 		pgrow_kv_int(pk, "permit_weights", res, i, 4);
 		pgrow_kv_int(pk, "audit_sum", res, i, 5);
 		pgrow_kv_str(pk, "problem", res, i, 6);
+	}
+	/* a queue whose head fits was not handed its room (migration 0013) */
+	pgc_pack_cstr(pk, "stalled_queues");
+	msgpack_pack_array(pk, (size_t)stalled);
+	for (int i = 0; i < n; i++) {
+		if (pgrow_null(res, i, 1) || pgrow_null(res, i, 7))
+			continue;
+		msgpack_pack_map(pk, 3);
+		pgrow_kv_str(pk, "key", res, i, 1);
+		pgrow_kv_str(pk, "head_id", res, i, 7);
+		pgrow_kv_int(pk, "head_age_ms", res, i, 8);
 	}
 	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
 	req_done(req);
@@ -1135,8 +1155,10 @@ void rpc_permit_check(struct request *req)
 	/* guarantee 2, checked in one statement: one consistent snapshot */
 	req_query(req,
 		  "SELECT n.now_at, c.key, c.\"limit\", c.in_flight, c.permit_weights, "
-		  "c.audit_sum, c.problem "
+		  "c.audit_sum, c.problem, NULL::text, NULL::bigint "
 		  "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		  "LEFT JOIN pgcoord.permits_check() c ON true",
+		  "LEFT JOIN pgcoord.permits_check() c ON true "
+		  "UNION ALL SELECT pgcoord.ms(now()), s.key, NULL, NULL, NULL, NULL, NULL, "
+		  "s.head_id, s.head_age_ms FROM pgcoord.stalled_queues() s",
 		  0, NULL, checked);
 }

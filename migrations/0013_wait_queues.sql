@@ -77,6 +77,23 @@ CREATE VIEW pgcoord.queue_status AS
 	WHERE w.state = 'queued'
 	GROUP BY k.key;
 
+-- Queue heads that are first in line on every quota of theirs and fit:
+-- the hand-over admits such a head in the commit that made room, so one
+-- seen here (in one snapshot) is a hand-over that did not happen.
+-- permit.check reports them.
+CREATE FUNCTION pgcoord.stalled_queues()
+RETURNS TABLE (key text, head_id text, head_age_ms bigint)
+LANGUAGE sql STABLE AS $$
+	SELECT k.key::text, w.id::text, pgcoord.ms(now()) - pgcoord.ms(w.queued_at)
+	FROM pgcoord.waiters w CROSS JOIN LATERAL unnest(w.keys) AS k(key)
+	WHERE w.state = 'queued'
+	  AND NOT EXISTS (SELECT 1 FROM pgcoord.waiters e WHERE e.state = 'queued'
+			  AND e.seq < w.seq AND e.keys && w.keys)
+	  AND (SELECT count(*) = cardinality(w.keys) AND bool_and(q.in_flight + t.w <= q."limit")
+	       FROM unnest(w.keys, w.weights) AS t(k, w) JOIN pgcoord.quotas q ON q.key = t.k)
+	ORDER BY 1
+$$;
+
 -- Admits, in seq order, the queued waiters on p_keys that are first in
 -- line on every quota of theirs and fit. Returns how many it admitted.
 CREATE FUNCTION pgcoord.waiters_admit(p_keys text[])
