@@ -94,6 +94,14 @@ LANGUAGE sql STABLE AS $$
 	ORDER BY 1
 $$;
 
+-- queue_status for the agent's status page (the runtime role reads
+-- through functions).
+CREATE FUNCTION pgcoord.queues()
+RETURNS SETOF pgcoord.queue_status
+LANGUAGE sql STABLE AS $$
+	SELECT * FROM pgcoord.queue_status
+$$;
+
 -- Admits, in seq order, the queued waiters on p_keys that are first in
 -- line on every quota of theirs and fit. Returns how many it admitted.
 CREATE FUNCTION pgcoord.waiters_admit(p_keys text[])

@@ -5,10 +5,13 @@
  * admitted, in which order, and that no admission came while the slot was
  * held; the queue is empty at the end.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "itest.h"
@@ -22,6 +25,44 @@ TestSuite(waits, .timeout = 60);
 #define WAITERS_PER_AGENT 10
 
 static const char *const wait_args[] = {"--wait-poll-ms", "50", NULL};
+static const char *const http_args[] = {"--wait-poll-ms", "50", "--metrics-listen", "127.0.0.1:0",
+					NULL};
+
+/* GET path from the HTTP listener of an agent started with http_args; the
+ * whole response, malloc'd. */
+static char *http_get(struct hagent *a, const char *path)
+{
+	static const char key[] = "metrics_listen=127.0.0.1:";
+	int64_t deadline = hnow_ms() + 5000;
+	const char *at;
+	while (!(at = strstr(hagent_log(a), key))) {
+		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
+		hsleep_ms(20);
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)atoi(at + strlen(key))),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {10, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	char req[256], buf[4096];
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	size_t len = 0;
+	char *resp = calloc(1, 1);
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof(buf))) > 0) {
+		resp = realloc(resp, len + (size_t)n + 1);
+		cr_assert_not_null(resp);
+		memcpy(resp + len, buf, (size_t)n);
+		len += (size_t)n;
+		resp[len] = '\0';
+	}
+	close(fd);
+	return resp;
+}
 
 /* Reads fd until the notification `method` arrives (other messages are
  * dropped); fails after timeout_ms. out->m.params is its map. */
@@ -134,7 +175,7 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 
 	for (int a = 0; a < 3; a++) {
 		snprintf(id, sizeof(id), "wait-%d", a);
-		ag[a] = hagent_start(db, id, wait_args);
+		ag[a] = hagent_start(db, id, a == 0 ? http_args : wait_args);
 	}
 	holder = iconnect(hagent_socket(ag[0]));
 	isession_open(holder, "holder");
@@ -150,6 +191,17 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 		     3 * WAITERS_PER_AGENT);
 	/* nobody overtakes the queue, even with room: not an immediate claim */
 	claim(holder, "pushy", "slot", 1, 0, "denied");
+	/* the queue on the status page; this agent's waiters in its metrics */
+	char *page = http_get(ag[0], "/status");
+	cr_assert(strstr(page, "<table id=\"queues\">") &&
+		      strstr(page, "<td>slot</td><td>30</td>") &&
+		      strstr(page, "<td>w-00</td><td>1</td>"),
+		  "%s", page);
+	free(page);
+	page = http_get(ag[0], "/metrics");
+	cr_assert(strstr(page, "\npgcoord_permit_waiters 10\n"), "%s", page);
+	free(page);
+	cr_assert_eq(istatus_int(ag[1], "waiters"), WAITERS_PER_AGENT);
 
 	release(holder, "first");
 	for (int i = 0; i < 3 * WAITERS_PER_AGENT; i++) {
@@ -189,6 +241,11 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 		     0);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'pushy'"),
 		     0);
+	page = http_get(ag[0], "/metrics");
+	cr_assert(strstr(page, "\npgcoord_permit_waiters 0\n") &&
+		      strstr(page, "\npgcoord_permit_queue_admitted_total 10\n"),
+		  "%s", page);
+	free(page);
 
 	for (int i = 0; i < 3 * WAITERS_PER_AGENT; i++)
 		close(fds[i]);
