@@ -63,7 +63,7 @@ struct agent {
 	int nsessions;
 	struct identity id;
 	struct lease_registry *leases;
-	struct watch_registry *watches; /* quota, permit and record watches */
+	struct watch_registry *watches;	 /* quota, permit and record watches */
 	struct waiter_registry *waiters; /* waiting claims of this agent's sessions */
 	struct janitor *janitor;
 	enum agent_state state;
