@@ -11,7 +11,9 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
+#include "agent/lease_belief.h"
 #include "agent/lease_registry.h"
+#include "agent/leases.h"
 #include "agent/session_order.h"
 #include "agent/sessions.h"
 
@@ -69,7 +71,7 @@ void fill_change(msgpack_packer *pk, void *arg)
 {
 	const struct change_note *n = arg;
 	uint64_t now = mono_ms();
-	bool valid = n->leader && n->l->belief_until > now;
+	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
 	msgpack_pack_map(pk, n->renewed ? 5 : 8);
 	pgc_pack_kv_str(pk, "name", n->l->name);
 	pgc_pack_kv_int(pk, "epoch", n->l->epoch);
@@ -144,7 +146,7 @@ static void belief_timer_cb(evutil_socket_t fd, short what, void *arg)
 	struct lease *l = arg;
 	(void)fd;
 	(void)what;
-	if (!l->leader || mono_ms() < l->belief_until) {
+	if (!l->leader || lease_belief_holds(true, l->belief_until, mono_ms())) {
 		if (l->leader)
 			after_ms(l->belief_timer, l->belief_until - mono_ms());
 		return;
@@ -174,7 +176,7 @@ void reply_acquire(struct request *req, struct lease *l, const struct db_result 
 {
 	uint64_t now = mono_ms();
 	msgpack_packer *pk = req_result(req);
-	bool valid = l->leader && l->belief_until > now;
+	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
 	msgpack_pack_map(pk, 9);
 	pgc_pack_kv_str(pk, "name", l->name);
 	pgc_pack_kv_bool(pk, "leader", l->leader);
@@ -236,7 +238,7 @@ static void attempt_done(const struct db_result *r, void *arg)
 	bool won = strcmp(PQgetvalue(r->res, 0, 0), "t") == 0;
 	int64_t epoch = strtoll(PQgetvalue(r->res, 0, 1), NULL, 10);
 	if (won) {
-		uint64_t until = sent + (uint64_t)(l->ttl_ms - l->renew_ms);
+		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
 		bool was = l->leader;
 		if (was && epoch != l->epoch)
 			belief_end(l, LOG_LEVEL_WARN,
@@ -254,8 +256,7 @@ static void attempt_done(const struct db_result *r, void *arg)
 				tell(l, "lease.renewed", &note);
 			}
 		}
-		uint64_t next = sent + (uint64_t)l->renew_ms;
-		after_ms(l->timer, next > now ? next - now : 0);
+		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
 	} else {
 		const char *holder_replica = PQgetvalue(r->res, 0, 3);
 		int64_t holder =
@@ -346,7 +347,7 @@ bool leases_campaign_internal(struct agent *ag, const char *name, int64_t sessio
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
 {
 	struct lease *l = find(ag, name, session_id);
-	return l && l->leader && mono_ms() < l->belief_until;
+	return l && lease_belief_holds(l->leader, l->belief_until, mono_ms());
 }
 
 void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "agent/agent.h"
-#include "agent/leases.h"
+#include "agent/log.h"
 
 struct db_result;
 struct request;

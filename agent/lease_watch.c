@@ -9,6 +9,7 @@
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/lease_registry.h"
+#include "agent/leases.h"
 #include "agent/sessions.h"
 
 static void poll_done(const struct db_result *r, void *arg)
