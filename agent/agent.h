@@ -22,6 +22,7 @@ struct session;
 struct lease_registry;
 struct janitor;
 struct metrics;
+struct heartbeat_hooks;
 struct http;
 struct watch_registry;
 struct waiter_registry;
@@ -46,6 +47,7 @@ struct identity {
 	bool suspended;		   /* clients were told session.suspended */
 	struct event *fence_timer; /* suspends, then loses, sessions when heartbeats fail */
 	struct event *hb_timer;
+	const struct heartbeat_hooks *hb_hooks; /* identity.c's, told each answer */
 	struct event *register_timer;
 };
 

@@ -22,6 +22,7 @@
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/metrics.h"
+#include "agent/metrics_render.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
 #include "agent/watches.h"

@@ -1,5 +1,6 @@
 /*
- * identity.c — see identity.h.
+ * identity.c — see identity.h. The heartbeat statement itself is
+ * heartbeat.c's; this file decides what its answers mean.
  */
 #include "agent/identity.h"
 
@@ -16,6 +17,7 @@
 #include "agent/agent.h"
 #include "agent/conn.h"
 #include "agent/db.h"
+#include "agent/heartbeat.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/migrate.h"
@@ -155,7 +157,7 @@ static void fence_cb(evutil_socket_t fd, short what, void *arg)
 	arm_fence(ag, suspend_at(ag));
 }
 
-/* --- heartbeat ------------------------------------------------------- */
+/* --- superseded ------------------------------------------------------ */
 
 static void superseded(struct agent *ag)
 {
@@ -172,109 +174,23 @@ static void superseded(struct agent *ag)
 	agent_exit(ag, 1);
 }
 
-struct heartbeat {
-	struct agent *ag;
-	uint64_t sent_ms;
-};
-
-static void heartbeat_done(const struct db_result *r, void *arg)
+/* The heartbeat's hooks: the fencing decision stays here. */
+static void heartbeat_renewed(struct agent *ag)
 {
-	struct heartbeat *hb = arg;
-	struct agent *ag = hb->ag;
-	uint64_t sent = hb->sent_ms;
-
-	free(hb);
-	ag->id.hb_in_flight = false;
-	if (ag->state == AGENT_STOPPING || ag->state == AGENT_SUPERSEDED)
-		return;
-	if (!r->ok) {
-		log_warn(&ag->log, "identity", "heartbeat failed: %s", r->message);
-		return;
-	}
-	if (PQntuples(r->res) != 1) {
-		log_error(&ag->log, "identity", "heartbeat returned %d rows", PQntuples(r->res));
-		return;
-	}
-	if (strcmp(PQgetvalue(r->res, 0, 0), "t") != 0) {
-		superseded(ag);
-		return;
-	}
-	ag->id.hb_last_ok_ms = sent;
-	ag->id.db_now_ms = strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
 	if (ag->id.suspended) {
 		ag->id.suspended = false;
 		log_info(&ag->log, "identity", "heartbeat succeeded again: sessions restored");
 		tell_sessions(ag, "session.restored", (int64_t)(safe_until(ag) - mono_ms()));
 	}
 	arm_fence(ag, suspend_at(ag));
-
-	/* lost sessions come back as a Postgres array literal {1,2,3} */
-	const char *lost = PQgetvalue(r->res, 0, 1);
-	for (const char *p = lost; *p;) {
-		if (*p < '0' || *p > '9') {
-			p++;
-			continue;
-		}
-		char *end;
-		int64_t id = strtoll(p, &end, 10);
-		sessions_lost(ag, id, "the database no longer holds the session live");
-		p = end;
-	}
 }
 
-static void heartbeat_send(struct agent *ag)
-{
-	char inc[24], ttl[24];
-	struct heartbeat *hb;
-	char *ids;
-
-	if (!ag->id.registered || ag->state != AGENT_SERVING)
-		return;
-	if (ag->id.hb_in_flight) {
-		/* never pile heartbeats up behind a slow database */
-		log_debug(&ag->log, "identity", "previous heartbeat still in flight");
-		return;
-	}
-	ids = sessions_renew_list(ag);
-	hb = malloc(sizeof(*hb));
-	if (!ids || !hb) {
-		free(ids);
-		free(hb);
-		return;
-	}
-	hb->ag = ag;
-	hb->sent_ms = mono_ms();
-	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
-	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
-	const char *params[4] = {ag->cfg.replica_id, inc, ttl, ids};
-	if (db_query(ag->db, DB_LANE_HEARTBEAT,
-		     "SELECT agent_ok, lost, now_ms FROM pgcoord.agent_heartbeat($1, $2, $3, "
-		     "$4::bigint[])",
-		     4, params, heartbeat_done, hb)) {
-		ag->id.hb_in_flight = true;
-		ag->id.hb_last_sent_ms = hb->sent_ms;
-	} else {
-		log_warn(&ag->log, "identity", "heartbeat not sent: the database is unreachable");
-		free(hb);
-	}
-	free(ids);
-}
-
-static void heartbeat_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct agent *ag = arg;
-	(void)fd;
-	(void)what;
-	heartbeat_send(ag);
-	sessions_expire_grace(ag);
-}
+static const struct heartbeat_hooks hb_hooks = {heartbeat_renewed, superseded};
 
 /* --- registration ---------------------------------------------------- */
 
 static void registered(struct agent *ag, const char *taken_over)
 {
-	struct timeval tv = {ag->cfg.heartbeat_interval_ms / 1000,
-			     (ag->cfg.heartbeat_interval_ms % 1000) * 1000};
 	int n = 0;
 
 	for (const char *p = taken_over; p && *p;) {
@@ -290,8 +206,7 @@ static void registered(struct agent *ag, const char *taken_over)
 	ag->id.registered = true;
 	ag->id.hb_last_ok_ms = mono_ms();
 	ag->state = AGENT_SERVING;
-	event_assign(ag->id.hb_timer, ag->base, -1, EV_PERSIST, heartbeat_cb, ag);
-	event_add(ag->id.hb_timer, &tv);
+	heartbeat_run(ag);
 	arm_fence(ag, suspend_at(ag));
 	if (!janitor_start(ag))
 		log_error(&ag->log, "identity", "out of memory starting the janitor");
@@ -410,9 +325,8 @@ bool identity_start(struct agent *ag)
 	if (gethostname(ag->id.host, sizeof(ag->id.host) - 1) != 0)
 		snprintf(ag->id.host, sizeof(ag->id.host), "unknown");
 	ag->id.register_timer = evtimer_new(ag->base, register_cb, ag);
-	ag->id.hb_timer = event_new(ag->base, -1, 0, heartbeat_cb, ag);
 	ag->id.fence_timer = evtimer_new(ag->base, fence_cb, ag);
-	if (!ag->id.register_timer || !ag->id.hb_timer || !ag->id.fence_timer)
+	if (!ag->id.register_timer || !heartbeat_init(ag, &hb_hooks) || !ag->id.fence_timer)
 		return false;
 	struct timeval now = {0, 0};
 	evtimer_add(ag->id.register_timer, &now);
@@ -448,7 +362,7 @@ void identity_stop(struct agent *ag, void (*done)(struct agent *ag))
 	char inc[24];
 	struct stop_ctx *ctx;
 
-	event_del(ag->id.hb_timer);
+	heartbeat_stop(ag);
 	event_del(ag->id.register_timer);
 	evtimer_del(ag->id.fence_timer);
 	ctx = malloc(sizeof(*ctx));
@@ -473,11 +387,10 @@ void identity_stop(struct agent *ag, void (*done)(struct agent *ag))
 
 void identity_finish(struct agent *ag)
 {
-	if (ag->id.hb_timer)
-		event_free(ag->id.hb_timer);
+	heartbeat_finish(ag);
 	if (ag->id.register_timer)
 		event_free(ag->id.register_timer);
 	if (ag->id.fence_timer)
 		event_free(ag->id.fence_timer);
-	ag->id.hb_timer = ag->id.register_timer = ag->id.fence_timer = NULL;
+	ag->id.register_timer = ag->id.fence_timer = NULL;
 }

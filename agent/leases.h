@@ -16,7 +16,6 @@
 #include "agent/log.h"
 
 struct agent;
-struct request;
 
 #define LEASE_RESERVED_PREFIX "pgcoord."
 
@@ -38,19 +37,6 @@ void leases_session_ending(struct agent *ag, int64_t session_id, const char *rea
 
 /* Shutdown: every belief ends now, before the database hand-back. */
 void leases_end_all(struct agent *ag, const char *reason);
-
-/*
- * True while a statement of a lease of session_id that was ended (released,
- * or its session ending) still runs; name NULL means any of its leases. A
- * hand-back sent meanwhile could run before it on another connection, and
- * that statement would then take the lease back.
- */
-bool leases_busy(struct agent *ag, int64_t session_id, const char *name);
-
-/* When leases_busy(): keeps req and runs its method again once that
- * statement returned, and returns true. False: go ahead now. */
-bool leases_park_if_busy(struct agent *ag, int64_t session_id, const char *name,
-			 struct request *req);
 
 /* Polls watched leases; started at registration. */
 __attribute__((warn_unused_result)) bool leases_start(struct agent *ag);

@@ -1,6 +1,7 @@
 /*
- * metrics.h — the agent's counters and latency histograms, and their
- * rendering in the Prometheus text format (version 0.0.4).
+ * metrics.h — the agent's counters and latency histograms: a sink that
+ * any module may call and that calls nothing (metrics_render.h reads them
+ * out in the Prometheus text format, version 0.0.4).
  *
  * Label values come only from fixed sets — the method table, the wire error
  * names, the database lanes, the claim outcomes — so the number of series is
@@ -14,22 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define METRICS_BUCKETS 15
-
-/* Upper bounds of the latency buckets, in seconds (+Inf is implicit). */
-extern const double metrics_bucket_le[METRICS_BUCKETS];
-
-/* A latency histogram with fixed buckets; zero-initialized is empty. */
-struct histogram {
-	uint64_t bucket[METRICS_BUCKETS]; /* not cumulative: one count per bucket */
-	uint64_t count;			  /* every observation, +Inf included */
-	double sum_s;
-};
-
-void histogram_observe(struct histogram *h, double seconds);
+#include "agent/metrics_store.h"
 
 struct agent;
-struct evbuffer;
 struct metrics;
 
 /* Counters sized for the method table: nmethods methods whose names
@@ -61,8 +49,5 @@ void metrics_set_uncertain(struct metrics *m, int64_t count, int64_t oldest_age_
 /* True (with the values) when a reading newer than max_age_ms exists. */
 bool metrics_get_uncertain(const struct metrics *m, uint64_t now_ms, uint64_t max_age_ms,
 			   int64_t *count, int64_t *oldest_age_ms);
-
-/* Appends every metric of the agent in the Prometheus text format. */
-void metrics_render(struct agent *ag, struct evbuffer *out);
 
 #endif

@@ -15,6 +15,7 @@
 #include "agent/dispatch.h"
 #include "agent/keepalive.h"
 #include "agent/leases.h"
+#include "agent/session_order.h"
 #include "agent/methods.h"
 
 #define SESSION_NAME_MAX 200

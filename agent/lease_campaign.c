@@ -1,0 +1,454 @@
+/*
+ * lease_campaign.c — the acquire-or-renew loop of each lease this agent's
+ * sessions want, and the belief it keeps from the answers. See leases.h
+ * for the belief rule.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/conn.h"
+#include "agent/db.h"
+#include "agent/dispatch.h"
+#include "agent/lease_belief.h"
+#include "agent/lease_registry.h"
+#include "agent/leases.h"
+#include "agent/session_order.h"
+#include "agent/sessions.h"
+
+struct lease_registry *reg(struct agent *ag)
+{
+	return ag->leases;
+}
+
+struct lease *find(struct agent *ag, const char *name, int64_t session_id)
+{
+	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+		if (!l->dead && l->session_id == session_id && strcmp(l->name, name) == 0)
+			return l;
+	return NULL;
+}
+
+void lease_free(struct lease *l)
+{
+	if (l->timer)
+		event_free(l->timer);
+	if (l->belief_timer)
+		event_free(l->belief_timer);
+	free(l->name);
+	free(l);
+}
+
+/* Unlinks l; frees it now, or (on the dying list) when its running
+ * statement returns. */
+void lease_drop(struct lease *l)
+{
+	struct lease_registry *rg = reg(l->ag);
+	struct lease **pp = &rg->leases;
+	while (*pp && *pp != l)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = l->next;
+	evtimer_del(l->timer);
+	evtimer_del(l->belief_timer);
+	l->dead = true;
+	if (!l->in_flight) {
+		lease_free(l);
+		return;
+	}
+	l->next = rg->dying;
+	rg->dying = l;
+}
+
+static void after_ms(struct event *ev, uint64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+	evtimer_add(ev, &tv);
+}
+
+void fill_change(msgpack_packer *pk, void *arg)
+{
+	const struct change_note *n = arg;
+	uint64_t now = mono_ms();
+	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
+	msgpack_pack_map(pk, n->renewed ? 5 : 8);
+	pgc_pack_kv_str(pk, "name", n->l->name);
+	pgc_pack_kv_int(pk, "epoch", n->l->epoch);
+	pgc_pack_kv_bool(pk, "leader", n->leader);
+	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
+	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
+	 * this host shares: it bounds the client's belief even when this
+	 * message waited in our output after valid_ms was computed */
+	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
+	if (n->renewed)
+		return;
+	pgc_pack_kv_int(pk, "session", n->l->session_id);
+	pgc_pack_cstr(pk, "holder");
+	if (n->holder_session) {
+		msgpack_pack_map(pk, 2);
+		pgc_pack_kv_int(pk, "session", n->holder_session);
+		pgc_pack_kv_str(pk, "replica_id", n->holder_replica);
+	} else {
+		msgpack_pack_nil(pk);
+	}
+	pgc_pack_kv_str(pk, "reason", n->reason);
+}
+
+static void tell(struct lease *l, const char *method, struct change_note *note)
+{
+	struct session *s = sessions_find(l->ag, l->session_id);
+	if (s && s->conn)
+		conn_notify(s->conn, method, fill_change, note);
+}
+
+/* The lease name is the client's: escaped, so it cannot forge a line. */
+static void lease_log_kv(const struct lease *l, char *kv, size_t len)
+{
+	kv[0] = '\0';
+	log_kv_str(kv, len, "lease", l->name);
+	log_kv_int(kv, len, "session", l->session_id);
+	log_kv_int(kv, len, "epoch", l->epoch);
+}
+
+static void belief_start(struct lease *l)
+{
+	struct change_note note = {l,	 true, "acquired", l->session_id, l->ag->cfg.replica_id,
+				   false};
+	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
+	l->leader = true;
+	lease_log_kv(l, kv, sizeof(kv));
+	log_write(&l->ag->log, LOG_LEVEL_INFO, "leases", kv, "leadership belief starts");
+	tell(l, "lease.changed", &note);
+	if (l->on_change)
+		l->on_change(l->ag, true);
+}
+
+/* level: warn when leadership was lost, info when it was given up. */
+void belief_end(struct lease *l, enum log_level level, const char *reason, int64_t holder_session,
+		const char *holder_replica)
+{
+	struct change_note note = {l, false, reason, holder_session, holder_replica, false};
+	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
+	if (!l->leader)
+		return;
+	l->leader = false;
+	evtimer_del(l->belief_timer);
+	lease_log_kv(l, kv, sizeof(kv));
+	log_write(&l->ag->log, level, "leases", kv, "leadership belief ends: %s", reason);
+	tell(l, "lease.changed", &note);
+	if (l->on_change)
+		l->on_change(l->ag, false);
+}
+
+static void belief_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct lease *l = arg;
+	(void)fd;
+	(void)what;
+	if (!l->leader || lease_belief_holds(true, l->belief_until, mono_ms())) {
+		if (l->leader)
+			after_ms(l->belief_timer, l->belief_until - mono_ms());
+		return;
+	}
+	belief_end(l, LOG_LEVEL_WARN,
+		   "renewal overdue: the database did not confirm the lease in time", 0, NULL);
+	if (!l->wait) {
+		lease_drop(l);
+		return;
+	}
+	/* keep campaigning: the row may still be ours once the database answers */
+	if (!l->in_flight) {
+		evtimer_del(l->timer);
+		after_ms(l->timer, 0);
+	}
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct lease *l = arg;
+	(void)fd;
+	(void)what;
+	attempt(l);
+}
+
+void reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
+{
+	uint64_t now = mono_ms();
+	msgpack_packer *pk = req_result(req);
+	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
+	msgpack_pack_map(pk, 9);
+	pgc_pack_kv_str(pk, "name", l->name);
+	pgc_pack_kv_bool(pk, "leader", l->leader);
+	pgc_pack_kv_int(pk, "epoch", l->epoch);
+	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
+	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
+	pgc_pack_kv_bool(pk, "campaigning", !l->leader && l->wait);
+	pgc_pack_kv_int(pk, "ttl_ms", l->ttl_ms);
+	pgc_pack_cstr(pk, "holder");
+	if (r && r->ok && !PQgetisnull(r->res, 0, 2)) {
+		msgpack_pack_map(pk, 2);
+		pgc_pack_kv_int(pk, "session", strtoll(PQgetvalue(r->res, 0, 2), NULL, 10));
+		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, 0, 3));
+	} else if (l->leader) {
+		msgpack_pack_map(pk, 2);
+		pgc_pack_kv_int(pk, "session", l->session_id);
+		pgc_pack_kv_str(pk, "replica_id", l->ag->cfg.replica_id);
+	} else {
+		msgpack_pack_nil(pk);
+	}
+	pgc_pack_kv_int(
+	    pk, "expires_in_ms",
+	    r && r->ok && PQntuples(r->res) ? strtoll(PQgetvalue(r->res, 0, 4), NULL, 10) : 0);
+	req_done(req);
+}
+
+static void attempt_done(const struct db_result *r, void *arg)
+{
+	struct lease *l = arg;
+	struct agent *ag = l->ag;
+	struct request *req = l->pending;
+	uint64_t now = mono_ms(), sent = l->attempt_sent;
+
+	l->in_flight = false;
+	l->pending = NULL;
+	if (l->dead) {
+		if (req)
+			req_fail(req, PGC_E_CONFLICT, "the lease was released meanwhile");
+		lease_settled(l);
+		return;
+	}
+	if (!r->ok || PQntuples(r->res) != 1) {
+		if (req) {
+			if (r->ok)
+				req_fail(req, PGC_E_INTERNAL, "lease_acquire returned no row");
+			else
+				req_fail_db(req, r);
+		}
+		if (!l->wait && !l->leader) {
+			lease_drop(l);
+			return;
+		}
+		/* a failed renewal proves nothing: belief runs out on its own
+		 * deadline unless a retry succeeds first */
+		after_ms(l->timer,
+			 (uint64_t)(l->leader ? l->renew_ms / 3 : ag->cfg.lease_retry_ms));
+		return;
+	}
+	bool won = strcmp(PQgetvalue(r->res, 0, 0), "t") == 0;
+	int64_t epoch = strtoll(PQgetvalue(r->res, 0, 1), NULL, 10);
+	if (won) {
+		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
+		bool was = l->leader;
+		if (was && epoch != l->epoch)
+			belief_end(l, LOG_LEVEL_WARN,
+				   "the lease lapsed and was re-acquired under a new epoch", 0,
+				   NULL);
+		l->epoch = epoch;
+		if (until > now) {
+			l->belief_until = until;
+			evtimer_del(l->belief_timer);
+			after_ms(l->belief_timer, until - now);
+			if (!l->leader) {
+				belief_start(l);
+			} else {
+				struct change_note note = {l, true, "renewed", 0, NULL, true};
+				tell(l, "lease.renewed", &note);
+			}
+		}
+		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
+	} else {
+		const char *holder_replica = PQgetvalue(r->res, 0, 3);
+		int64_t holder =
+		    PQgetisnull(r->res, 0, 2) ? 0 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+		if (l->leader)
+			belief_end(l, LOG_LEVEL_WARN, "the lease is held by another session",
+				   holder, holder_replica);
+		l->epoch = epoch;
+		if (l->wait)
+			after_ms(l->timer, (uint64_t)ag->cfg.lease_retry_ms);
+	}
+	if (req)
+		reply_acquire(req, l, r);
+	if (!l->leader && !l->wait && !l->dead)
+		lease_drop(l);
+}
+
+/* One acquire-or-renew statement. Renewals of a held lease go on the
+ * heartbeat connection so they never queue behind client traffic. */
+void attempt(struct lease *l)
+{
+	struct agent *ag = l->ag;
+	char session[24], inc[24], ttl[24];
+
+	if (l->in_flight || l->dead)
+		return;
+	snprintf(session, sizeof(session), "%" PRId64, l->session_id);
+	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
+	snprintf(ttl, sizeof(ttl), "%d", l->ttl_ms);
+	const char *params[5] = {l->name, session, ag->cfg.replica_id, inc, ttl};
+	l->attempt_sent = mono_ms();
+	if (db_query(ag->db, l->leader ? DB_LANE_HEARTBEAT : DB_LANE_REQUESTS,
+		     "SELECT leader, epoch, holder_session, holder_replica, expires_in_ms "
+		     "FROM pgcoord.lease_acquire($1, $2, $3, $4, $5)",
+		     5, params, attempt_done, l)) {
+		l->in_flight = true;
+		return;
+	}
+	/* database down: answer now, try again later */
+	if (l->pending) {
+		struct request *req = l->pending;
+		l->pending = NULL;
+		req_fail(req, PGC_E_UNAVAILABLE, "the database is unreachable; retry");
+	}
+	if (l->wait || l->leader)
+		after_ms(l->timer,
+			 (uint64_t)(l->leader ? l->renew_ms / 3 : ag->cfg.lease_retry_ms));
+	else
+		lease_drop(l);
+}
+
+struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,
+			int renew_ms)
+{
+	struct lease *l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->ag = ag;
+	l->name = strdup(name);
+	l->session_id = session_id;
+	l->ttl_ms = ttl_ms;
+	l->renew_ms = renew_ms;
+	l->timer = evtimer_new(ag->base, timer_cb, l);
+	l->belief_timer = evtimer_new(ag->base, belief_timer_cb, l);
+	if (!l->name || !l->timer || !l->belief_timer) {
+		lease_free(l);
+		return NULL;
+	}
+	l->next = reg(ag)->leases;
+	reg(ag)->leases = l;
+	return l;
+}
+
+/* --- public helpers -------------------------------------------------- */
+
+bool leases_campaign_internal(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,
+			      void (*on_change)(struct agent *ag, bool leader))
+{
+	struct lease *l = lease_new(ag, name, session_id, ttl_ms, ttl_ms / 3);
+	if (!l)
+		return false;
+	l->wait = true;
+	l->on_change = on_change;
+	attempt(l);
+	return true;
+}
+
+bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
+{
+	struct lease *l = find(ag, name, session_id);
+	return l && lease_belief_holds(l->leader, l->belief_until, mono_ms());
+}
+
+void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,
+			   enum log_level level)
+{
+	struct lease_registry *r = reg(ag);
+	if (!r)
+		return;
+	for (struct lease *l = r->leases, *next; l; l = next) {
+		next = l->next;
+		if (l->session_id != session_id)
+			continue;
+		belief_end(l, level, reason, 0, NULL);
+		lease_drop(l);
+	}
+	for (struct lease_watch **pp = &r->watches; *pp;) {
+		struct lease_watch *w = *pp;
+		if (w->session_id == session_id) {
+			*pp = w->next;
+			free(w->name);
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+}
+
+void leases_end_all(struct agent *ag, const char *reason)
+{
+	struct lease_registry *r = reg(ag);
+	if (!r)
+		return;
+	while (r->leases) {
+		belief_end(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
+		lease_drop(r->leases);
+	}
+}
+
+int leases_held_count(const struct agent *ag)
+{
+	int n = 0;
+	if (!ag->leases)
+		return 0;
+	for (struct lease *l = ag->leases->leases; l; l = l->next)
+		n += l->leader;
+	return n;
+}
+
+bool leases_start(struct agent *ag)
+{
+	struct lease_registry *rg = calloc(1, sizeof(*rg));
+	if (!rg)
+		return false;
+	rg->poll_timer = event_new(ag->base, -1, EV_PERSIST, lease_watch_poll_cb, ag);
+	rg->rerun = event_new(ag->base, -1, 0, session_order_rerun_cb, ag);
+	if (!rg->poll_timer || !rg->rerun) {
+		if (rg->poll_timer)
+			event_free(rg->poll_timer);
+		free(rg);
+		return false;
+	}
+	ag->leases = rg;
+	struct timeval tv = {ag->cfg.lease_retry_ms / 1000, (ag->cfg.lease_retry_ms % 1000) * 1000};
+	event_add(rg->poll_timer, &tv);
+	return true;
+}
+
+void leases_finish(struct agent *ag)
+{
+	struct lease_registry *rg = reg(ag);
+	if (!rg)
+		return;
+	while (rg->leases) {
+		struct lease *l = rg->leases;
+		rg->leases = l->next;
+		if (l->pending) {
+			struct request *req = l->pending;
+			l->pending = NULL;
+			req_fail(req, PGC_E_SHUTTING_DOWN, "the agent is shutting down");
+		}
+		/* in-flight statements were failed by db_destroy already */
+		l->in_flight = false;
+		lease_free(l);
+	}
+	/* what waited for those statements finds the agent gone */
+	while (rg->dying)
+		lease_settled(rg->dying);
+	while (rg->ready) {
+		struct parked *p = rg->ready;
+		rg->ready = p->next;
+		req_fail(p->req, PGC_E_SHUTTING_DOWN, "the agent is shutting down");
+		free(p);
+	}
+	event_free(rg->rerun);
+	while (rg->watches) {
+		struct lease_watch *w = rg->watches;
+		rg->watches = w->next;
+		free(w->name);
+		free(w);
+	}
+	event_free(rg->poll_timer);
+	free(rg);
+	ag->leases = NULL;
+}

@@ -1,0 +1,116 @@
+/*
+ * lease_registry.h — the state the lease files share; only they include
+ * it: the leases this agent's sessions campaign for or believe they hold,
+ * the dropped ones whose statement still runs, and the watched names.
+ *
+ *   lease_campaign.c  acquire/renew loops, belief start and end
+ *   session_order.c   one statement at a time per session's lease
+ *   lease_watch.c     polls watched leases
+ *   leases.c          the lease.* methods
+ */
+#ifndef PGCOORD_AGENT_LEASE_REGISTRY_H
+#define PGCOORD_AGENT_LEASE_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "agent/agent.h"
+#include "agent/log.h"
+
+struct db_result;
+struct request;
+
+#define LEASE_NAME_MAX 200
+
+struct lease {
+	struct lease *next;
+	struct agent *ag;
+	char *name;
+	int64_t session_id;
+	int ttl_ms, renew_ms;
+	bool wait;   /* keep campaigning until won or released */
+	bool leader; /* the agent's belief */
+	int64_t epoch;
+	uint64_t belief_until; /* CLOCK_MONOTONIC ms */
+	bool in_flight;
+	bool dead; /* dropped while a statement ran: freed when it returns */
+	uint64_t attempt_sent;
+	struct event *timer;	    /* next renewal or campaign attempt */
+	struct event *belief_timer; /* belief deadline */
+	struct request *pending;    /* a lease.acquire waiting for this attempt */
+	void (*on_change)(struct agent *ag, bool leader); /* internal leases */
+	struct parked *parked; /* dead: requests to run once its statement returns */
+};
+
+/* A request for a lease whose previous statement still runs. */
+struct parked {
+	struct parked *next;
+	struct request *req;
+};
+
+struct lease_watch {
+	struct lease_watch *next;
+	int64_t session_id;
+	char *name;
+	bool primed; /* the first poll only records what it saw */
+	int64_t epoch;
+	int64_t holder;
+};
+
+struct lease_registry {
+	struct lease *leases;
+	/*
+	 * Dropped leases whose statement still runs (an attempt, or the
+	 * lease.release itself). Statements of one session's lease go to the
+	 * database one at a time: the pool would let a later one overtake an
+	 * earlier one, so a renewal sent before a release could take the
+	 * lease back after the hand-back committed, and a release sent before
+	 * an acquire could free the row the acquire just renewed. Requests
+	 * that find their lease here are parked on it and run again (`ready`,
+	 * from the `rerun` event) when it returns.
+	 */
+	struct lease *dying;
+	struct parked *ready;
+	struct event *rerun;
+	struct lease_watch *watches;
+	struct event *poll_timer;
+	bool poll_in_flight;
+};
+
+struct change_note {
+	const struct lease *l;
+	bool leader;
+	const char *reason;
+	int64_t holder_session;
+	const char *holder_replica;
+	bool renewed;
+};
+
+#define LEASE_COLUMNS                                                                              \
+	"SELECT name, epoch, holder_session, holder_replica, "                                     \
+	"greatest(pgcoord.ms(expires_at) - pgcoord.ms(now()), 0), ttl_ms, "                        \
+	"pgcoord.ms(acquired_at), pgcoord.ms(renewed_at), "                                        \
+	"holder_session IS NOT NULL AND expires_at > now() "                                       \
+	"FROM pgcoord.leases "
+
+/* lease_campaign.c */
+struct lease_registry *reg(struct agent *ag);
+struct lease *find(struct agent *ag, const char *name, int64_t session_id);
+void lease_free(struct lease *l);
+void lease_drop(struct lease *l);
+void fill_change(msgpack_packer *pk, void *arg);
+void belief_end(struct lease *l, enum log_level level, const char *reason, int64_t holder_session,
+		const char *holder_replica);
+void attempt(struct lease *l);
+void reply_acquire(struct request *req, struct lease *l, const struct db_result *r);
+struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,
+			int renew_ms);
+
+/* session_order.c */
+void lease_settled(struct lease *l);
+void session_order_rerun_cb(evutil_socket_t fd, short what, void *arg);
+
+/* lease_watch.c */
+void lease_watch_poll_cb(evutil_socket_t fd, short what, void *arg);
+
+#endif
