@@ -164,23 +164,6 @@ static bool caller_session(struct request *req, int64_t *session, bool *lost)
 	return req_need_session(req);
 }
 
-/* bytea in Postgres' hex input form: \x0102… */
-static char *hex_bytea(const char *data, size_t len)
-{
-	static const char digits[] = "0123456789abcdef";
-	char *out = malloc(2 * len + 3), *o = out;
-	if (!out)
-		return NULL;
-	*o++ = '\\';
-	*o++ = 'x';
-	for (size_t i = 0; i < len; i++) {
-		*o++ = digits[(unsigned char)data[i] >> 4];
-		*o++ = digits[(unsigned char)data[i] & 15];
-	}
-	*o = '\0';
-	return out;
-}
-
 /*
  * A record_status row for reads ($3: the caller's uid, $4: whether it is an
  * admin), followed by one more column, `redacted`: another uid's data never
@@ -278,7 +261,7 @@ void rpc_record_put(struct request *req)
 		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'permit' must not be empty");
 		goto fail;
 	}
-	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+	if (has_data && !(data_hex = pgrow_bytea_param(data, data_len))) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		goto fail;
 	}
@@ -333,7 +316,7 @@ void rpc_record_update(struct request *req)
 	}
 	if (!caller_session(req, &sid, &lost))
 		goto fail;
-	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+	if (has_data && !(data_hex = pgrow_bytea_param(data, data_len))) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		goto fail;
 	}
