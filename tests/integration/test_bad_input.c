@@ -334,11 +334,18 @@ static void attack_wrong_param_types(struct hagent *a)
 	ireply_destroy(&r);
 	free(method);
 
-	/* keys that are not strings, and the same key twice: no crash, and
-	 * the first "name" (an integer) is the one judged */
-	pk = iparams_begin(&p, 3);
+	/* a key that is not a string is refused as such */
+	pk = iparams_begin(&p, 2);
 	msgpack_pack_int(pk, 1);
 	msgpack_pack_int(pk, 2);
+	pgc_pack_kv_str(pk, "name", "first");
+	icall(fd, "session.open", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"keys must be strings", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	/* the same key twice: no crash, and the first "name" (an integer) is
+	 * the one judged */
+	pk = iparams_begin(&p, 2);
 	pgc_pack_cstr(pk, "name");
 	msgpack_pack_int(pk, 3);
 	pgc_pack_kv_str(pk, "name", "second");
