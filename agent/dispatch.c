@@ -403,6 +403,19 @@ bool req_param_str(struct request *req, const char *key, bool required, size_t m
 	return true;
 }
 
+bool req_param_name(struct request *req, const char *key, bool required, size_t max_len, char **out)
+{
+	if (!req_param_str(req, key, required, max_len, out))
+		return false;
+	if (*out && !(*out)[0]) {
+		free(*out);
+		*out = NULL;
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not be empty", key);
+		return false;
+	}
+	return true;
+}
+
 bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
 		   int64_t *out, bool *present)
 {

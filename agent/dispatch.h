@@ -99,6 +99,10 @@ void req_fail_db(struct request *req, const struct db_result *res);
  * *present (may be NULL) says whether an optional key was given.
  */
 bool req_param_str(struct request *req, const char *key, bool required, size_t max_len, char **out);
+/* A string that names something: as req_param_str, and when present it
+ * must not be empty. */
+bool req_param_name(struct request *req, const char *key, bool required, size_t max_len,
+		    char **out);
 bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
 		   int64_t *out, bool *present);
 bool req_param_bool(struct request *req, const char *key, bool required, bool *out, bool *present);

@@ -96,15 +96,7 @@ static void operator_actor(struct request *req, char *buf, size_t len)
 /* Reads the required, non-empty permit id. */
 static bool param_id(struct request *req, char **id)
 {
-	if (!req_param_str(req, "id", true, PERMIT_ID_MAX, id))
-		return false;
-	if (!(*id)[0]) {
-		free(*id);
-		*id = NULL;
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'id' must not be empty");
-		return false;
-	}
-	return true;
+	return req_param_name(req, "id", true, PERMIT_ID_MAX, id);
 }
 
 /* Reads a text parameter that must say something (reason, evidence). */
