@@ -20,57 +20,62 @@
  * data come back nil with redacted: true), M_OWNER acts only on what the
  * caller's uid owns through its sessions — the handlers' statements check
  * the owner in the same transaction, and admins pass — and M_ADMIN is
- * refused here to anyone but an admin.
+ * refused here to anyone but an admin. The last column lists the
+ * parameter keys each accepts (PROTOCOL.md's method headings): any other
+ * key is refused before the handler runs, so a misspelled option is an
+ * error rather than a silent default.
  */
 static const struct method methods[] = {
-    {"agent.hello", rpc_agent_hello, M_READ},
-    {"agent.ping", rpc_agent_ping, M_READ},
-    {"agent.status", rpc_agent_status, M_READ},
+    {"agent.hello", rpc_agent_hello, M_READ, "client"},
+    {"agent.ping", rpc_agent_ping, M_READ, ""},
+    {"agent.status", rpc_agent_status, M_READ, ""},
     /* a new session needs client_uids/client_group; a resume, the owner */
-    {"session.open", rpc_session_open, M_OWNER | M_DB},
-    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION},
-    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION},
-    {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION},
-    {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION},
-    {"lease.status", rpc_lease_status, M_READ | M_DB},
-    {"lease.list", rpc_lease_list, M_READ | M_DB},
-    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB},
-    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB},
-    {"quota.set", rpc_quota_set, M_ADMIN | M_DB},
-    {"quota.get", rpc_quota_get, M_READ | M_DB},
-    {"quota.list", rpc_quota_list, M_READ | M_DB},
+    {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms"},
+    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, ""},
+    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION, ""},
+    {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION,
+     "name, ttl_ms, renew_ms, wait"},
+    {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name"},
+    {"lease.status", rpc_lease_status, M_READ | M_DB, "name, watch"},
+    {"lease.list", rpc_lease_list, M_READ | M_DB, ""},
+    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, ""},
+    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, ""},
+    {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s"},
+    {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
+    {"quota.list", rpc_quota_list, M_READ | M_DB, ""},
     /* a limit from a non-admin only creates a missing quota */
-    {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION},
-    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION},
-    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION},
+    {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
+     "id, quotas, intent, on_owner_loss, limit, wait_ms"},
+    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase"},
+    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason"},
     /* resolve and release need the owner's session (or its uid, for an
      * uncertain permit), or an admin; override: true is admin only. The
      * handlers check which */
-    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB},
-    {"permit.release", rpc_permit_release, M_OWNER | M_DB},
-    {"permit.get", rpc_permit_get, M_READ | M_DB},
-    {"permit.list", rpc_permit_list, M_READ | M_DB},
-    {"permit.history", rpc_permit_history, M_READ | M_DB},
-    {"permit.check", rpc_permit_check, M_READ | M_DB},
+    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override"},
+    {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason"},
+    {"permit.get", rpc_permit_get, M_READ | M_DB, "id"},
+    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit"},
+    {"permit.history", rpc_permit_history, M_READ | M_DB, "id"},
+    {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
     /* a waiting claim belongs to the session that queued it */
-    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION},
-    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION},
+    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id"},
+    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit"},
     /* update and settle also run for a session the agent declared lost, so
      * its former owner hears `fenced` (or `session_expired`): records.c */
-    {"record.update", rpc_record_update, M_OWNER | M_DB},
-    {"record.settle", rpc_record_settle, M_OWNER | M_DB},
-    {"record.get", rpc_record_get, M_READ | M_DB},
-    {"record.list", rpc_record_list, M_READ | M_DB},
+    {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token"},
+    {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token"},
+    {"record.get", rpc_record_get, M_READ | M_DB, "kind, key"},
+    {"record.list", rpc_record_list, M_READ | M_DB, "kind, owner, live_owner, terminal, limit"},
     /* a session unless dry_run; answers liveness_read: false by itself
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */
-    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK},
+    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run"},
     /* watches belong to the caller's session; what they push carries no
      * permit intent or record data, so there is nothing to redact */
-    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION},
-    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION},
-    {"record.watch", rpc_record_watch, M_READ | M_SESSION},
-    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION},
+    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key"},
+    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION, "id"},
+    {"record.watch", rpc_record_watch, M_READ | M_SESSION, "kind"},
+    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION, "watch"},
 };
 
 static const struct method *find_method(const char *name, size_t len)
@@ -106,6 +111,54 @@ const char *dispatch_method_class(size_t i)
 	default:
 		return "unknown"; /* a table entry without exactly one class */
 	}
+}
+
+const char *dispatch_method_params(size_t i)
+{
+	return i < dispatch_method_count() ? methods[i].params : "";
+}
+
+bool dispatch_key_listed(const char *list, const char *key, size_t len)
+{
+	for (const char *p = list; *p;) {
+		size_t n = strcspn(p, ",");
+		if (n == len && memcmp(p, key, len) == 0)
+			return true;
+		p += n;
+		p += strspn(p, ", ");
+	}
+	return false;
+}
+
+/* Answers `invalid_params` naming the first key the method does not
+ * accept; keys starting with "x-" are left for newer agents and ignored. */
+static bool params_known(struct request *req)
+{
+	const msgpack_object_map *m;
+	const char *accepted;
+
+	if (!req->params)
+		return true;
+	m = &req->params->via.map;
+	accepted = req->method->params;
+	for (uint32_t i = 0; i < m->size; i++) {
+		const msgpack_object *k = &m->ptr[i].key;
+		if (k->type != MSGPACK_OBJECT_STR) {
+			req_fail(req, PGC_E_INVALID_PARAMS,
+				 "parameter keys must be strings, not %s", pgc_obj_type_name(k));
+			return false;
+		}
+		if (k->via.str.size >= 2 && memcmp(k->via.str.ptr, "x-", 2) == 0)
+			continue;
+		if (dispatch_key_listed(accepted, k->via.str.ptr, k->via.str.size))
+			continue;
+		req_fail(req, PGC_E_INVALID_PARAMS,
+			 "unknown parameter \"%.*s\" for %s; accepted: %s",
+			 (int)(k->via.str.size > 64 ? 64 : k->via.str.size), k->via.str.ptr,
+			 req->method->name, *accepted ? accepted : "none");
+		return false;
+	}
+	return true;
 }
 
 void req_log_kv(const struct request *req, char *buf, size_t len)
@@ -352,6 +405,19 @@ bool req_param_str(struct request *req, const char *key, bool required, size_t m
 	return true;
 }
 
+bool req_param_name(struct request *req, const char *key, bool required, size_t max_len, char **out)
+{
+	if (!req_param_str(req, key, required, max_len, out))
+		return false;
+	if (*out && !(*out)[0]) {
+		free(*out);
+		*out = NULL;
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not be empty", key);
+		return false;
+	}
+	return true;
+}
+
 bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
 		   int64_t *out, bool *present)
 {
@@ -571,6 +637,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 		req_fail(req, PGC_E_INVALID_PARAMS, "params must be [map] or []");
 		return;
 	}
+	if (!params_known(req))
+		return;
 	if (c->inflight > ag->cfg.max_inflight_per_conn) {
 		req_fail(req, PGC_E_BUSY, "more than max_inflight_per_conn (%d) requests in flight",
 			 ag->cfg.max_inflight_per_conn);

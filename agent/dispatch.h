@@ -58,6 +58,10 @@ struct method {
 	const char *name;
 	method_fn fn;
 	unsigned flags;
+	/* The parameter keys it accepts, ", "-separated ("" for none):
+	 * dispatch answers `invalid_params` for any other key, except keys
+	 * starting with "x-" (ignored, for forward compatibility). */
+	const char *params;
 };
 
 /* Handles one complete frame of `len` bytes read from c. */
@@ -68,6 +72,11 @@ size_t dispatch_method_count(void);
 const char *dispatch_method_name(size_t i);
 /* Its authorisation class: "read", "owner" or "admin". */
 const char *dispatch_method_class(size_t i);
+/* The parameter keys it accepts, ", "-separated ("" for none). */
+const char *dispatch_method_params(size_t i);
+
+/* True when key (of len bytes) is one of the ", "-separated names in list. */
+bool dispatch_key_listed(const char *list, const char *key, size_t len);
 
 /* Formats the ids a log line about req carries: "conn=3 msgid=17
  * method=lease.acquire session=42" (session only when the connection has
@@ -90,6 +99,10 @@ void req_fail_db(struct request *req, const struct db_result *res);
  * *present (may be NULL) says whether an optional key was given.
  */
 bool req_param_str(struct request *req, const char *key, bool required, size_t max_len, char **out);
+/* A string that names something: as req_param_str, and when present it
+ * must not be empty. */
+bool req_param_name(struct request *req, const char *key, bool required, size_t max_len,
+		    char **out);
 bool req_param_int(struct request *req, const char *key, bool required, int64_t min, int64_t max,
 		   int64_t *out, bool *present);
 bool req_param_bool(struct request *req, const char *key, bool required, bool *out, bool *present);

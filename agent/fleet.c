@@ -10,18 +10,13 @@
 #include "agent/methods.h"
 #include "agent/pgrow.h"
 
-static int64_t int_at(const PGresult *res, int row, int col)
-{
-	return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
 static void pack_nullable_ms(msgpack_packer *pk, const char *key, const PGresult *res, int row,
 			     int col)
 {
 	if (PQgetisnull(res, row, col))
 		pgc_pack_kv_nil(pk, key);
 	else
-		pgc_pack_kv_int(pk, key, int_at(res, row, col));
+		pgc_pack_kv_int(pk, key, pgrow_int(res, row, col));
 }
 
 static void agents_done(const struct db_result *r, void *arg)
@@ -39,17 +34,17 @@ static void agents_done(const struct db_result *r, void *arg)
 	for (int i = 0; i < n; i++) {
 		msgpack_pack_map(pk, 10);
 		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, i, 0));
-		pgc_pack_kv_int(pk, "incarnation", int_at(r->res, i, 1));
+		pgc_pack_kv_int(pk, "incarnation", pgrow_int(r->res, i, 1));
 		pgc_pack_kv_str(pk, "host", PQgetvalue(r->res, i, 2));
-		pgc_pack_kv_int(pk, "pid", int_at(r->res, i, 3));
+		pgc_pack_kv_int(pk, "pid", pgrow_int(r->res, i, 3));
 		pgc_pack_kv_str(pk, "version", PQgetvalue(r->res, i, 4));
-		pgc_pack_kv_int(pk, "started_at", int_at(r->res, i, 5));
-		pgc_pack_kv_int(pk, "heartbeat_at", int_at(r->res, i, 6));
-		pgc_pack_kv_int(pk, "expires_at", int_at(r->res, i, 7));
+		pgc_pack_kv_int(pk, "started_at", pgrow_int(r->res, i, 5));
+		pgc_pack_kv_int(pk, "heartbeat_at", pgrow_int(r->res, i, 6));
+		pgc_pack_kv_int(pk, "expires_at", pgrow_int(r->res, i, 7));
 		pack_nullable_ms(pk, "stopped_at", r->res, i, 8);
 		pgc_pack_kv_bool(pk, "live", strcmp(PQgetvalue(r->res, i, 9), "t") == 0);
 	}
-	pgc_pack_kv_int(pk, "now_at", PQntuples(r->res) ? int_at(r->res, 0, 10) : 0);
+	pgc_pack_kv_int(pk, "now_at", PQntuples(r->res) ? pgrow_int(r->res, 0, 10) : 0);
 	req_done(req);
 }
 
@@ -77,17 +72,17 @@ static void sessions_done(const struct db_result *r, void *arg)
 	msgpack_pack_array(pk, (size_t)n);
 	for (int i = 0; i < n; i++) {
 		msgpack_pack_map(pk, 7);
-		pgc_pack_kv_int(pk, "session", int_at(r->res, i, 0));
+		pgc_pack_kv_int(pk, "session", pgrow_int(r->res, i, 0));
 		pgc_pack_kv_str(pk, "name", PQgetvalue(r->res, i, 1));
 		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, i, 2));
-		pgc_pack_kv_int(pk, "incarnation", int_at(r->res, i, 3));
-		pgc_pack_kv_int(pk, "opened_at", int_at(r->res, i, 4));
-		pgc_pack_kv_int(pk, "expires_at", int_at(r->res, i, 5));
+		pgc_pack_kv_int(pk, "incarnation", pgrow_int(r->res, i, 3));
+		pgc_pack_kv_int(pk, "opened_at", pgrow_int(r->res, i, 4));
+		pgc_pack_kv_int(pk, "expires_at", pgrow_int(r->res, i, 5));
 		/* nil: opened before owners were recorded */
 		pgrow_kv_int(pk, "owner_uid", r->res, i, 7);
 	}
 	/* now_at lets a client show ages by the database clock */
-	pgc_pack_kv_int(pk, "now_at", n ? int_at(r->res, 0, 6) : 0);
+	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(r->res, 0, 6) : 0);
 	req_done(req);
 }
 

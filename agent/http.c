@@ -25,6 +25,7 @@
 #include "agent/metrics_render.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
+#include "agent/pgrow.h"
 #include "agent/watches.h"
 
 #define HTTP_TIMEOUT_S 10
@@ -288,21 +289,6 @@ static void td_class(struct evbuffer *out, const char *cls, const char *text)
 	evbuffer_add(out, "</td>", 5);
 }
 
-static const char *col(const PGresult *res, int i, int c)
-{
-	return PQgetisnull(res, i, c) ? "" : PQgetvalue(res, i, c);
-}
-
-static int64_t col_int(const PGresult *res, int i, int c)
-{
-	return PQgetisnull(res, i, c) ? 0 : strtoll(PQgetvalue(res, i, c), NULL, 10);
-}
-
-static bool col_bool(const PGresult *res, int i, int c)
-{
-	return !PQgetisnull(res, i, c) && PQgetvalue(res, i, c)[0] == 't';
-}
-
 static void td_age(struct evbuffer *out, const PGresult *res, int i, int c, const char *suffix)
 {
 	char buf[48], d[32];
@@ -310,7 +296,7 @@ static void td_age(struct evbuffer *out, const PGresult *res, int i, int c, cons
 		td(out, "");
 		return;
 	}
-	fmt_duration(d, sizeof(d), col_int(res, i, c));
+	fmt_duration(d, sizeof(d), pgrow_int(res, i, c));
 	snprintf(buf, sizeof(buf), "%s%s", d, suffix);
 	td(out, buf);
 }
@@ -323,25 +309,25 @@ static const char *const agent_headers[] = {"replica",	"live",	       "host",	  
 					    "sessions", NULL};
 static void agent_row(struct evbuffer *out, const PGresult *res, int i)
 {
-	bool live = col_bool(res, i, 1), stopped = col_bool(res, i, 9);
-	td(out, col(res, i, 0));
+	bool live = pgrow_bool(res, i, 1), stopped = pgrow_bool(res, i, 9);
+	td(out, pgrow_text(res, i, 0));
 	td_class(out, live ? "ok" : "bad", live ? "live" : stopped ? "stopped" : "lapsed");
-	td(out, col(res, i, 2));
-	td(out, col(res, i, 3));
-	td(out, col(res, i, 4));
-	td(out, col(res, i, 5));
+	td(out, pgrow_text(res, i, 2));
+	td(out, pgrow_text(res, i, 3));
+	td(out, pgrow_text(res, i, 4));
+	td(out, pgrow_text(res, i, 5));
 	td_age(out, res, i, 6, " ago");
 	td_age(out, res, i, 7, " ago");
-	td(out, col(res, i, 8));
+	td(out, pgrow_text(res, i, 8));
 }
 
 static const char *const session_headers[] = {"session", "name",       "replica",
 					      "opened",	 "expires in", NULL};
 static void session_row(struct evbuffer *out, const PGresult *res, int i)
 {
-	td(out, col(res, i, 0));
-	td(out, col(res, i, 1));
-	td(out, col(res, i, 2));
+	td(out, pgrow_text(res, i, 0));
+	td(out, pgrow_text(res, i, 1));
+	td(out, pgrow_text(res, i, 2));
 	td_age(out, res, i, 3, " ago");
 	td_age(out, res, i, 4, "");
 }
@@ -350,13 +336,13 @@ static const char *const lease_headers[] = {"lease", "holder",	   "session",  "e
 					    "ttl",   "expires in", "acquired", NULL};
 static void lease_row(struct evbuffer *out, const PGresult *res, int i)
 {
-	bool held = col_bool(res, i, 7);
+	bool held = pgrow_bool(res, i, 7);
 	char ttl[32];
-	td(out, col(res, i, 0));
-	td_class(out, held ? "ok" : "idle", held ? col(res, i, 1) : "(free)");
-	td(out, held ? col(res, i, 2) : "");
-	td(out, col(res, i, 3));
-	fmt_duration(ttl, sizeof(ttl), col_int(res, i, 4));
+	td(out, pgrow_text(res, i, 0));
+	td_class(out, held ? "ok" : "idle", held ? pgrow_text(res, i, 1) : "(free)");
+	td(out, held ? pgrow_text(res, i, 2) : "");
+	td(out, pgrow_text(res, i, 3));
+	fmt_duration(ttl, sizeof(ttl), pgrow_int(res, i, 4));
 	td(out, ttl);
 	if (held)
 		td_age(out, res, i, 5, "");
@@ -369,14 +355,14 @@ static const char *const quota_headers[] = {"quota",	 "limit",   "in flight", "h
 					    "uncertain", "permits", "used",	 NULL};
 static void quota_row(struct evbuffer *out, const PGresult *res, int i)
 {
-	int64_t limit = col_int(res, i, 1), inflight = col_int(res, i, 2);
+	int64_t limit = pgrow_int(res, i, 1), inflight = pgrow_int(res, i, 2);
 	char pct[32];
-	td(out, col(res, i, 0));
-	td(out, col(res, i, 1));
-	td(out, col(res, i, 2));
-	td(out, col(res, i, 3));
-	td_class(out, col_int(res, i, 4) ? "warn" : "", col(res, i, 4));
-	td(out, col(res, i, 5));
+	td(out, pgrow_text(res, i, 0));
+	td(out, pgrow_text(res, i, 1));
+	td(out, pgrow_text(res, i, 2));
+	td(out, pgrow_text(res, i, 3));
+	td_class(out, pgrow_int(res, i, 4) ? "warn" : "", pgrow_text(res, i, 4));
+	td(out, pgrow_text(res, i, 5));
 	if (limit > 0)
 		snprintf(pct, sizeof(pct), "%.0f%%", 100.0 * (double)inflight / (double)limit);
 	else
@@ -393,15 +379,16 @@ static const char *const permit_headers[] = {"permit", "reason", "uncertain for"
 static void permit_row(struct evbuffer *out, const PGresult *res, int i)
 {
 	char owner[300];
-	td(out, col(res, i, 0));
-	td_class(out, "warn", col(res, i, 1));
+	td(out, pgrow_text(res, i, 0));
+	td_class(out, "warn", pgrow_text(res, i, 1));
 	td_age(out, res, i, 2, "");
-	td(out, col(res, i, 3));
-	td(out, col(res, i, 4));
+	td(out, pgrow_text(res, i, 3));
+	td(out, pgrow_text(res, i, 4));
 	if (PQgetisnull(res, i, 5))
 		snprintf(owner, sizeof(owner), "(none)");
 	else
-		snprintf(owner, sizeof(owner), "%s@%s", col(res, i, 5), col(res, i, 6));
+		snprintf(owner, sizeof(owner), "%s@%s", pgrow_text(res, i, 5),
+			 pgrow_text(res, i, 6));
 	td(out, owner);
 }
 
@@ -499,7 +486,7 @@ static void render_section(struct job *j, const struct section *s, const struct 
 	}
 	n = PQntuples(r->res);
 	ncols = PQnfields(r->res);
-	total = n ? (int)col_int(r->res, 0, ncols - 1) : 0;
+	total = n ? (int)pgrow_int(r->res, 0, ncols - 1) : 0;
 	section_table_start(out, s);
 	for (int i = 0; i < n; i++) {
 		if (evbuffer_get_length(out) > STATUS_MAX_BYTES) {
@@ -520,7 +507,7 @@ static void render_section(struct job *j, const struct section *s, const struct 
 	/* the permits section counts every uncertain permit: keep the
 	 * metrics' copy current too */
 	if (strcmp(s->id, "permits") == 0) {
-		int64_t oldest = n ? col_int(r->res, 0, 2) : 0;
+		int64_t oldest = n ? pgrow_int(r->res, 0, 2) : 0;
 		metrics_set_uncertain(j->h->ag->metrics, total, oldest, mono_ms());
 	}
 }

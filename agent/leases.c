@@ -24,14 +24,7 @@
 
 static bool read_name(struct request *req, char **name)
 {
-	if (!req_param_str(req, "name", true, LEASE_NAME_MAX, name))
-		return false;
-	if ((*name)[0] == '\0') {
-		free(*name);
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'name' must not be empty");
-		return false;
-	}
-	return true;
+	return req_param_name(req, "name", true, LEASE_NAME_MAX, name);
 }
 
 /* The session's campaigns that wait and have not won. */

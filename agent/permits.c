@@ -98,15 +98,7 @@ static void operator_actor(struct request *req, char *buf, size_t len)
 /* Reads the required, non-empty permit id. */
 static bool param_id(struct request *req, char **id)
 {
-	if (!req_param_str(req, "id", true, PERMIT_ID_MAX, id))
-		return false;
-	if (!(*id)[0]) {
-		free(*id);
-		*id = NULL;
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'id' must not be empty");
-		return false;
-	}
-	return true;
+	return req_param_name(req, "id", true, PERMIT_ID_MAX, id);
 }
 
 /* Reads a text parameter that must say something (reason, evidence). */
@@ -243,23 +235,6 @@ static char *weights_literal(const struct claim_quota *q, size_t n)
 		len +=
 		    (size_t)snprintf(out + len, cap - len, "%s%" PRId64, i ? "," : "", q[i].weight);
 	snprintf(out + len, cap - len, "}");
-	return out;
-}
-
-/* bytea in Postgres' hex text form: \x0102… */
-static char *bytea_hex(const char *data, size_t len)
-{
-	static const char digits[] = "0123456789abcdef";
-	char *out = malloc(2 * len + 3), *o = out;
-	if (!out)
-		return NULL;
-	*o++ = '\\';
-	*o++ = 'x';
-	for (size_t i = 0; i < len; i++) {
-		*o++ = digits[(unsigned char)data[i] >> 4];
-		*o++ = digits[(unsigned char)data[i] & 15];
-	}
-	*o = '\0';
 	return out;
 }
 
@@ -503,7 +478,7 @@ void rpc_permit_claim(struct request *req)
 	keys = keys_literal(call->quotas, call->nquotas);
 	weights = weights_literal(call->quotas, call->nquotas);
 	if (has_intent)
-		intent_hex = bytea_hex(intent, intent_len);
+		intent_hex = pgrow_bytea_param(intent, intent_len);
 	if (!keys || !weights || (has_intent && !intent_hex)) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		goto fail;
@@ -866,24 +841,8 @@ static int pack_permit(msgpack_packer *pk, const PGresult *res, int row, bool wi
 	}
 	pgc_pack_kv_int(pk, "intent_bytes", pgrow_int(res, row, PC_INTENT_LEN));
 	if (with_intent) {
-		/* bytea arrives as \x + hex */
-		const char *hex = PQgetvalue(res, row, PC_INTENT);
-		pgc_pack_cstr(pk, "intent");
-		if (pgrow_null(res, row, PC_INTENT) || strncmp(hex, "\\x", 2) != 0) {
-			msgpack_pack_nil(pk);
-		} else {
-			size_t len = strlen(hex + 2) / 2;
-			msgpack_pack_bin(pk, len);
-			char buf[256];
-			for (size_t i = 0; i < len;) {
-				size_t chunk = len - i < sizeof(buf) ? len - i : sizeof(buf);
-				for (size_t j = 0; j < chunk; j++, i++) {
-					char pair[3] = {hex[2 + 2 * i], hex[3 + 2 * i], '\0'};
-					buf[j] = (char)strtol(pair, NULL, 16);
-				}
-				msgpack_pack_bin_body(pk, buf, chunk);
-			}
-		}
+		/* in whichever format the server's bytea_output says */
+		pgrow_kv_bytea(pk, "intent", res, row, PC_INTENT);
 		pgc_pack_kv_bool(pk, "redacted", pgrow_bool(res, row, PC_REDACTED));
 	}
 	pgrow_kv_int(pk, "created_at", res, row, PC_CREATED);

@@ -1,7 +1,8 @@
 /*
  * pgrow.h — reading cells of a text-format PGresult and packing them into
  * a reply, for handlers that turn rows into result maps. SQL NULL becomes
- * MessagePack nil.
+ * MessagePack nil. The one place that knows how Postgres spells an
+ * integer, a boolean, a bytea (in either bytea_output format) or an array.
  */
 #ifndef PGCOORD_AGENT_PGROW_H
 #define PGCOORD_AGENT_PGROW_H
@@ -9,88 +10,53 @@
 #include <libpq-fe.h>
 #include <msgpack.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "proto/codec.h"
+/* True when res has exactly `cols` columns: a statement and the code
+ * reading it agree on its shape (a reply is never built from a misread). */
+bool pgrow_has_cols(const PGresult *res, int cols);
 
 /* The cell as an integer; 0 for NULL. */
-static inline int64_t pgrow_int(const PGresult *res, int row, int col)
-{
-	return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
+int64_t pgrow_int(const PGresult *res, int row, int col);
 
-static inline bool pgrow_null(const PGresult *res, int row, int col)
-{
-	return PQgetisnull(res, row, col);
-}
+bool pgrow_null(const PGresult *res, int row, int col);
 
 /* A boolean cell ("t"); false for NULL. */
-static inline bool pgrow_bool(const PGresult *res, int row, int col)
-{
-	return !PQgetisnull(res, row, col) && strcmp(PQgetvalue(res, row, col), "t") == 0;
-}
+bool pgrow_bool(const PGresult *res, int row, int col);
 
-static inline void pgrow_kv_int(msgpack_packer *pk, const char *key, const PGresult *res, int row,
-				int col)
-{
-	if (PQgetisnull(res, row, col))
-		pgc_pack_kv_nil(pk, key);
-	else
-		pgc_pack_kv_int(pk, key, pgrow_int(res, row, col));
-}
+/* A text cell; "" for NULL. */
+const char *pgrow_text(const PGresult *res, int row, int col);
 
-static inline void pgrow_kv_str(msgpack_packer *pk, const char *key, const PGresult *res, int row,
-				int col)
-{
-	pgc_pack_cstr(pk, key);
-	if (PQgetisnull(res, row, col))
-		msgpack_pack_nil(pk);
-	else
-		pgc_pack_strn(pk, PQgetvalue(res, row, col), (size_t)PQgetlength(res, row, col));
-}
+/*
+ * A bytea cell in whichever format the server's bytea_output gives (hex
+ * "\x0102" or escape "\001\002"), decoded by PQunescapeBytea. Returns a
+ * buffer to free with PQfreemem, or NULL for NULL (or out of memory, which
+ * *len = SIZE_MAX tells apart).
+ */
+unsigned char *pgrow_bytea(const PGresult *res, int row, int col, size_t *len);
 
-static inline int pgrow_hexval(char c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
+/* An int[]/bigint[] cell ("{1,2,3}"): up to max elements into out; returns
+ * how many there were (more than max when it did not fit), or -1 when the
+ * cell is NULL or not an integer array. */
+int pgrow_int_array(const PGresult *res, int row, int col, int64_t *out, int max);
 
+/*
+ * The bytes as bytea in Postgres' hex input form ("\x0102…"), for a
+ * statement parameter. NULL when out of memory; the caller frees.
+ */
+char *pgrow_bytea_param(const char *data, size_t len);
+
+/* key: the cell, as int/str/bin/nil. */
+void pgrow_kv_int(msgpack_packer *pk, const char *key, const PGresult *res, int row, int col);
+void pgrow_kv_str(msgpack_packer *pk, const char *key, const PGresult *res, int row, int col);
+/* A bytea cell (pgrow_bytea) as bin. */
+void pgrow_kv_bytea(msgpack_packer *pk, const char *key, const PGresult *res, int row, int col);
 /* A text cell of hex digits (what encode(bytea, 'hex') gives, whatever
- * bytea_output says) as MessagePack bin; nil for NULL. Decoded in chunks
- * straight into the packer. */
-static inline void pgrow_kv_hex_bin(msgpack_packer *pk, const char *key, const PGresult *res,
-				    int row, int col)
-{
-	const char *v = PQgetvalue(res, row, col);
-	size_t n = (size_t)PQgetlength(res, row, col) / 2;
-	unsigned char chunk[256];
-	size_t used = 0;
-
-	pgc_pack_cstr(pk, key);
-	if (PQgetisnull(res, row, col)) {
-		msgpack_pack_nil(pk);
-		return;
-	}
-	msgpack_pack_bin(pk, n);
-	for (size_t i = 0; i < n; i++) {
-		int hi = pgrow_hexval(v[2 * i]), lo = pgrow_hexval(v[2 * i + 1]);
-		chunk[used++] = (unsigned char)((hi < 0 ? 0 : hi) << 4 | (lo < 0 ? 0 : lo));
-		if (used == sizeof(chunk) || i + 1 == n) {
-			msgpack_pack_bin_body(pk, chunk, used);
-			used = 0;
-		}
-	}
-}
-
+ * bytea_output says) as bin. */
+void pgrow_kv_hex_bin(msgpack_packer *pk, const char *key, const PGresult *res, int row, int col);
 /* An age by the database clock: now_at − the cell, or nil for NULL. */
-static inline void pgrow_kv_age(msgpack_packer *pk, const char *key, int64_t now_at,
-				const PGresult *res, int row, int col)
-{
-	if (PQgetisnull(res, row, col))
-		pgc_pack_kv_nil(pk, key);
-	else
-		pgc_pack_kv_int(pk, key, now_at - pgrow_int(res, row, col));
-}
+void pgrow_kv_age(msgpack_packer *pk, const char *key, int64_t now_at, const PGresult *res, int row,
+		  int col);
 
 #endif

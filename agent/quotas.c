@@ -55,13 +55,8 @@ void rpc_quota_set(struct request *req)
 	bool has_lapse = false;
 	char limit_s[24], lapse_s[24], actor[48];
 
-	if (!req_param_str(req, "key", true, QUOTA_KEY_MAX, &key))
+	if (!req_param_name(req, "key", true, QUOTA_KEY_MAX, &key))
 		return;
-	if (!key[0]) {
-		free(key);
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'key' must not be empty");
-		return;
-	}
 	if (!req_param_int(req, "limit", true, 0, INT32_MAX, &limit, NULL) ||
 	    !req_param_int(req, "lapse_after_s", false, 0, INT32_MAX, &lapse, &has_lapse)) {
 		free(key);

@@ -105,41 +105,17 @@ static void session_actor(struct request *req, int64_t session, char *buf, size_
 	snprintf(buf, len, "session:%" PRId64 "@%s", session, req->ag->cfg.replica_id);
 }
 
-/* Reads a required, non-empty string parameter of at most max bytes. */
-static bool param_name(struct request *req, const char *key, size_t max, char **out)
-{
-	if (!req_param_str(req, key, true, max, out))
-		return false;
-	if (!(*out)[0]) {
-		free(*out);
-		*out = NULL;
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not be empty", key);
-		return false;
-	}
-	return true;
-}
-
 /* kind and key, which name every record. */
 static bool param_kind_key(struct request *req, struct record_call *call)
 {
-	return param_name(req, "kind", RECORD_KIND_MAX, &call->kind) &&
-	       param_name(req, "key", RECORD_KEY_MAX, &call->key);
+	return req_param_name(req, "kind", true, RECORD_KIND_MAX, &call->kind) &&
+	       req_param_name(req, "key", true, RECORD_KEY_MAX, &call->key);
 }
 
-/* An optional state: absent leaves *out NULL; present must be 1..64 bytes. */
+/* The state: when given, 1..64 bytes; absent leaves *out NULL. */
 static bool param_state(struct request *req, bool required, char **out)
 {
-	if (required)
-		return param_name(req, "state", RECORD_STATE_MAX, out);
-	if (!req_param_str(req, "state", false, RECORD_STATE_MAX, out))
-		return false;
-	if (*out && !(*out)[0]) {
-		free(*out);
-		*out = NULL;
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'state' must not be empty");
-		return false;
-	}
-	return true;
+	return req_param_name(req, "state", required, RECORD_STATE_MAX, out);
 }
 
 /*
@@ -162,23 +138,6 @@ static bool caller_session(struct request *req, int64_t *session, bool *lost)
 		return true;
 	}
 	return req_need_session(req);
-}
-
-/* bytea in Postgres' hex input form: \x0102… */
-static char *hex_bytea(const char *data, size_t len)
-{
-	static const char digits[] = "0123456789abcdef";
-	char *out = malloc(2 * len + 3), *o = out;
-	if (!out)
-		return NULL;
-	*o++ = '\\';
-	*o++ = 'x';
-	for (size_t i = 0; i < len; i++) {
-		*o++ = digits[(unsigned char)data[i] >> 4];
-		*o++ = digits[(unsigned char)data[i] & 15];
-	}
-	*o = '\0';
-	return out;
 }
 
 /*
@@ -278,7 +237,7 @@ void rpc_record_put(struct request *req)
 		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'permit' must not be empty");
 		goto fail;
 	}
-	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+	if (has_data && !(data_hex = pgrow_bytea_param(data, data_len))) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		goto fail;
 	}
@@ -333,7 +292,7 @@ void rpc_record_update(struct request *req)
 	}
 	if (!caller_session(req, &sid, &lost))
 		goto fail;
-	if (has_data && !(data_hex = hex_bytea(data, data_len))) {
+	if (has_data && !(data_hex = pgrow_bytea_param(data, data_len))) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		goto fail;
 	}

@@ -106,13 +106,8 @@ static void watch_method(struct request *req, enum watch_kind kind, const char *
 		req_fail(req, PGC_E_SHUTTING_DOWN, "the agent is shutting down");
 		return;
 	}
-	if (!req_param_str(req, param, true, WATCH_TARGET_MAX, &target))
+	if (!req_param_name(req, param, true, WATCH_TARGET_MAX, &target))
 		return;
-	if (!target[0]) {
-		free(target);
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter '%s' must not be empty", param);
-		return;
-	}
 	for (struct watch *w = rg->list; w; w = w->next) {
 		if (w->session_id != session_id)
 			continue;

@@ -334,11 +334,18 @@ static void attack_wrong_param_types(struct hagent *a)
 	ireply_destroy(&r);
 	free(method);
 
-	/* keys that are not strings, and the same key twice: no crash, and
-	 * the first "name" (an integer) is the one judged */
-	pk = iparams_begin(&p, 3);
+	/* a key that is not a string is refused as such */
+	pk = iparams_begin(&p, 2);
 	msgpack_pack_int(pk, 1);
 	msgpack_pack_int(pk, 2);
+	pgc_pack_kv_str(pk, "name", "first");
+	icall(fd, "session.open", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"keys must be strings", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	/* the same key twice: no crash, and the first "name" (an integer) is
+	 * the one judged */
+	pk = iparams_begin(&p, 2);
 	pgc_pack_cstr(pk, "name");
 	msgpack_pack_int(pk, 3);
 	pgc_pack_kv_str(pk, "name", "second");
@@ -366,6 +373,60 @@ static void attack_missing_required_fields(struct hagent *a)
 	pgc_pack_kv_str(iparams_begin(&p, 1), "key", "bad-input-quota");
 	icall(fd, "quota.set", &p, &r);
 	ierr(&r, "invalid_params", false, (const char *const[]){"missing", "'limit'", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	expect_still_open(fd);
+	close(fd);
+}
+
+/* A key the method does not accept is refused before it runs, naming the
+ * key, the method and what it accepts (the fingerprint proves nothing was
+ * written); keys starting with "x-" are ignored; keys must be strings. */
+static void attack_unknown_param_keys(struct hagent *a)
+{
+	int fd = iconnect(hagent_socket(a));
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk;
+
+	pk = iparams_begin(&p, 3);
+	pgc_pack_kv_str(pk, "key", "bad-input-quota");
+	pgc_pack_kv_int(pk, "limit", 3);
+	pgc_pack_kv_int(pk, "lapse_after", 5);
+	icall(fd, "quota.set", &p, &r);
+	ierr(&r, "invalid_params", false,
+	     (const char *const[]){"unknown parameter \"lapse_after\" for quota.set",
+				   "accepted: key, limit, lapse_after_s", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	pk = iparams_begin(&p, 1);
+	pgc_pack_kv_bool(pk, "dryrun", true);
+	icall(fd, "agent.ping", &p, &r);
+	ierr(&r, "invalid_params", false,
+	     (const char *const[]){"\"dryrun\" for agent.ping", "accepted: none", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	pk = iparams_begin(&p, 1);
+	msgpack_pack_int(pk, 7);
+	msgpack_pack_int(pk, 1);
+	icall(fd, "agent.ping", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"keys must be strings", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	/* forward compatibility: an x- key is for a newer agent, not an error */
+	pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "key", "bad-input-quota");
+	pgc_pack_kv_int(pk, "x-future-option", 1);
+	icall(fd, "quota.get", &p, &r);
+	ierr(&r, "not_found", false, (const char *const[]){"bad-input-quota", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	pk = iparams_begin(&p, 1);
+	pgc_pack_kv_str(pk, "x-trace", "abc");
+	icall_ok(fd, "agent.ping", &p, &r);
 	ireply_destroy(&r);
 	iparams_destroy(&p);
 	expect_still_open(fd);
@@ -467,6 +528,7 @@ static const struct attack attacks[] = {
     {"unknown method", attack_unknown_method},
     {"wrong parameter types", attack_wrong_param_types},
     {"missing required fields", attack_missing_required_fields},
+    {"unknown parameter keys", attack_unknown_param_keys},
     {"not a request envelope", attack_not_an_envelope},
     {"response from the client", attack_response_from_client},
     {"truncated then closed", attack_truncated_then_close},
@@ -579,6 +641,11 @@ Test(bad_input, wrong_parameter_types_answer_invalid_params_naming_key_and_type)
 Test(bad_input, missing_required_fields_answer_invalid_params_naming_them)
 {
 	run_one("missing required fields");
+}
+
+Test(bad_input, unknown_parameter_keys_answer_invalid_params_naming_key_and_method)
+{
+	run_one("unknown parameter keys");
 }
 
 Test(bad_input, valid_msgpack_that_is_no_request_answers_invalid_request_and_stays_open)

@@ -201,7 +201,7 @@ Test(records, owner_is_stamped_by_the_agent_and_only_the_owner_writes)
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 
-	/* a caller that names an owner is ignored: the agent stamps its own */
+	/* a caller cannot name an owner: the key is refused, nothing is written */
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 5);
@@ -210,6 +210,20 @@ Test(records, owner_is_stamped_by_the_agent_and_only_the_owner_writes)
 	pgc_pack_kv_str(&pk, "state", "queued");
 	pgc_pack_kv_int(&pk, "owner_session", them);
 	pgc_pack_kv_str(&pk, "owner_replica", "own-b");
+	cr_assert_eq(pgcoord_call(mine, "record.put", sb.data, sb.size, CALL_MS, NULL, NULL),
+		     PGCOORD_E_INVALID_PARAMS);
+	cr_assert(strstr(pgcoord_last_message(mine), "\"owner_session\" for record.put"), "%s",
+		  pgcoord_last_message(mine));
+	msgpack_sbuffer_destroy(&sb);
+	cr_assert_eq(
+	    hdb_query_long(db, "SELECT count(*) FROM pgcoord.records WHERE key = 'forged'"), 0);
+	/* the agent stamps its own session */
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	pgc_pack_kv_str(&pk, "kind", "job");
+	pgc_pack_kv_str(&pk, "key", "forged");
+	pgc_pack_kv_str(&pk, "state", "queued");
 	cr_assert_eq(pgcoord_call(mine, "record.put", sb.data, sb.size, CALL_MS, NULL, NULL),
 		     PGCOORD_OK, "%s", pgcoord_last_message(mine));
 	msgpack_sbuffer_destroy(&sb);
