@@ -40,6 +40,7 @@ type waiter struct {
 	outcome chan Notification
 	lost    chan struct{}
 	why     string
+	armed   bool // queued: a failure before that was retried by PermitClaim
 }
 
 func (c *Client) addWaiter(id string) (*waiter, error) {
@@ -86,6 +87,9 @@ func (c *Client) noteWaiter(method string, p map[string]interface{}) {
 // connection or session is not pushed again.
 func (c *Client) failWaitersLocked(why string) {
 	for id, w := range c.waiters {
+		if !w.armed {
+			continue
+		}
 		w.why = why
 		close(w.lost)
 		delete(c.waiters, id)
@@ -115,13 +119,19 @@ func (c *Client) ClaimWait(ctx context.Context, id string, quotas []QuotaWeight,
 	}
 	switch r.Status {
 	case "queued":
+		c.mu.Lock()
+		w.armed = true
+		if c.cn == nil || c.cn.isDead() {
+			c.failWaitersLocked("the connection broke")
+		}
+		c.mu.Unlock()
 	case "denied":
 		return r, fmt.Errorf("%w: quota %q", ErrDenied, r.Quota)
 	default:
 		return r, nil
 	}
 	// The outcome is pushed; the timer only covers one that was pushed
-	// and lost (a connection that broke and was resumed in between).
+	// and lost (a connection that broke between the reply and arming).
 	left := time.Duration(r.DeadlineAt-r.NowAt)*time.Millisecond + 5*time.Second
 	timer := time.NewTimer(left)
 	defer timer.Stop()
