@@ -376,8 +376,11 @@ class AsyncClient(Api):
             backoff = min(backoff * 2, 1.0)
 
     async def claim(self, id: str, quotas, *, intent=None, on_owner_loss=None, limit=None,
-                    timeout=None, retry_for=None, give_up: bool = True) -> T.Claim:
-        params = claim_params(id, quotas, intent, on_owner_loss, limit)
+                    wait_ms=None, timeout=None, retry_for=None,
+                    give_up: bool = True) -> T.Claim:
+        """wait_ms: see Client.claim; the outcome of a "queued" claim comes
+        as a permit.admitted or permit.expired notification."""
+        params = claim_params(id, quotas, intent, on_owner_loss, limit, wait_ms)
         try:
             m, unknown, attempts = await self._retrying(
                 lambda: self.call("permit.claim", params, timeout=timeout), retry_for)
