@@ -524,3 +524,28 @@ def test_claim_wait_on_a_lost_connection_is_retryable(fake):
         with pytest.raises(pgcoord.ConnectionLost) as e:
             c.claim_wait("w", "q", 60000)
         assert e.value.retryable and time.monotonic() - t0 < 2
+
+
+def test_async_claim_wait_admitted_then_cancelled_releases(fake):
+    def handler(index, method, p):
+        if method == "permit.claim" and p["id"] == "w":
+            return [QUEUED, ("notify", "permit.admitted", {"id": "w", "token": 9, "state": "held",
+                                                           "queued_ms": 5, "now_at": 1005})]
+        if method == "permit.claim":
+            return dict(QUEUED, id=p["id"])
+        if method == "permit.cancel":
+            return {"id": p["id"], "cancelled": False, "status": "held", "now_at": 2000}
+        if method == "permit.release":
+            return {"id": p["id"], "released": True, "state": "released", "now_at": 2001}
+        return basic(index, method, p)
+    f = fake(handler)
+
+    async def main():
+        async with await AsyncClient.connect(f.path, timeout=2) as c:
+            r = await c.claim_wait("w", "q", 60000)
+            assert r.granted and r.token == 9 and r.queued_ms == 5
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.claim_wait("w2", "q", 60000), 0.2)
+    asyncio.run(main())
+    assert [m for _, m, p in f.requests if p.get("id") == "w2"] == \
+        ["permit.claim", "permit.cancel", "permit.release"]

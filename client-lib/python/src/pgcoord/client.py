@@ -171,6 +171,26 @@ class _Connection:
         p.event.set()
 
 
+def wait_outcome(id: str, method: str, params: dict) -> T.Claim:
+    """claim_wait's admission from its permit.admitted, or WaitExpired."""
+    if method == "permit.expired":
+        reason = params.get("reason")
+        raise WaitExpired(f"claim {id}: left the queue: {reason}", reason)
+    c = T.from_map(T.Claim, dict(params, status="admitted", mine=True))
+    c.earlier_outcome_unknown, c.attempts = False, 1
+    return c
+
+
+def held_claim(id: str, p: T.Permit) -> T.Claim:
+    """The answer for a claim admitted from the queue unheard: the permit."""
+    c = T.from_map(T.Claim, {"status": "held", "id": id, "token": p.token, "state": p.state,
+                             "phase": p.phase, "owner_session": p.owner_session,
+                             "owner_replica": p.owner_replica, "mine": True,
+                             "created_at": p.created_at})
+    c.earlier_outcome_unknown, c.attempts = False, 1
+    return c
+
+
 class _Waiter:
     """claim_wait's ear for its id: the permit.admitted/permit.expired
     params, or the failure that ended the connection or session."""
@@ -673,12 +693,7 @@ class Client(Api):
 
     @staticmethod
     def _outcome(id, w: _Waiter) -> T.Claim:
-        if w.method == "permit.expired":
-            reason = w.params.get("reason")
-            raise WaitExpired(f"claim {id}: left the queue: {reason}", reason)
-        c = T.from_map(T.Claim, dict(w.params, status="admitted", mine=True))
-        c.earlier_outcome_unknown, c.attempts = False, 1
-        return c
+        return wait_outcome(id, w.method, w.params)
 
     def _settle_wait(self, id, w: _Waiter, *, gave_up: bool) -> Optional[T.Claim]:
         """Cancels a wait the caller gave up, or whose outcome was never
@@ -695,13 +710,7 @@ class Client(Api):
             if w.event.is_set() and w.failure is None:
                 return self._outcome(id, w)
             raise WaitExpired(f"claim {id}: no outcome heard; cancelled", "no outcome heard")
-        p = self.permit_get(id)
-        c = T.from_map(T.Claim, {"status": "held", "id": id, "token": p.token, "state": p.state,
-                                 "phase": p.phase, "owner_session": p.owner_session,
-                                 "owner_replica": p.owner_replica, "mine": True,
-                                 "created_at": p.created_at})
-        c.earlier_outcome_unknown, c.attempts = False, 1
-        return c
+        return held_claim(id, self.permit_get(id))
 
     def _fail_waiters(self, failure: PgcoordError, conn: Optional[_Connection] = None) -> None:
         """Ends the waits queued on conn (None: on any connection)."""
