@@ -119,6 +119,9 @@ func (c *Client) ClaimWait(ctx context.Context, id string, quotas []QuotaWeight,
 	}
 	switch r.Status {
 	case "queued":
+		if !r.Mine { // its outcome is pushed to the session that queued it
+			return r, fmt.Errorf("%w: %q is queued by another session", ErrConflict, id)
+		}
 		c.mu.Lock()
 		w.armed = true
 		if c.cn == nil || c.cn.isDead() {

@@ -677,6 +677,8 @@ export class Client extends EventEmitter {
         throw new PgcoordError('denied', `claim ${id}: no room in ${c.quota} (${room})`);
       }
       if (c.status !== 'queued') return c;
+      // Its outcome is pushed to the session that queued it.
+      if (c.mine === false) throw new PgcoordError('conflict', `claim ${id}: queued by another session`);
       w.conn = this.conn;
       if (!this.conn?.alive) w.failure = new PgcoordError('connection_lost', `waiting for ${id}: the connection broke`);
       return await this.awaitOutcome(id, w, c, o.signal);

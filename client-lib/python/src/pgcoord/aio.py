@@ -442,6 +442,8 @@ class AsyncClient(Api):
                                   f"({c.waiting or 0} waiting)", c)
             if c.status != "queued":
                 return c
+            if c.mine is False:   # its outcome is pushed to the session that queued it
+                raise Conflict(f"claim {id}: queued by another session")
             w[1] = self._sock
             if self._failure is not None and not w[0].done():
                 w[0].set_exception(ConnectionLost("waiting for a queued claim: the connection broke"))

@@ -658,6 +658,8 @@ class Client(Api):
                                   f"{c.waiting or 0} waiting)", c)
             if c.status != "queued":
                 return c
+            if c.mine is False:   # its outcome is pushed to the session that queued it
+                raise Conflict(f"claim {id}: queued by another session")
             with self._waiters_lock:
                 w.conn = self._conn
                 if not w.conn.alive:
