@@ -74,6 +74,7 @@ type Client struct {
 	sessName string
 
 	beliefs map[string]*belief
+	waiters map[string]*waiter // ClaimWait's, by permit id
 }
 
 // Dial connects to the agent's socket (DefaultSocket when path is "").
@@ -121,6 +122,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	cn := c.cn
 	c.endBeliefsLocked()
+	c.failWaitersLocked("the client was closed")
 	c.mu.Unlock()
 	if cn != nil {
 		cn.close()
@@ -279,6 +281,7 @@ func (c *Client) onConnLost(cn *conn) {
 		return
 	}
 	c.endBeliefsLocked()
+	c.failWaitersLocked("the connection broke")
 	c.lostAt = time.Now()
 	resume := c.session != 0 && c.dialing == nil
 	if resume {
@@ -309,11 +312,13 @@ func (c *Client) onNotify(m *message, stamp int64) {
 	}
 	params = loosen(params).(map[string]interface{})
 	c.noteBelief(m.method, params, stamp)
+	c.noteWaiter(m.method, params)
 	if m.method == "session.lost" {
 		if id, ok := asInt(params["session"]); ok {
 			c.mu.Lock()
 			if id == c.session {
 				c.session = 0
+				c.failWaitersLocked("the session was lost")
 			}
 			c.mu.Unlock()
 		}

@@ -522,3 +522,86 @@ func TestIntegrationKeepalive(t *testing.T) {
 		t.Fatalf("keepalive 50ms: %v", err)
 	}
 }
+
+// Waiting claims: queued then admitted when the slot is freed, expired
+// when wait_ms runs out, cancelled by the caller; the database agrees.
+func TestIntegrationClaimWait(t *testing.T) {
+	a := startAgent(t, "--wait-poll-ms", "50")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	holder, waiter := a.client(ctx, true), a.client(ctx, true)
+	q := []QuotaWeight{{Key: "wq"}}
+	if _, err := holder.QuotaSet(ctx, "wq", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := holder.PermitClaim(ctx, "w-holder", q, nil); err != nil || r.Status != "admitted" {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	queued := func(id string) string {
+		return a.psql(fmt.Sprintf(`SELECT count(*) FROM pgcoord.waiters WHERE id = '%s' AND state = 'queued'`, id))
+	}
+
+	// Queued, then admitted when the holder releases.
+	type outcome struct {
+		r   *Claim
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		r, err := waiter.ClaimWait(ctx, "w-1", q, &ClaimOptions{WaitMs: 20000})
+		done <- outcome{r, err}
+	}()
+	for queued("w-1") != "1" {
+		if ctx.Err() != nil {
+			t.Fatal("w-1 never queued")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r, err := holder.PermitClaim(ctx, "w-2", q, &ClaimOptions{WaitMs: 20000}); err != nil ||
+		r.Status != "queued" || r.Position != 2 || r.DeadlineAt <= r.QueuedAt {
+		t.Fatalf("a second waiter: %+v %v", r, err)
+	}
+	if c, err := holder.PermitCancel(ctx, "w-2"); err != nil || !c.Cancelled || c.Status != "cancelled" {
+		t.Fatalf("permit.cancel of a queued claim: %+v %v", c, err)
+	}
+	if _, err := holder.PermitRelease(ctx, "w-holder", nil); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil || o.r.Status != "admitted" || o.r.Token == 0 || o.r.OwnerSession != waiter.Session() {
+		t.Fatalf("the wait: %+v %v", o.r, o.err)
+	}
+	want := fmt.Sprintf("held|%d", waiter.Session())
+	if got := a.psql(`SELECT state || '|' || owner_session FROM pgcoord.permits WHERE id = 'w-1'`); got != want {
+		t.Fatalf("w-1 in the database: %s, want %s", got, want)
+	}
+
+	// Expired: nothing remains, and the id is free again.
+	if _, err := waiter.ClaimWait(ctx, "w-3", q, &ClaimOptions{WaitMs: 200}); !errors.Is(err, ErrWaitExpired) {
+		t.Fatalf("a wait past wait_ms: %v", err)
+	}
+	if got := a.psql(`SELECT count(*) FROM pgcoord.permits WHERE id = 'w-3'`); got != "0" || queued("w-3") != "0" {
+		t.Fatalf("an expired claim left a permit (%s) or a waiter (%s)", got, queued("w-3"))
+	}
+
+	// Cancelled by the caller: out of the queue, and the slot freed later
+	// is not handed to it.
+	wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer wcancel()
+	if _, err := holder.ClaimWait(wctx, "w-4", q, &ClaimOptions{WaitMs: 20000}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a given-up wait: %v", err)
+	}
+	if queued("w-4") != "0" {
+		t.Fatal("a given-up wait is still queued")
+	}
+	if _, err := waiter.PermitRelease(ctx, "w-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.psql(`SELECT in_flight || '|' || (SELECT count(*) FROM pgcoord.permits WHERE id = 'w-4')
+		FROM pgcoord.quotas WHERE key = 'wq'`); got != "0|0" {
+		t.Fatalf("in_flight|permits of w-4 after the release: %s", got)
+	}
+	if chk, err := holder.PermitCheck(ctx); err != nil || !chk.OK {
+		t.Fatalf("check: %+v %v", chk, err)
+	}
+}

@@ -19,10 +19,17 @@ type ClaimOptions struct {
 	OnOwnerLoss   string // "uncertain" (default) or "release"
 	Limit         *int64 // only with one quota: creates (admin: sets) it
 	ReleaseReason string // the reason given when a claim is given up
+	// WaitMs (0..3600000): when the claim cannot be admitted now, it
+	// joins the fleet-wide FIFO queue for that long and answers "queued";
+	// its outcome comes as permit.admitted or permit.expired (ClaimWait
+	// waits for it).
+	WaitMs int64
 }
 
-// Claim is permit.claim's result: Status "admitted", "held" or "denied"
-// (the denied fields are Quota, Limit, InFlight, Weight).
+// Claim is permit.claim's result: Status "admitted", "held", "denied"
+// (the denied fields are Quota, Limit, InFlight, Weight, Waiting) or
+// "queued" (Position, QueuedAt, DeadlineAt; Mine is false when another
+// session queued the id).
 type Claim struct {
 	Status       string `msgpack:"status"`
 	ID           string `msgpack:"id"`
@@ -37,6 +44,11 @@ type Claim struct {
 	Limit        int64  `msgpack:"limit"`
 	InFlight     int64  `msgpack:"in_flight"`
 	Weight       int64  `msgpack:"weight"`
+	Waiting      int64  `msgpack:"waiting"`     // denied: waiters queued on Quota
+	Position     int64  `msgpack:"position"`    // queued: 1 is next in line
+	QueuedAt     int64  `msgpack:"queued_at"`   // queued: ms, database clock
+	DeadlineAt   int64  `msgpack:"deadline_at"` // queued: ms, database clock
+	QueuedMs     int64  `msgpack:"queued_ms"`   // admitted from the queue: how long it waited
 	NowAt        int64  `msgpack:"now_at"`
 	Retired      bool   `msgpack:"-"` // denied after an unseen attempt: the id was released
 	Attempts     int    `msgpack:"-"`
@@ -45,6 +57,9 @@ type Claim struct {
 // Admitted says the caller holds the permit (this attempt or an earlier
 // one of the same id took the slots).
 func (c *Claim) Admitted() bool { return c.Status == "admitted" || c.Status == "held" }
+
+// Queued says the claim waits in the queue (see ClaimWait).
+func (c *Claim) Queued() bool { return c.Status == "queued" }
 
 // PermitClaim claims id, retrying with the same id while the answer is
 // retryable (the outcome of an unseen attempt is found by the retry).
@@ -64,7 +79,12 @@ func (c *Client) PermitClaim(ctx context.Context, id string, quotas []QuotaWeigh
 	}
 	p["quotas"] = qs
 	reason := "claim given up after an unknown outcome"
+	waiting := false
 	if o != nil {
+		if o.WaitMs != 0 {
+			p["wait_ms"] = o.WaitMs
+			waiting = true
+		}
 		if o.Intent != nil {
 			p["intent"] = o.Intent
 		}
@@ -85,7 +105,7 @@ func (c *Client) PermitClaim(ctx context.Context, id string, quotas []QuotaWeigh
 		if err == nil {
 			r.Attempts = attempt
 			if r.Status == "denied" && unseen {
-				if rerr := c.giveUp(id, reason); rerr != nil {
+				if rerr := c.giveUp(id, reason, waiting); rerr != nil {
 					return &r, fmt.Errorf("denied after an unseen attempt, and releasing %q failed: %w", id, rerr)
 				}
 				r.Retired = true
@@ -97,21 +117,21 @@ func (c *Client) PermitClaim(ctx context.Context, id string, quotas []QuotaWeigh
 		}
 		if !Retryable(err) && !errors.Is(err, errAbandoned) {
 			if unseen {
-				return nil, c.giveUpErr(id, reason, err)
+				return nil, c.giveUpErr(id, reason, waiting, err)
 			}
 			return nil, err
 		}
 		if !sleepCtx(ctx, c.opts.RetryBackoff) || errors.Is(err, errAbandoned) {
 			if unseen {
-				return nil, c.giveUpErr(id, reason, err)
+				return nil, c.giveUpErr(id, reason, waiting, err)
 			}
 			return nil, err
 		}
 	}
 }
 
-func (c *Client) giveUpErr(id, reason string, cause error) error {
-	if rerr := c.giveUp(id, reason); rerr != nil {
+func (c *Client) giveUpErr(id, reason string, waiting bool, cause error) error {
+	if rerr := c.giveUp(id, reason, waiting); rerr != nil {
 		return fmt.Errorf("pgcoord: claim of %q gave up (%v) and its release failed: %w", id, cause, rerr)
 	}
 	return fmt.Errorf("%w: claim of %q: %v", ErrOutcomeUnknown, id, cause)
@@ -119,9 +139,20 @@ func (c *Client) giveUpErr(id, reason string, cause error) error {
 
 // giveUp releases an id whose claim was abandoned, with its own deadline
 // (the caller's context has ended): the release settles every attempt.
-func (c *Client) giveUp(id, reason string) error {
+// A claim that may have queued is cancelled first: a release does not
+// take an id out of the queue.
+func (c *Client) giveUp(id, reason string, waiting bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if waiting {
+		r, err := c.PermitCancel(ctx, id)
+		if errors.Is(err, ErrNotFound) || (err == nil && r.Status != "held" && r.Status != "admitted") {
+			return nil // out of the queue, or never in it, and no permit
+		}
+		if err != nil {
+			return err
+		}
+	}
 	_, err := c.PermitRelease(ctx, id, &ReleaseOptions{Reason: reason})
 	if errors.Is(err, ErrNotFound) { // no permit: the id is now retired
 		return nil

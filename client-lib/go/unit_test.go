@@ -361,3 +361,119 @@ func TestWrongTypesAreErrors(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// waitPeer answers permit.claim with "queued", then what then says: each
+// request's method is reported on seen, and then(method) gives the
+// frames (reply and notifications) to write for it.
+func waitPeer(t *testing.T, seen chan<- string, then func(msgid interface{}, method string) []interface{}) string {
+	return fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		dec := msgpack.NewDecoder(c)
+		for {
+			var req []interface{}
+			if err := dec.Decode(&req); err != nil || len(req) != 4 {
+				return
+			}
+			method, _ := req[2].(string)
+			seen <- method
+			for _, f := range then(req[1], method) {
+				c.Write(mustPack(t, f))
+			}
+		}
+	})
+}
+
+func queuedReply(msgid interface{}) []interface{} {
+	return []interface{}{1, msgid, nil, map[string]interface{}{"status": "queued", "id": "w",
+		"position": 2, "queued_at": 1000, "deadline_at": 61000, "mine": true, "now_at": 1000}}
+}
+
+func TestClaimWaitQueuedThenAdmittedOrExpired(t *testing.T) {
+	for outcome, want := range map[string]error{"permit.admitted": nil, "permit.expired": ErrWaitExpired} {
+		outcome, want := outcome, want
+		t.Run(outcome, func(t *testing.T) {
+			seen := make(chan string, 8)
+			path := waitPeer(t, seen, func(msgid interface{}, method string) []interface{} {
+				return []interface{}{queuedReply(msgid), []interface{}{2, outcome, []interface{}{
+					map[string]interface{}{"id": "w", "token": 7, "state": "held", "phase": "claimed",
+						"owner_session": 3, "queued_ms": 40, "reason": "wait_ms elapsed", "now_at": 1040}}}}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			r, err := c.ClaimWait(ctx, "w", []QuotaWeight{{Key: "q"}}, &ClaimOptions{WaitMs: 60000})
+			if want != nil {
+				if !errors.Is(err, want) || r != nil {
+					t.Fatalf("got %v, %v; want %v", r, err, want)
+				}
+				return
+			}
+			if err != nil || !r.Admitted() || r.Token != 7 || r.QueuedMs != 40 || r.OwnerSession != 3 {
+				t.Fatalf("got %+v, %v", r, err)
+			}
+			if n := <-c.Notifications(); n.Method != "permit.admitted" {
+				t.Fatalf("the notification did not reach the channel too: %q", n.Method)
+			}
+		})
+	}
+}
+
+// A caller that gives up a wait that was admitted meanwhile releases it.
+func TestClaimWaitCancelReleasesALateAdmission(t *testing.T) {
+	seen := make(chan string, 8)
+	path := waitPeer(t, seen, func(msgid interface{}, method string) []interface{} {
+		switch method {
+		case "permit.claim":
+			return []interface{}{queuedReply(msgid)}
+		case "permit.cancel":
+			return []interface{}{[]interface{}{1, msgid, nil, map[string]interface{}{
+				"id": "w", "cancelled": false, "status": "held", "now_at": 2000}}}
+		}
+		return []interface{}{[]interface{}{1, msgid, nil, map[string]interface{}{
+			"id": "w", "released": true, "state": "released", "now_at": 2001}}}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer wcancel()
+	if _, err := c.ClaimWait(wctx, "w", []QuotaWeight{{Key: "q"}}, &ClaimOptions{WaitMs: 60000}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a given-up wait: %v", err)
+	}
+	for _, want := range []string{"permit.claim", "permit.cancel", "permit.release"} {
+		if got := <-seen; got != want {
+			t.Fatalf("sent %q, want %q", got, want)
+		}
+	}
+}
+
+// A connection that breaks while waiting fails the wait retryably.
+func TestClaimWaitLostConnectionIsRetryable(t *testing.T) {
+	path := fakePeer(t, func(c net.Conn) {
+		defer c.Close()
+		var req []interface{}
+		if msgpack.NewDecoder(c).Decode(&req) == nil && len(req) == 4 {
+			c.Write(mustPack(t, queuedReply(req[1])))
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.ClaimWait(ctx, "w", []QuotaWeight{{Key: "q"}}, &ClaimOptions{WaitMs: 60000})
+	if !errors.Is(err, ErrConnection) || !Retryable(err) || ctx.Err() != nil {
+		t.Fatalf("a wait on a broken connection: %v", err)
+	}
+}

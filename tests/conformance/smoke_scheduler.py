@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
@@ -102,6 +104,7 @@ def main() -> int:
             WHERE running > 2 LIMIT 1""")
         check(over == [], "no tenant ever had more than its limit in flight")
         asyncio.run(asyncio.wait_for(async_client(agent.socket_path, db), 30))
+        waiting_claims(agent.socket_path, db)
     finally:
         agent.stop()
         db.close()
@@ -128,6 +131,53 @@ async def async_client(sock: str, db: Database) -> None:
                 check(e.claim.in_flight == 1, "the asyncio client's second claim is denied")
         check(db.psql("SELECT state FROM pgcoord.permits WHERE id = 'async-job'") ==
               [["released"]], "leaving the permit context released it")
+
+
+def waiting_claims(sock: str, db: Database) -> None:
+    """claim_wait against the real agent: queued then admitted, expired,
+    cancelled by the caller; the database agrees."""
+    with pgcoord.Client(sock) as holder, pgcoord.Client(sock) as waiter:
+        holder.session_open("wait-holder")
+        sid = waiter.session_open("wait-waiter").session
+        holder.claim("pw-holder", {"py-wq": 1}, limit=1)
+        queued = "SELECT count(*) FROM pgcoord.waiters WHERE id = '{}' AND state = 'queued'"
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(waiter.claim_wait("pw-1", {"py-wq": 1}, 20000)))
+        t.start()
+        end = time.monotonic() + 10
+        while db.psql(queued.format("pw-1")) != [["1"]] and time.monotonic() < end:
+            time.sleep(0.02)
+        c = holder.claim("pw-2", {"py-wq": 1}, wait_ms=20000)
+        check(c.queued and c.position == 2 and c.deadline_at > c.queued_at,
+              f"a second waiter queues behind the first: {c}")
+        x = holder.permit_cancel("pw-2")
+        check(x.cancelled is True and x.status == "cancelled", f"permit_cancel takes it out: {x}")
+        holder.release("pw-holder")
+        t.join(10)
+        check(len(got) == 1 and got[0].granted and got[0].owner_session == sid and got[0].token,
+              f"claim_wait returns the admission when the slot is freed: {got}")
+        check(db.psql("SELECT state, owner_session FROM pgcoord.permits WHERE id = 'pw-1'") ==
+              [["held", str(sid)]], "the database shows the waiter's session holding it")
+        try:
+            waiter.claim_wait("pw-3", {"py-wq": 1}, 200)
+            check(False, "a wait past wait_ms returned")
+        except pgcoord.WaitExpired:
+            check(db.psql("SELECT count(*) FROM pgcoord.permits WHERE id = 'pw-3'") == [["0"]] and
+                  db.psql(queued.format("pw-3")) == [["0"]],
+                  "an expired wait raises WaitExpired and leaves nothing behind")
+        stop = threading.Event()
+        threading.Timer(0.3, stop.set).start()
+        try:
+            holder.claim_wait("pw-4", {"py-wq": 1}, 20000, cancel=stop)
+            check(False, "a cancelled wait returned")
+        except pgcoord.WaitExpired:
+            pass
+        check(db.psql(queued.format("pw-4")) == [["0"]], "a cancelled wait leaves the queue")
+        waiter.release("pw-1")
+        check(db.psql("SELECT in_flight FROM pgcoord.quotas WHERE key = 'py-wq'") == [["0"]] and
+              db.psql("SELECT count(*) FROM pgcoord.permits WHERE id = 'pw-4'") == [["0"]],
+              "the freed slot went to nobody after the cancel")
+        check(holder.permit_check().ok is True, "permit.check finds conservation intact")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ export interface ClaimOptions extends T.CallOptions {
   intent?: Uint8Array | string;
   onOwnerLoss?: 'uncertain' | 'release';
   limit?: number;
+  /** 0..3600000: a claim that cannot be admitted now joins the queue for
+   * that long and answers `queued`; its outcome comes as permit.admitted
+   * or permit.expired (claimWait waits for it). */
+  waitMs?: number;
   retryMs?: number;
   /** After an unknown outcome and no answer within retryMs, release the id
    * as PROTOCOL.md requires (default true). */
@@ -89,6 +93,16 @@ function opt(obj: Params, extra: Params): Params {
   return obj;
 }
 
+/** claimWait's ear for its id: the outcome pushed for it, or the failure
+ * of the connection it queued on (conn is set once it queued: a failure
+ * before that was claim()'s to retry). */
+interface Waiter {
+  conn: Connection | null;
+  outcome: NotificationEvent | null;
+  failure: PgcoordError | null;
+  wake: () => void;
+}
+
 export class Client extends EventEmitter {
   readonly socketPath: string;
   readonly timeoutMs: number;
@@ -108,6 +122,7 @@ export class Client extends EventEmitter {
   private closed = false;
   private readonly leases = new Map<string, boolean>(); // name -> wait, re-asked after a resume
   private readonly queues = new Set<NotificationQueue<NotificationEvent>>();
+  private readonly waiters = new Map<string, Waiter>(); // claimWait's, by permit id
 
   private constructor(opts: ClientOptions) {
     super();
@@ -143,6 +158,8 @@ export class Client extends EventEmitter {
     // A broken connection ends every belief: nobody tells us anymore.
     this.beliefs.endAll();
     if (conn === this.conn && this.session && !this.lostAtMs) this.lostAtMs = monoMs();
+    // What was pushed to the lost connection is not pushed again.
+    this.failWaiters(`the connection broke: ${failure.detail}`, conn);
     if (this.closed) return; // the caller's own close is no news to it
     this.deliver('connection.lost', { reason: failure.message });
   }
@@ -344,6 +361,14 @@ export class Client extends EventEmitter {
     if (m.method === 'session.lost' && m.params.session === sid) {
       this.sessionLost = true;
       this.lostReason = typeof m.params.reason === 'string' ? m.params.reason : '';
+      this.failWaiters('the session was lost', null);
+    }
+    if (m.method === 'permit.admitted' || m.method === 'permit.expired') {
+      const w = this.waiters.get(m.params.id as string);
+      if (w && !w.outcome && !w.failure) {
+        w.outcome = { method: m.method, params: m.params };
+        w.wake();
+      }
     }
     this.deliver(m.method, m.params);
   }
@@ -575,7 +600,7 @@ export class Client extends EventEmitter {
    * `gave_up`). */
   async claim(id: string, quotas: T.QuotaSpec, o: ClaimOptions = {}): Promise<T.Claim> {
     checkString('a permit id', id);
-    const params = claimParams(id, quotas, o.intent, o.onOwnerLoss, o.limit);
+    const params = claimParams(id, quotas, o.intent, o.onOwnerLoss, o.limit, o.waitMs);
     const state = { attempts: 0, unknown: false };
     let r: T.ClaimResult;
     try {
@@ -587,7 +612,8 @@ export class Client extends EventEmitter {
       )) as unknown as T.ClaimResult;
     } catch (e) {
       if (!(e instanceof PgcoordError) || !state.unknown || !(e.retryable || e.code === 'aborted')) throw e;
-      const released = o.giveUp === false ? undefined : await this.giveUp(id).then(() => true, () => false);
+      const released =
+        o.giveUp === false ? undefined : await this.giveUp(id, { waiting: !!o.waitMs }).then(() => true, () => false);
       const how = released === undefined ? 'not released' : released ? 'id released' : 'release failed';
       throw new GaveUpError(`claim ${id}: gave up after ${e.message}; ${how}`, e, released);
     }
@@ -598,11 +624,132 @@ export class Client extends EventEmitter {
   /** Releases an id whose claim's outcome was never seen, as PROTOCOL.md
    * requires: frees what a late attempt admitted, or retires the id so an
    * attempt still on its way is refused. `not_found` (retired) is success. */
-  async giveUp(id: string, o: { retryMs?: number } = {}): Promise<void> {
+  async giveUp(id: string, o: { retryMs?: number; waiting?: boolean } = {}): Promise<void> {
+    // A claim that may have queued is not a permit yet, and a release does
+    // not take it out of the queue: cancel it first.
+    if (o.waiting && !(await this.cancelWait(id))) return;
     try {
       await this.release(id, { reason: 'given up after an unknown outcome', retryMs: o.retryMs });
     } catch (e) {
       if (!(e instanceof PgcoordError) || e.code !== 'not_found') throw e;
+    }
+  }
+
+  /** Takes the session's waiting claim id out of the queue (`not_found`
+   * when it is neither queued nor a permit). */
+  permitCancel(id: string, opts?: T.CallOptions): Promise<T.PermitCancel> {
+    checkString('a permit id', id);
+    return this.typed('permit.cancel', { id }, opts);
+  }
+
+  /** permit.cancel; true when the claim was admitted meanwhile (the
+   * caller owns a permit to release). */
+  private async cancelWait(id: string): Promise<boolean> {
+    try {
+      const r = await this.permitCancel(id);
+      return r.status === 'admitted' || r.status === 'held';
+    } catch (e) {
+      if (e instanceof PgcoordError && e.code === 'not_found') return false;
+      throw e;
+    }
+  }
+
+  /** Claims id with waitMs (> 0) and waits for the outcome: the admission
+   * (at once or from the queue); rejects with code `expired` when it left
+   * the queue without one, `denied` when it could not even queue. When
+   * signal aborts, the claim is cancelled (a permit it was admitted to
+   * meanwhile is released, so nothing leaks) and it rejects `aborted`. A
+   * connection or session lost while waiting rejects `connection_lost`
+   * (retryable): a retry with the same id answers the current state
+   * (still queued: it waits on; admitted: `held`). */
+  async claimWait(id: string, quotas: T.QuotaSpec, o: ClaimOptions & { waitMs: number }): Promise<T.Claim> {
+    checkString('a permit id', id);
+    if (!Number.isSafeInteger(o.waitMs) || o.waitMs <= 0) {
+      throw new PgcoordError('bad_argument', 'claimWait needs waitMs, a whole number of milliseconds > 0');
+    }
+    if (this.waiters.has(id)) throw new PgcoordError('bad_argument', `claimWait of ${id} is already running`);
+    const w: Waiter = { conn: null, outcome: null, failure: null, wake: () => {} };
+    this.waiters.set(id, w);
+    try {
+      const c = await this.claim(id, quotas, o);
+      if (c.status === 'denied') {
+        const room = `${c.in_flight}/${c.limit} in flight, ${c.waiting ?? 0} waiting`;
+        throw new PgcoordError('denied', `claim ${id}: no room in ${c.quota} (${room})`);
+      }
+      if (c.status !== 'queued') return c;
+      // Its outcome is pushed to the session that queued it.
+      if (c.mine === false) throw new PgcoordError('conflict', `claim ${id}: queued by another session`);
+      w.conn = this.conn;
+      if (!this.conn?.alive) w.failure = new PgcoordError('connection_lost', `waiting for ${id}: the connection broke`);
+      return await this.awaitOutcome(id, w, c, o.signal);
+    } finally {
+      if (this.waiters.get(id) === w) this.waiters.delete(id);
+    }
+  }
+
+  private async awaitOutcome(id: string, w: Waiter, c: T.Claim, signal: AbortSignal | undefined): Promise<T.Claim> {
+    // The outcome is pushed; the timer only covers one pushed and lost.
+    const leftMs = Number(c.deadline_at ?? 0) - Number(c.now_at ?? 0) + 5000;
+    let why: 'heard' | 'aborted' | 'unheard' = 'heard';
+    await new Promise<void>((resolve) => {
+      if (w.outcome || w.failure) return resolve();
+      const timer = setTimeout(() => {
+        why = 'unheard';
+        done();
+      }, leftMs);
+      const onAbort = () => {
+        why = 'aborted';
+        done();
+      };
+      const done = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        resolve();
+      };
+      w.wake = done;
+      if (signal?.aborted) return onAbort();
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+    if (why === 'heard') {
+      if (w.failure) throw w.failure;
+      return outcomeClaim(id, w.outcome!);
+    }
+    // Given up or not heard: cancel; what was admitted meanwhile is
+    // released (given up) or answered as held (not heard).
+    let admitted = await this.cancelWait(id);
+    admitted ||= w.outcome?.method === 'permit.admitted';
+    if (why === 'aborted') {
+      if (admitted) await this.release(id, { reason: 'waiting claim given up' });
+      throw abortError(`waiting for ${id}`, signal!);
+    }
+    if (!admitted) {
+      if (w.outcome) return outcomeClaim(id, w.outcome);
+      throw new PgcoordError('expired', `claim ${id}: no outcome heard; cancelled`);
+    }
+    const g = await this.permitGet(id);
+    const p = g.permit;
+    return {
+      status: 'held',
+      id,
+      token: p.token,
+      state: p.state,
+      phase: p.phase,
+      owner_session: p.owner_session,
+      owner_replica: p.owner_replica,
+      mine: true,
+      created_at: p.created_at,
+      now_at: g.now_at,
+      granted: true,
+      attempts: 1,
+      earlier_outcome_unknown: false,
+    };
+  }
+
+  private failWaiters(why: string, conn: Connection | null): void {
+    for (const [id, w] of this.waiters) {
+      if (!w.conn || (conn && w.conn !== conn) || w.outcome || w.failure) continue;
+      w.failure = new PgcoordError('connection_lost', `waiting for ${id}: ${why}`);
+      w.wake();
     }
   }
 
@@ -699,4 +846,14 @@ export class Client extends EventEmitter {
   ): Promise<T.RecordRecovered> {
     return this.typed('record.recover', opt({}, { kinds: o.kinds, limit: o.limit, dry_run: o.dryRun }), o);
   }
+}
+
+/** claimWait's result from its notification (or an expiry as an error). */
+function outcomeClaim(id: string, n: NotificationEvent): T.Claim {
+  const p = n.params;
+  if (n.method === 'permit.expired') {
+    throw new PgcoordError('expired', `claim ${id}: left the queue: ${String(p.reason)}`);
+  }
+  const r = { ...p, status: 'admitted', mine: true } as unknown as T.ClaimResult;
+  return { ...r, granted: true, attempts: 1, earlier_outcome_unknown: false };
 }

@@ -35,6 +35,8 @@ export type ClientCode =
   | 'aborted' // the caller's AbortSignal fired
   | 'bad_argument' // the caller passed a value of the wrong type
   | 'gave_up' // a claim ran out of retries after an unknown outcome
+  | 'denied' // claimWait's claim could not even queue
+  | 'expired' // claimWait's claim left the queue without admission
   | 'lease_lost'; // why a Leadership's signal was aborted
 
 export type ErrorCode = AgentCode | ClientCode | (string & {});

@@ -131,9 +131,9 @@ export interface QuotaSet {
 }
 
 /** A claim's result: `admitted`/`held` carry the permit, `denied` the first
- * quota without room. */
+ * quota without room, `queued` (with waitMs) its place in the queue. */
 export interface ClaimResult {
-  status: 'admitted' | 'held' | 'denied';
+  status: 'admitted' | 'held' | 'denied' | 'queued';
   id: string;
   now_at: Int;
   // admitted / held
@@ -149,6 +149,23 @@ export interface ClaimResult {
   limit?: Int;
   in_flight?: Int;
   weight?: Int;
+  /** denied: waiters queued on that quota */
+  waiting?: Int;
+  // queued: 1 is next in line; ms on the database clock
+  position?: Int;
+  queued_at?: Int;
+  deadline_at?: Int;
+  /** admitted from the queue (claimWait): how long it waited */
+  queued_ms?: Int;
+}
+
+/** permit.cancel's result: `cancelled` when it left the queue; `admitted`
+ * or `held` when the caller owns a permit it must release. */
+export interface PermitCancel {
+  id: string;
+  cancelled: boolean;
+  status: 'cancelled' | 'admitted' | 'held' | 'released';
+  now_at: Int;
 }
 
 /** What claim() answers: the result, and how it was reached. */

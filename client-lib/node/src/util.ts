@@ -97,8 +97,15 @@ export function claimParams(
   intent: Uint8Array | string | undefined,
   onOwnerLoss: string | undefined,
   limit: number | undefined,
+  waitMs?: number,
 ): Params {
   const p: Params = { id, quotas: quotaParams(quotas) };
+  if (waitMs !== undefined && waitMs !== 0) {
+    if (!Number.isSafeInteger(waitMs) || waitMs < 0) {
+      throw new PgcoordError('bad_argument', 'waitMs is a whole number of milliseconds, 0 or more');
+    }
+    p.wait_ms = waitMs;
+  }
   if (intent !== undefined) p.intent = intent;
   if (onOwnerLoss !== undefined) p.on_owner_loss = onOwnerLoss;
   if (limit !== undefined) p.limit = limit;

@@ -494,3 +494,66 @@ test('watches: typed calls, their notifications as events, cancel, bad arguments
     },
   );
 });
+
+const QUEUED = { status: 'queued', id: 'w', position: 2, queued_at: 1000, deadline_at: 61000, mine: true, now_at: 1000 };
+
+for (const outcome of ['permit.admitted', 'permit.expired']) {
+  test(`claimWait: queued, then ${outcome}`, async () => {
+    await withFake(
+      (req, conn) => {
+        if (req.method !== 'permit.claim') return { error: { code: 'method_not_found', message: 'x' } };
+        assert.equal(req.params.wait_ms, 60000);
+        setTimeout(() => {
+          const p = { id: 'w', token: 7, state: 'held', phase: 'reserved', owner_session: 3, queued_ms: 40 };
+          conn.sock.write(encode([2, outcome, [{ ...p, reason: 'wait_ms elapsed', now_at: 1040 }]]));
+        }, 20);
+        return QUEUED;
+      },
+      async (client) => {
+        const heard = [];
+        client.on(outcome, (p) => heard.push(p.id));
+        const wait = client.claimWait('w', 'q', { waitMs: 60000 });
+        if (outcome === 'permit.expired') {
+          await assert.rejects(wait, (e) => e.code === 'expired' && /wait_ms elapsed/.test(e.message));
+        } else {
+          const r = await wait;
+          assert.equal(r.granted, true);
+          assert.equal(r.token, 7);
+          assert.equal(r.queued_ms, 40);
+        }
+        assert.deepEqual(heard, ['w'], 'the notification reaches the listeners too');
+      },
+    );
+  });
+}
+
+test('claimWait aborted: cancels, and releases an admission that came meanwhile', async () => {
+  const sent = [];
+  await withFake(
+    (req) => {
+      sent.push(req.method);
+      if (req.method === 'permit.claim') return QUEUED;
+      if (req.method === 'permit.cancel') return { id: 'w', cancelled: false, status: 'held', now_at: 2000 };
+      return { id: 'w', released: true, state: 'released', released_at: 2001, now_at: 2001 };
+    },
+    async (client) => {
+      const wait = client.claimWait('w', 'q', { waitMs: 60000, signal: AbortSignal.timeout(200) });
+      await assert.rejects(wait, (e) => e.code === 'aborted');
+    },
+  );
+  assert.deepEqual(sent, ['permit.claim', 'permit.cancel', 'permit.release']);
+});
+
+test('claimWait on a connection that breaks: connection_lost, retryable, at once', async () => {
+  await withFake(
+    (req, conn) => {
+      setTimeout(() => conn.sock.destroy(), 20);
+      return QUEUED;
+    },
+    async (client) => {
+      const t0 = monoMs();
+      await assert.rejects(client.claimWait('w', 'q', { waitMs: 60000 }), (e) => e.code === 'connection_lost' && e.retryable);
+      assert.ok(monoMs() - t0 < 2000);
+    },
+  );
+});

@@ -12,7 +12,7 @@ import { Agent, Database, haveFleet } from './fleet.mjs';
 const skip = haveFleet() ? false : 'needs tests/harness/with-postgres and PGCOORD_TEST_AGENT_BIN';
 const WATCH_POLL_MS = 100;
 const TIMINGS = ['--heartbeat-interval-ms', '200', '--session-ttl-ms', '1500', '--lease-retry-ms', '100',
-  '--janitor-interval-ms', '200', '--watch-poll-ms', String(WATCH_POLL_MS)];
+  '--janitor-interval-ms', '200', '--watch-poll-ms', String(WATCH_POLL_MS), '--wait-poll-ms', '50'];
 let db, tmp, agentA, agentB;
 const clients = [];
 
@@ -225,4 +225,41 @@ test("watch: a quota watcher hears another session's release within the poll int
 
   assert.equal(await w.watchCancel(qw.watch), true);
   assert.equal(await w.watchCancel(qw.watch), false);
+});
+
+test('claimWait: queued on one agent, admitted when another frees the slot; expired; aborted', { skip }, async () => {
+  const [holder] = await connect(agentA, 'wait-holder');
+  const [waiter, sid] = await connect(agentB, 'wait-waiter');
+  const queued = async (id) => (await rows(`SELECT count(*) FROM pgcoord.waiters WHERE id = '${id}' AND state = 'queued'`))[0][0];
+  assert.equal((await holder.claim('nw-holder', { 'node-wq': 1 }, { limit: 1 })).status, 'admitted');
+
+  const heard = [];
+  waiter.on('permit.admitted', (p) => heard.push(p.id));
+  const wait = waiter.claimWait('nw-1', { 'node-wq': 1 }, { waitMs: 20000 });
+  while ((await queued('nw-1')) !== '1') await new Promise((r) => setTimeout(r, 20));
+  const second = await holder.claim('nw-2', { 'node-wq': 1 }, { waitMs: 20000 });
+  assert.equal(second.status, 'queued');
+  assert.equal(second.position, 2);
+  assert.ok(second.deadline_at > second.queued_at);
+  const cancelled = await holder.permitCancel('nw-2');
+  assert.deepEqual([cancelled.cancelled, cancelled.status], [true, 'cancelled']);
+  await holder.release('nw-holder');
+  const r = await wait;
+  assert.equal(r.status, 'admitted');
+  assert.equal(r.owner_session, sid);
+  assert.ok(r.token > 0 && r.queued_ms >= 0);
+  assert.deepEqual(heard, ['nw-1']);
+  assert.deepEqual(await rows("SELECT state, owner_session::text FROM pgcoord.permits WHERE id = 'nw-1'"), [['held', String(sid)]]);
+
+  await assert.rejects(waiter.claimWait('nw-3', { 'node-wq': 1 }, { waitMs: 200 }), (e) => e.code === 'expired');
+  assert.deepEqual(await rows("SELECT count(*) FROM pgcoord.permits WHERE id = 'nw-3'"), [['0']]);
+  assert.equal(await queued('nw-3'), '0');
+
+  const given = holder.claimWait('nw-4', { 'node-wq': 1 }, { waitMs: 20000, signal: AbortSignal.timeout(300) });
+  await assert.rejects(given, (e) => e.code === 'aborted');
+  assert.equal(await queued('nw-4'), '0');
+  await waiter.release('nw-1');
+  assert.deepEqual(await rows("SELECT in_flight FROM pgcoord.quotas WHERE key = 'node-wq'"), [['0']]);
+  assert.deepEqual(await rows("SELECT count(*) FROM pgcoord.permits WHERE id = 'nw-4'"), [['0']]);
+  assert.equal((await holder.permitCheck()).ok, true);
 });

@@ -465,3 +465,87 @@ def test_a_session_lost_to_a_missed_keepalive_raises_session_expired(fake):
         assert notes.get(timeout=2) == ("session.lost",
                                         {"session": 41, "reason": "keepalive missed"})
         assert c.session_lost
+
+
+QUEUED = {"status": "queued", "id": "w", "position": 2, "queued_at": 1000,
+          "deadline_at": 61000, "mine": True, "now_at": 1000}
+
+
+@pytest.mark.parametrize("outcome", ["permit.admitted", "permit.expired"])
+def test_claim_wait_hears_the_admission_or_the_expiry(fake, outcome):
+    def handler(index, method, p):
+        if method == "permit.claim":
+            return [QUEUED, ("notify", outcome, {"id": "w", "token": 7, "state": "held",
+                                                 "phase": "claimed", "owner_session": 3,
+                                                 "queued_ms": 40, "reason": "wait_ms elapsed",
+                                                 "now_at": 1040})]
+        return basic(index, method, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        q = c.subscribe()
+        if outcome == "permit.expired":
+            with pytest.raises(pgcoord.WaitExpired) as e:
+                c.claim_wait("w", "q", 60000)
+            assert e.value.reason == "wait_ms elapsed"
+        else:
+            r = c.claim_wait("w", "q", 60000)
+            assert r.granted and r.token == 7 and r.queued_ms == 40 and r.owner_session == 3
+        assert q.get(timeout=2)[0] == outcome   # the notification is delivered too
+        assert f.requests[0][2]["wait_ms"] == 60000
+
+
+def test_claim_wait_cancelled_releases_a_late_admission(fake):
+    def handler(index, method, p):
+        if method == "permit.claim":
+            return QUEUED
+        if method == "permit.cancel":
+            return {"id": "w", "cancelled": False, "status": "held", "now_at": 2000}
+        if method == "permit.release":
+            return {"id": "w", "released": True, "state": "released", "now_at": 2001}
+        return basic(index, method, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        stop = threading.Event()
+        threading.Timer(0.2, stop.set).start()
+        with pytest.raises(pgcoord.WaitExpired) as e:
+            c.claim_wait("w", "q", 60000, cancel=stop)
+        assert e.value.reason == "cancelled by the caller"
+    assert [m for _, m, _ in f.requests] == ["permit.claim", "permit.cancel", "permit.release"]
+
+
+def test_claim_wait_on_a_lost_connection_is_retryable(fake):
+    def handler(index, method, p):
+        if method == "permit.claim":
+            return [QUEUED, ("close",)]
+        return basic(index, method, p)
+    f = fake(handler)
+    with Client(f.path, timeout=2) as c:
+        t0 = time.monotonic()
+        with pytest.raises(pgcoord.ConnectionLost) as e:
+            c.claim_wait("w", "q", 60000)
+        assert e.value.retryable and time.monotonic() - t0 < 2
+
+
+def test_async_claim_wait_admitted_then_cancelled_releases(fake):
+    def handler(index, method, p):
+        if method == "permit.claim" and p["id"] == "w":
+            return [QUEUED, ("notify", "permit.admitted", {"id": "w", "token": 9, "state": "held",
+                                                           "queued_ms": 5, "now_at": 1005})]
+        if method == "permit.claim":
+            return dict(QUEUED, id=p["id"])
+        if method == "permit.cancel":
+            return {"id": p["id"], "cancelled": False, "status": "held", "now_at": 2000}
+        if method == "permit.release":
+            return {"id": p["id"], "released": True, "state": "released", "now_at": 2001}
+        return basic(index, method, p)
+    f = fake(handler)
+
+    async def main():
+        async with await AsyncClient.connect(f.path, timeout=2) as c:
+            r = await c.claim_wait("w", "q", 60000)
+            assert r.granted and r.token == 9 and r.queued_ms == 5
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(c.claim_wait("w2", "q", 60000), 0.2)
+    asyncio.run(main())
+    assert [m for _, m, p in f.requests if p.get("id") == "w2"] == \
+        ["permit.claim", "permit.cancel", "permit.release"]

@@ -14,9 +14,9 @@ from . import types as T
 from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
 from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict, ConnectError,
-                     ConnectionLost, GaveUp, NotFound, PgcoordError, ProtocolError,
-                     SessionExpired, error_from_wire)
-from .client import RESUME_PATIENCE_MS
+                     ConnectionLost, GaveUp, MethodNotFound, NotFound, PgcoordError,
+                     ProtocolError, SessionExpired, WaitExpired, error_from_wire)
+from .client import RESUME_PATIENCE_MS, held_claim, wait_outcome
 from .framing import NOTIFICATION, FrameReader, Message, pack_request
 
 READ_CHUNK = 65536
@@ -71,6 +71,7 @@ class AsyncClient(Api):
         self._queues: list[asyncio.Queue] = []
         self._leases: dict[str, bool] = {}
         self._lease_event = asyncio.Event()
+        self._waiters: dict[str, list] = {}   # claim_wait's: [outcome future, socket]
         self._closed = False
         self._conn_lock = asyncio.Lock()
 
@@ -123,6 +124,8 @@ class AsyncClient(Api):
         if self.session and not self._lost_at_ms:
             self._lost_at_ms = mono_ms()
         self._lease_event.set()
+        # What was pushed to the lost connection is not pushed again.
+        self._fail_waiters(f"the connection broke: {failure.message}", self._sock)
         self._notify("connection.lost", {"reason": str(failure)})
 
     async def _read_loop(self, s: socket.socket) -> None:
@@ -161,6 +164,11 @@ class AsyncClient(Api):
             self.beliefs.note(m.method, m.params, m.stamp_ms, sid)
             if m.method == "session.lost" and m.params.get("session") == sid:
                 self.session_lost = True
+                self._fail_waiters("the session was lost", None)
+            if m.method in ("permit.admitted", "permit.expired"):
+                w = self._waiters.get(m.params.get("id"))
+                if w is not None and not w[0].done():
+                    w[0].set_result((m.method, m.params))
             self._lease_event.set()
             self._notify(m.method, m.params)
             return
@@ -376,8 +384,11 @@ class AsyncClient(Api):
             backoff = min(backoff * 2, 1.0)
 
     async def claim(self, id: str, quotas, *, intent=None, on_owner_loss=None, limit=None,
-                    timeout=None, retry_for=None, give_up: bool = True) -> T.Claim:
-        params = claim_params(id, quotas, intent, on_owner_loss, limit)
+                    wait_ms=None, timeout=None, retry_for=None,
+                    give_up: bool = True) -> T.Claim:
+        """wait_ms: see Client.claim; the outcome of a "queued" claim comes
+        as a permit.admitted or permit.expired notification."""
+        params = claim_params(id, quotas, intent, on_owner_loss, limit, wait_ms)
         try:
             m, unknown, attempts = await self._retrying(
                 lambda: self.call("permit.claim", params, timeout=timeout), retry_for)
@@ -401,8 +412,77 @@ class AsyncClient(Api):
             await self.release(id, reason="given up after an unknown outcome",
                                retry_for=retry_for)
         except NotFound:
-            pass
+            # A claim that queued is not a permit; cancel takes it out.
+            if await self._cancel_wait(id):
+                await self.release(id, reason="given up after an unknown outcome",
+                                   retry_for=retry_for)
         return True
+
+    async def _cancel_wait(self, id: str) -> bool:
+        """permit.cancel; True when it was admitted meanwhile."""
+        try:
+            c = await self.permit_cancel(id)
+        except (NotFound, MethodNotFound):
+            return False
+        return c.status in ("admitted", "held")
+
+    async def claim_wait(self, id: str, quotas, wait_ms: int, **kw) -> T.Claim:
+        """Client.claim_wait as a coroutine: cancelling the task that awaits
+        it cancels the claim (releasing a permit admitted meanwhile)."""
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms <= 0:
+            raise TypeError("claim_wait's wait_ms is an int > 0")
+        if id in self._waiters:
+            raise RuntimeError(f"claim_wait of {id!r} is already running on this client")
+        w = [asyncio.get_running_loop().create_future(), None]  # outcome, the socket it queued on
+        self._waiters[id] = w
+        try:
+            c = await self.claim(id, quotas, wait_ms=wait_ms, **kw)
+            if c.status == "denied":
+                raise ClaimDenied(f"claim {id}: no room in {c.quota} "
+                                  f"({c.waiting or 0} waiting)", c)
+            if c.status != "queued":
+                return c
+            if c.mine is False:   # its outcome is pushed to the session that queued it
+                raise Conflict(f"claim {id}: queued by another session")
+            w[1] = self._sock
+            if self._failure is not None and not w[0].done():
+                w[0].set_exception(ConnectionLost("waiting for a queued claim: the connection broke"))
+            # The outcome is pushed; the timeout covers one pushed and lost.
+            left = ((c.deadline_at or 0) - (c.now_at or 0)) / 1000.0 + 5.0
+            try:
+                method, params = await asyncio.wait_for(asyncio.shield(w[0]), left)
+            except asyncio.TimeoutError:
+                return await self._settle_wait(id, w[0], gave_up=False)
+            except asyncio.CancelledError:
+                with contextlib.suppress(PgcoordError):
+                    await self._settle_wait(id, w[0], gave_up=True)
+                raise
+            return wait_outcome(id, method, params)
+        finally:
+            if self._waiters.get(id) is w:
+                del self._waiters[id]
+            if w[0].done() and not w[0].cancelled():
+                w[0].exception()  # seen: no "never retrieved" warning
+
+    async def _settle_wait(self, id, fut, *, gave_up: bool):
+        admitted = await self._cancel_wait(id)
+        heard = fut.result() if fut.done() and fut.exception() is None else None
+        admitted = admitted or (heard is not None and heard[0] == "permit.admitted")
+        if gave_up:
+            if admitted:
+                await self.release(id, reason="waiting claim given up")
+            return None
+        if not admitted:
+            if heard is not None:
+                return wait_outcome(id, *heard)
+            raise WaitExpired(f"claim {id}: no outcome heard; cancelled", "no outcome heard")
+        return held_claim(id, await self.permit_get(id))
+
+    def _fail_waiters(self, why: str, sock) -> None:
+        """Ends the waits queued on sock (None: on any connection)."""
+        for id, (fut, on) in self._waiters.items():
+            if on is not None and (sock is None or on is sock) and not fut.done():
+                fut.set_exception(ConnectionLost(f"waiting for {id}: {why}"))
 
     async def release(self, id: str, *, override=None, reason=None, timeout=None,
                       retry_for=None) -> T.PermitChange:

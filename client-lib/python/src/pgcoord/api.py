@@ -115,6 +115,12 @@ class Api:
                                  override=override),
                             lambda m: T.from_map(T.PermitChange, m), timeout)
 
+    def permit_cancel(self, id: str, *, timeout=None):
+        """Takes the session's waiting claim out of the queue (NotFound
+        when it is neither queued nor a permit)."""
+        return self._invoke("permit.cancel", {"id": id},
+                            lambda m: T.from_map(T.Cancel, m), timeout)
+
     def permit_get(self, id: str, *, timeout=None):
         return self._invoke("permit.get", {"id": id},
                             lambda m: T.from_map(T.Permit, m.get("permit")), timeout)
@@ -192,11 +198,14 @@ class Api:
                             lambda m: bool(m.get("cancelled")), timeout)
 
 
-def claim_params(id: str, quotas: QuotaSpec, intent, on_owner_loss, limit) -> dict:
+def claim_params(id: str, quotas: QuotaSpec, intent, on_owner_loss, limit,
+                 wait_ms=None) -> dict:
     if not isinstance(id, str) or not id:
         raise TypeError("a permit id is a non-empty str")
+    if wait_ms is not None and (not isinstance(wait_ms, int) or isinstance(wait_ms, bool)):
+        raise TypeError("wait_ms is an int of milliseconds")
     return _opt({"id": id, "quotas": quota_params(quotas)}, intent=intent,
-                on_owner_loss=on_owner_loss, limit=limit)
+                on_owner_loss=on_owner_loss, limit=limit, wait_ms=wait_ms or None)
 
 
 def session_open_params(name, keepalive_ms):

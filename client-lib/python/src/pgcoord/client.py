@@ -18,9 +18,9 @@ from typing import Callable, Optional
 from . import types as T
 from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
-from .errors import (ClaimDenied, ClientClosed, ConnectError, ConnectionLost, CallTimeout,
+from .errors import (ClaimDenied, MethodNotFound, ClientClosed, ConnectError, ConnectionLost, CallTimeout,
                      GaveUp, NotFound, PgcoordError, ProtocolError, SessionExpired, Conflict,
-                     error_from_wire)
+                     WaitExpired, error_from_wire)
 from .framing import NOTIFICATION, FrameReader, Message, pack_request
 
 DEFAULT_SOCKET = "/run/pgcoord/agent.sock"
@@ -171,6 +171,42 @@ class _Connection:
         p.event.set()
 
 
+def wait_outcome(id: str, method: str, params: dict) -> T.Claim:
+    """claim_wait's admission from its permit.admitted, or WaitExpired."""
+    if method == "permit.expired":
+        reason = params.get("reason")
+        raise WaitExpired(f"claim {id}: left the queue: {reason}", reason)
+    c = T.from_map(T.Claim, dict(params, status="admitted", mine=True))
+    c.earlier_outcome_unknown, c.attempts = False, 1
+    return c
+
+
+def held_claim(id: str, p: T.Permit) -> T.Claim:
+    """The answer for a claim admitted from the queue unheard: the permit."""
+    c = T.from_map(T.Claim, {"status": "held", "id": id, "token": p.token, "state": p.state,
+                             "phase": p.phase, "owner_session": p.owner_session,
+                             "owner_replica": p.owner_replica, "mine": True,
+                             "created_at": p.created_at})
+    c.earlier_outcome_unknown, c.attempts = False, 1
+    return c
+
+
+class _Waiter:
+    """claim_wait's ear for its id: the permit.admitted/permit.expired
+    params, or the failure that ended the connection or session."""
+
+    __slots__ = ("event", "method", "params", "failure", "conn")
+
+    def __init__(self):
+        # The connection the claim queued on (a failure of an earlier
+        # one was claim's to retry): its failure ends the wait.
+        self.conn: Optional[_Connection] = None
+        self.event = threading.Event()
+        self.method: Optional[str] = None
+        self.params: dict = {}
+        self.failure: Optional[PgcoordError] = None
+
+
 class Lead:
     """The belief in one lease, as the context manager hands it out. Every
     property reads the local clock only; none does I/O."""
@@ -234,6 +270,10 @@ class Client(Api):
         self._closed = False
         self._leases: dict[str, bool] = {}   # name -> wait (to re-ask after a resume)
         self._lease_cv = threading.Condition()
+        self._waiters: dict[str, _Waiter] = {}   # claim_wait's, by permit id
+        # Its own lock: the reader takes it, while _lock is held across
+        # calls (a resume) that wait for the reader.
+        self._waiters_lock = threading.Lock()
         self._handlers: list[tuple[Optional[str], Callable]] = []
         self._queues: list[queue.Queue] = []
         self._dispatch_q: queue.Queue = queue.Queue()
@@ -261,6 +301,8 @@ class Client(Api):
                 self._lost_at_ms = mono_ms()
         with self._lease_cv:
             self._lease_cv.notify_all()
+        # What was pushed to the lost connection is not pushed again.
+        self._fail_waiters(ConnectionLost(f"waiting for a queued claim: {failure.message}"), conn)
         self._dispatch_q.put(("connection.lost", {"reason": str(failure)}))
 
     def _live_conn(self) -> _Connection:
@@ -407,6 +449,13 @@ class Client(Api):
         self.beliefs.note(m.method, m.params, m.stamp_ms, sid)
         if m.method == "session.lost" and m.params.get("session") == sid:
             self.session_lost = True
+            self._fail_waiters(ConnectionLost("waiting for a queued claim: the session was lost"))
+        if m.method in ("permit.admitted", "permit.expired"):
+            with self._waiters_lock:
+                w = self._waiters.get(m.params.get("id"))
+            if w is not None and not w.event.is_set():
+                w.method, w.params = m.method, m.params
+                w.event.set()
         if m.method in ("lease.changed", "session.lost"):
             with self._lease_cv:
                 self._lease_cv.notify_all()
@@ -525,13 +574,15 @@ class Client(Api):
             backoff = min(backoff * 2, 1.0)
 
     def claim(self, id: str, quotas, *, intent=None, on_owner_loss: Optional[str] = None,
-              limit: Optional[int] = None, timeout=None,
+              limit: Optional[int] = None, wait_ms: Optional[int] = None, timeout=None,
               retry_for: Optional[float] = None, give_up: bool = True) -> T.Claim:
         """permit.claim, retried with the same id on retryable errors (a
         lost reply included) for retry_for seconds. When it runs out after
         an attempt whose outcome was unknown, the id is released (give_up)
-        and GaveUp is raised."""
-        params = claim_params(id, quotas, intent, on_owner_loss, limit)
+        and GaveUp is raised. wait_ms (0..3600000): a claim that cannot be
+        admitted now queues that long and answers "queued"; its outcome
+        comes as permit.admitted or permit.expired (claim_wait waits)."""
+        params = claim_params(id, quotas, intent, on_owner_loss, limit, wait_ms)
         try:
             m, unknown, attempts = self._retrying(
                 "permit.claim", lambda: self.call("permit.claim", params, timeout=timeout),
@@ -564,8 +615,114 @@ class Client(Api):
         try:
             self.release(id, reason="given up after an unknown outcome", retry_for=retry_for)
         except NotFound:
-            pass  # nothing was admitted: the id is now retired
+            # Nothing admitted; a claim that queued is not a permit yet,
+            # and a release does not take it out of the queue.
+            if self._cancel_wait(id):
+                self.release(id, reason="given up after an unknown outcome",
+                             retry_for=retry_for)
         return True
+
+    def _cancel_wait(self, id: str) -> bool:
+        """permit.cancel; True when the claim was admitted meanwhile (the
+        caller now owns a permit to release)."""
+        try:
+            c = T.from_map(T.Cancel, self.call("permit.cancel", {"id": id}))
+        except (NotFound, MethodNotFound):
+            return False
+        return c.status in ("admitted", "held")
+
+    def claim_wait(self, id: str, quotas, wait_ms: int, *, cancel: Optional[threading.Event] = None,
+                   **kw) -> T.Claim:
+        """Claims id with wait_ms and blocks until the outcome: the
+        admission (at once or from the queue), WaitExpired when it left the
+        queue without one, ClaimDenied when it could not even queue. When
+        cancel is set, or the wait is interrupted (KeyboardInterrupt,
+        anything raised in it), the claim is cancelled, and a permit it was
+        admitted to meanwhile released, so nothing leaks; cancel raises
+        WaitExpired(reason="cancelled by the caller"). A connection or
+        session lost while waiting raises ConnectionLost (retryable): a
+        retry with the same id answers the current state (still queued: it
+        waits on; admitted: "held")."""
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms <= 0:
+            raise TypeError("claim_wait's wait_ms is an int > 0")
+        w = _Waiter()
+        with self._waiters_lock:
+            if id in self._waiters:
+                raise RuntimeError(f"claim_wait of {id!r} is already running on this client")
+            self._waiters[id] = w
+        try:
+            c = self.claim(id, quotas, wait_ms=wait_ms, **kw)
+            if c.status == "denied":
+                raise ClaimDenied(f"claim {id}: no room in {c.quota} "
+                                  f"({c.in_flight}/{c.limit} in flight, "
+                                  f"{c.waiting or 0} waiting)", c)
+            if c.status != "queued":
+                return c
+            if c.mine is False:   # its outcome is pushed to the session that queued it
+                raise Conflict(f"claim {id}: queued by another session")
+            with self._waiters_lock:
+                w.conn = self._conn
+                if not w.conn.alive:
+                    w.failure = ConnectionLost("waiting for a queued claim: the connection broke")
+                    w.event.set()
+            return self._await_outcome(id, w, c, cancel)
+        finally:
+            with self._waiters_lock:
+                if self._waiters.get(id) is w:
+                    del self._waiters[id]
+
+    def _await_outcome(self, id, w: _Waiter, c: T.Claim, cancel) -> T.Claim:
+        # The outcome is pushed; the end only covers one pushed and lost
+        # (on a connection that broke and was resumed in between).
+        end = time.monotonic() + ((c.deadline_at or 0) - (c.now_at or 0)) / 1000.0 + 5.0
+        try:
+            while not w.event.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    self._settle_wait(id, w, gave_up=True)
+                    raise WaitExpired(f"claim {id}: cancelled by the caller",
+                                      "cancelled by the caller")
+                if time.monotonic() >= end:
+                    return self._settle_wait(id, w, gave_up=False)
+        except PgcoordError:
+            raise
+        except BaseException:
+            with contextlib.suppress(PgcoordError):
+                self._settle_wait(id, w, gave_up=True)
+            raise
+        if w.failure is not None:
+            raise w.failure
+        return self._outcome(id, w)
+
+    @staticmethod
+    def _outcome(id, w: _Waiter) -> T.Claim:
+        return wait_outcome(id, w.method, w.params)
+
+    def _settle_wait(self, id, w: _Waiter, *, gave_up: bool) -> Optional[T.Claim]:
+        """Cancels a wait the caller gave up, or whose outcome was never
+        heard. A permit admitted meanwhile is released when the caller gave
+        up, and answered ("held") when it was not heard."""
+        admitted = self._cancel_wait(id)
+        if not admitted and w.event.is_set() and w.method == "permit.admitted":
+            admitted = True   # admitted while we asked
+        if gave_up:
+            if admitted:
+                self.release(id, reason="waiting claim given up")
+            return None
+        if not admitted:
+            if w.event.is_set() and w.failure is None:
+                return self._outcome(id, w)
+            raise WaitExpired(f"claim {id}: no outcome heard; cancelled", "no outcome heard")
+        return held_claim(id, self.permit_get(id))
+
+    def _fail_waiters(self, failure: PgcoordError, conn: Optional[_Connection] = None) -> None:
+        """Ends the waits queued on conn (None: on any connection)."""
+        with self._waiters_lock:
+            waiters = [w for w in self._waiters.values()
+                       if w.conn is not None and (conn is None or w.conn is conn)]
+        for w in waiters:
+            if not w.event.is_set():
+                w.failure = failure
+                w.event.set()
 
     def release(self, id: str, *, override: Optional[bool] = None,
                 reason: Optional[str] = None, timeout=None,

@@ -149,6 +149,18 @@ class ClaimDenied(PgcoordError):
         self.claim = claim
 
 
+class WaitExpired(PgcoordError):
+    """claim_wait's claim left the queue without admission (permit.expired:
+    its wait_ms elapsed, or an admin cancelled it); reason says which.
+    Nothing of it remains: the id is free again."""
+
+    code = "expired"
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
 class GaveUp(PgcoordError):
     """A claim kept failing with retryable errors until its retry budget ran
     out. When an attempt's outcome was unknown the id was released (retired)

@@ -146,7 +146,10 @@ class Quota:
 
 @dataclass
 class Claim:
-    """A permit.claim result: status is "admitted", "held" or "denied".
+    """A permit.claim result: status is "admitted", "held", "denied" or
+    "queued" (with wait_ms: position, 1 is next; queued_at and deadline_at
+    in ms of the database clock; mine False when another session queued
+    it). claim_wait's admission from the queue has queued_ms.
     earlier_outcome_unknown: an earlier attempt of this id had no answer, so
     a "denied" speaks only for the retry (PROTOCOL.md, "After an outcome you
     did not see"): give the id up with Client.give_up."""
@@ -164,6 +167,11 @@ class Claim:
     limit: Optional[int] = None
     in_flight: Optional[int] = None
     weight: Optional[int] = None
+    waiting: Optional[int] = None
+    position: Optional[int] = None
+    queued_at: Optional[int] = None
+    deadline_at: Optional[int] = None
+    queued_ms: Optional[int] = None
     now_at: Optional[int] = None
     earlier_outcome_unknown: bool = False
     attempts: int = 1
@@ -172,6 +180,23 @@ class Claim:
     @property
     def granted(self) -> bool:
         return self.status in ("admitted", "held")
+
+    @property
+    def queued(self) -> bool:
+        return self.status == "queued"
+
+
+@dataclass
+class Cancel:
+    """permit.cancel's result: status "cancelled" (cancelled: it left the
+    queue), "admitted" or "held" (the caller owns a permit and must
+    release it) or "released"."""
+
+    id: str
+    cancelled: Optional[bool] = None
+    status: Optional[str] = None
+    now_at: Optional[int] = None
+    raw: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass
