@@ -396,11 +396,11 @@ static const char *const queue_headers[] = {"quota",	     "waiters",	    "head w
 					    "oldest waiter", "head weight", NULL};
 static void queue_row(struct evbuffer *out, const PGresult *res, int i)
 {
-	td(out, col(res, i, 0));
-	td(out, col(res, i, 1));
+	td(out, pgrow_text(res, i, 0));
+	td(out, pgrow_text(res, i, 1));
 	td_age(out, res, i, 2, "");
-	td(out, col(res, i, 3));
-	td(out, col(res, i, 4));
+	td(out, pgrow_text(res, i, 3));
+	td(out, pgrow_text(res, i, 4));
 }
 
 static const struct section sections[] = {
