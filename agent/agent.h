@@ -24,6 +24,7 @@ struct janitor;
 struct metrics;
 struct http;
 struct watch_registry;
+struct waiter_registry;
 struct group;
 
 enum agent_state {
@@ -62,7 +63,8 @@ struct agent {
 	int nsessions;
 	struct identity id;
 	struct lease_registry *leases;
-	struct watch_registry *watches; /* quota, permit and record watches */
+	struct watch_registry *watches;	 /* quota, permit and record watches */
+	struct waiter_registry *waiters; /* waiting claims of this agent's sessions */
 	struct janitor *janitor;
 	enum agent_state state;
 	uint64_t started_ms;

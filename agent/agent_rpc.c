@@ -9,6 +9,7 @@
 #include "agent/db.h"
 #include "agent/dispatch.h"
 #include "agent/janitor.h"
+#include "agent/waiters.h"
 #include "agent/watches.h"
 #include "agent/leases.h"
 #include "agent/methods.h"
@@ -87,7 +88,7 @@ void rpc_agent_status(struct request *req)
 
 	db_get_stats(ag->db, &st);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 24);
+	msgpack_pack_map(pk, 25);
 	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
 	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
 	pgc_pack_kv_str(pk, "host", ag->id.host);
@@ -110,6 +111,7 @@ void rpc_agent_status(struct request *req)
 	pgc_pack_kv_int(pk, "db_failures", (int64_t)st.failures);
 	pgc_pack_kv_int(pk, "watches", watches_count(ag));
 	pgc_pack_kv_int(pk, "watch_polls", (int64_t)watches_polls(ag));
+	pgc_pack_kv_int(pk, "waiters", waiters_count(ag));
 	pgc_pack_kv_int(pk, "db_standby_refusals", (int64_t)st.standby_refusals);
 	pgc_pack_kv_int(pk, "db_sync_waits_cancelled", (int64_t)st.sync_waits_cancelled);
 	pack_replication(pk, db_replication(ag->db));

@@ -78,6 +78,10 @@ const struct option_def config_options[] = {
     {"watch_poll_ms", OPT_INT, OFF(watch_poll_ms), "500", 50, 60000, false, false,
      "How often the agent reads everything its sessions watch (quota.watch, permit.watch, "
      "record.watch), in one statement whatever the number of watches."},
+    {"wait_poll_ms", OPT_INT, OFF(wait_poll_ms), "100", 10, 10000, false, false,
+     "How often the agent asks the database which of its sessions' waiting claims were "
+     "admitted or expired (permit.claim {wait_ms}), in one statement whatever their number, "
+     "and only while there are some."},
     {"max_watches_per_session", OPT_INT, OFF(max_watches_per_session), "64", 1, 100000, false, true,
      "Quotas, permits and record kinds one session may watch, together; more get a busy "
      "error."},

@@ -42,6 +42,8 @@ struct config {
 	int max_lease_campaigns_per_session;
 	/* quota, permit and record watches (issue 13) */
 	int watch_poll_ms;
+	/* waiting claims (issue 13) */
+	int wait_poll_ms;
 	int max_watches_per_session;
 	int max_output_bytes;
 	/* input path limits (issue 11) */

@@ -52,6 +52,8 @@ static const struct method methods[] = {
     {"permit.list", rpc_permit_list, M_READ | M_DB},
     {"permit.history", rpc_permit_history, M_READ | M_DB},
     {"permit.check", rpc_permit_check, M_READ | M_DB},
+    /* a waiting claim belongs to the session that queued it */
+    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION},
     {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION},
     /* update and settle also run for a session the agent declared lost, so
      * its former owner hears `fenced` (or `session_expired`): records.c */

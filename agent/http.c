@@ -37,6 +37,7 @@
 #define STATUS_MAX_BYTES (512 * 1024)
 /* the schema version that brought quotas and permits (0003_permits.sql) */
 #define SCHEMA_PERMITS 3
+#define SCHEMA_WAITS 13 /* waiting claims */
 
 struct job;
 
@@ -403,6 +404,17 @@ static void permit_row(struct evbuffer *out, const PGresult *res, int i)
 	td(out, owner);
 }
 
+static const char *const queue_headers[] = {"quota",	     "waiters",	    "head waits",
+					    "oldest waiter", "head weight", NULL};
+static void queue_row(struct evbuffer *out, const PGresult *res, int i)
+{
+	td(out, col(res, i, 0));
+	td(out, col(res, i, 1));
+	td_age(out, res, i, 2, "");
+	td(out, col(res, i, 3));
+	td(out, col(res, i, 4));
+}
+
 static const struct section sections[] = {
     {"agents", "Agents", 1,
      "SELECT a.replica_id, a.stopped_at IS NULL AND a.expires_at > now(), a.host, a.pid, "
@@ -437,6 +449,10 @@ static const struct section sections[] = {
      "WHERE s.state <> 'released' AND s.effective_state = 'uncertain' "
      "ORDER BY s.state_at, s.id LIMIT 100",
      permit_headers, permit_row, "no uncertain permit: every reservation's outcome is known"},
+    {"queues", "Waiting claims", SCHEMA_WAITS,
+     "SELECT q.key, q.length, q.head_age_ms, q.oldest_id, q.head_weight" TOTAL
+     " FROM pgcoord.queues() q ORDER BY q.head_age_ms DESC, q.key LIMIT 50",
+     queue_headers, queue_row, "no claim is waiting (permit.claim {wait_ms})"},
 };
 #define NSECTIONS (sizeof(sections) / sizeof(sections[0]))
 

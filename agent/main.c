@@ -33,6 +33,7 @@
 #include "agent/notify.h"
 #include "agent/reload.h"
 #include "agent/sessions.h"
+#include "agent/waiters.h"
 #include "agent/watches.h"
 
 static void usage(FILE *out)
@@ -198,7 +199,7 @@ static int serve(struct agent *ag)
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
 	if (!ag->db || !ag->metrics || !ag->claim_group || !ag->release_group || !ag->sig_term ||
 	    !ag->sig_int || !ag->sig_hup || !leases_start(ag) || !watches_start(ag) ||
-	    !identity_start(ag)) {
+	    !waiters_start(ag) || !identity_start(ag)) {
 		log_error(&ag->log, "main", "out of memory at start-up");
 		ag->exit_code = 1;
 		goto out;
@@ -241,6 +242,7 @@ out:
 	ag->http = NULL;
 	leases_finish(ag);
 	watches_finish(ag);
+	waiters_finish(ag);
 	janitor_finish(ag);
 	identity_finish(ag);
 	notify_finish(ag);

@@ -43,6 +43,7 @@ void rpc_permit_get(struct request *req);
 void rpc_permit_list(struct request *req);
 void rpc_permit_history(struct request *req);
 void rpc_permit_check(struct request *req);
+void rpc_permit_cancel(struct request *req);
 /* how claims and releases are grouped (groups.h) */
 extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
 

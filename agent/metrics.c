@@ -12,6 +12,7 @@
 #include "agent/db.h"
 #include "agent/groups.h"
 #include "agent/janitor.h"
+#include "agent/waiters.h"
 #include "agent/watches.h"
 #include "agent/leases.h"
 #include "proto/codec.h"
@@ -338,6 +339,18 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 	      leases_held_count(ag));
 	gauge(out, "pgcoord_janitor", "1 while this agent is the fleet's janitor.",
 	      janitor_active(ag));
+	gauge(out, "pgcoord_permit_waiters",
+	      "Waiting claims of this agent's sessions still queued, as far as it knows.",
+	      waiters_count(ag));
+	header(out, "pgcoord_permit_queue_admitted_total", "counter",
+	       "permit.admitted notifications pushed: waiting claims admitted from the queue.");
+	evbuffer_add_printf(out, "pgcoord_permit_queue_admitted_total %llu\n",
+			    (unsigned long long)waiters_admitted_total(ag));
+	header(
+	    out, "pgcoord_permit_queue_expired_total", "counter",
+	    "permit.expired notifications pushed: waiting claims that left the queue unadmitted.");
+	evbuffer_add_printf(out, "pgcoord_permit_queue_expired_total %llu\n",
+			    (unsigned long long)waiters_expired_total(ag));
 	gauge(out, "pgcoord_watches", "Quota, permit and record watches of this agent's sessions.",
 	      watches_count(ag));
 	header(out, "pgcoord_watch_polls_total", "counter",

@@ -24,6 +24,7 @@
 #include "agent/metrics.h"
 #include "agent/pgrow.h"
 #include "agent/sessions.h"
+#include "agent/waiters.h"
 
 #define PERMIT_ID_MAX 200
 #define PERMIT_KEY_MAX 200
@@ -32,6 +33,7 @@
 #define PERMIT_TEXT_MAX 4000 /* reasons and evidence */
 #define PERMIT_LIST_DEFAULT 1000
 #define PERMIT_LIST_MAX 10000
+#define PERMIT_WAIT_MS_MAX 3600000
 
 static const char *const phase_names[] = {"reserved", "dispatched", "running", NULL};
 static const char *const owner_loss_names[] = {"uncertain", "release", NULL};
@@ -339,7 +341,11 @@ enum {
 	CL_DLIMIT,
 	CL_DINFLIGHT,
 	CL_DETAIL,
-	CL_NOW
+	CL_NOW,
+	/* permit_wait only (migration 0013) */
+	CL_POSITION,
+	CL_QUEUED_AT,
+	CL_DEADLINE_AT
 };
 
 /* Answers a claim from its row of permit_claim_group: its columns from
@@ -366,6 +372,23 @@ static void claim_answer(struct request *req, void *ctx, const PGresult *res, in
 				 !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
 				     pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
 		pgrow_kv_int(pk, "created_at", res, row, col + CL_CREATED);
+		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
+		req_done(req);
+	} else if (strcmp(status, "queued") == 0 && PQnfields(res) > col + CL_DEADLINE_AT) {
+		/* a waiting claim: permit.admitted or permit.expired follows on
+		 * the connection of the session that queued it (waiters.c) */
+		int64_t owner = pgrow_int(res, row, col + CL_OWNER);
+		bool mine = req->conn->session && owner == req->conn->session->id;
+		if (mine)
+			waiters_track(req->ag, call->id, owner);
+		msgpack_packer *pk = req_result(req);
+		msgpack_pack_map(pk, 7);
+		pgc_pack_kv_str(pk, "status", "queued");
+		pgc_pack_kv_str(pk, "id", call->id);
+		pgrow_kv_int(pk, "position", res, row, col + CL_POSITION);
+		pgrow_kv_int(pk, "queued_at", res, row, col + CL_QUEUED_AT);
+		pgrow_kv_int(pk, "deadline_at", res, row, col + CL_DEADLINE_AT);
+		pgc_pack_kv_bool(pk, "mine", mine);
 		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
 		req_done(req);
 	} else if (strcmp(status, "denied") == 0) {
@@ -423,6 +446,18 @@ static void claim_failed(struct request *req, void *ctx, const struct db_result 
 	call_free(ctx);
 }
 
+/* A waiting claim's own statement (permit_wait, migration 0013). */
+static void waited(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct permit_call *call = take_call(req);
+
+	if (!r->ok || PQntuples(r->res) != 1)
+		claim_failed(req, call, r);
+	else
+		claim_answer(req, call, r->res, 0, 0);
+}
+
 /* Claims waiting at the same moment are judged in one statement, in
  * arrival order, each by permit_claim_as exactly as if alone (migration 0010). */
 const struct group_kind permit_claim_group_kind = {
@@ -443,9 +478,9 @@ void rpc_permit_claim(struct request *req)
 	size_t intent_len = 0;
 	bool has_intent = false, has_limit = false;
 	int on_loss = 0;
-	int64_t limit = 0;
+	int64_t limit = 0, wait_ms = 0;
 	char *keys = NULL, *weights = NULL, *intent_hex = NULL;
-	char session[24], limit_s[24], actor[256], uid[24];
+	char session[24], limit_s[24], actor[256], uid[24], wait_s[24];
 
 	if (!call) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
@@ -455,7 +490,8 @@ void rpc_permit_claim(struct request *req)
 	    !req_param_bytes(req, "intent", false, PERMIT_INTENT_MAX, &intent, &intent_len,
 			     &has_intent) ||
 	    !req_param_enum(req, "on_owner_loss", false, owner_loss_names, &on_loss, NULL) ||
-	    !req_param_int(req, "limit", false, 0, INT32_MAX, &limit, &has_limit))
+	    !req_param_int(req, "limit", false, 0, INT32_MAX, &limit, &has_limit) ||
+	    !req_param_int(req, "wait_ms", false, 0, PERMIT_WAIT_MS_MAX, &wait_ms, NULL))
 		goto fail;
 	if (has_limit && call->nquotas != 1) {
 		req_fail(req, PGC_E_INVALID_PARAMS,
@@ -490,6 +526,20 @@ void rpc_permit_claim(struct request *req)
 				  intent_hex,
 				  has_limit ? limit_s : NULL,
 				  actor};
+	if (wait_ms > 0) {
+		/* a claim that may queue goes alone: the queue is judged in the
+		 * same transaction as the claim (permit_wait, migration 0013) */
+		const char *wparams[12];
+		memcpy(wparams, params, sizeof(params));
+		snprintf(wait_s, sizeof(wait_s), "%" PRId64, wait_ms);
+		wparams[11] = wait_s;
+		call_query(req, call,
+			   "SELECT * FROM pgcoord.permit_wait($1, $2, $3, $4::text[], "
+			   "$5::integer[], $6, $7, $8, $9::bytea, $10::integer, $11, $12)",
+			   12, wparams, waited);
+		call = NULL;
+		goto fail;
+	}
 	/* guarantees 1, 3, 4: the whole admission is one function call, in
 	 * the one statement of its group */
 	group_add(ag->claim_group, req, call, params);
@@ -1043,7 +1093,7 @@ static void checked(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const PGresult *res = r->res;
-	int n, quotas = 0, bad = 0;
+	int n, quotas = 0, bad = 0, stalled = 0;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
@@ -1053,20 +1103,29 @@ static void checked(const struct db_result *r, void *arg)
 	for (int i = 0; i < n; i++) {
 		if (pgrow_null(res, i, 1))
 			continue;
+		if (!pgrow_null(res, i, 7)) {
+			stalled++;
+			continue;
+		}
 		quotas++;
 		bad += PQgetlength(res, i, 6) > 0;
 	}
 	if (bad)
 		log_error(&req->ag->log, "permits",
 			  "conservation check failed for %d quota(s); see permit.check", bad);
+	if (stalled)
+		log_error(&req->ag->log, "permits",
+			  "%d waiting queue(s) have a head that fits but was not admitted; see "
+			  "permit.check",
+			  stalled);
 	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 4);
+	msgpack_pack_map(pk, 5);
 	pgc_pack_kv_bool(pk, "ok", bad == 0);
 	pgc_pack_kv_int(pk, "quotas", quotas);
 	pgc_pack_cstr(pk, "violations");
 	msgpack_pack_array(pk, (size_t)bad);
 	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, 1) || PQgetlength(res, i, 6) == 0)
+		if (pgrow_null(res, i, 1) || !pgrow_null(res, i, 7) || PQgetlength(res, i, 6) == 0)
 			continue;
 		msgpack_pack_map(pk, 6);
 		pgrow_kv_str(pk, "key", res, i, 1);
@@ -1075,6 +1134,17 @@ static void checked(const struct db_result *r, void *arg)
 		pgrow_kv_int(pk, "permit_weights", res, i, 4);
 		pgrow_kv_int(pk, "audit_sum", res, i, 5);
 		pgrow_kv_str(pk, "problem", res, i, 6);
+	}
+	/* a queue whose head fits was not handed its room (migration 0013) */
+	pgc_pack_cstr(pk, "stalled_queues");
+	msgpack_pack_array(pk, (size_t)stalled);
+	for (int i = 0; i < n; i++) {
+		if (pgrow_null(res, i, 1) || pgrow_null(res, i, 7))
+			continue;
+		msgpack_pack_map(pk, 3);
+		pgrow_kv_str(pk, "key", res, i, 1);
+		pgrow_kv_str(pk, "head_id", res, i, 7);
+		pgrow_kv_int(pk, "head_age_ms", res, i, 8);
 	}
 	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
 	req_done(req);
@@ -1085,8 +1155,10 @@ void rpc_permit_check(struct request *req)
 	/* guarantee 2, checked in one statement: one consistent snapshot */
 	req_query(req,
 		  "SELECT n.now_at, c.key, c.\"limit\", c.in_flight, c.permit_weights, "
-		  "c.audit_sum, c.problem "
+		  "c.audit_sum, c.problem, NULL::text, NULL::bigint "
 		  "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		  "LEFT JOIN pgcoord.permits_check() c ON true",
+		  "LEFT JOIN pgcoord.permits_check() c ON true "
+		  "UNION ALL SELECT pgcoord.ms(now()), s.key, NULL, NULL, NULL, NULL, NULL, "
+		  "s.head_id, s.head_age_ms FROM pgcoord.stalled_queues() s",
 		  0, NULL, checked);
 }

@@ -1,0 +1,315 @@
+/*
+ * waiters.c — see waiters.h.
+ */
+#include "agent/waiters.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/dispatch.h"
+#include "agent/methods.h"
+#include "agent/pgrow.h"
+#include "agent/sessions.h"
+
+#define WAITER_ID_MAX 200
+
+/* A waiter of one of this agent's sessions, as far as the agent knows. */
+struct waiter {
+	struct waiter *next;
+	char *id;
+	int64_t session_id;
+};
+
+struct waiter_registry {
+	struct waiter *list;
+	int count;
+	struct event *timer;
+	bool poll_in_flight;
+	uint64_t admitted, expired; /* notifications pushed */
+};
+
+static struct waiter_registry *reg(const struct agent *ag)
+{
+	return ag->waiters;
+}
+
+int waiters_count(const struct agent *ag)
+{
+	return reg(ag) ? reg(ag)->count : 0;
+}
+
+uint64_t waiters_admitted_total(const struct agent *ag)
+{
+	return reg(ag) ? reg(ag)->admitted : 0;
+}
+
+uint64_t waiters_expired_total(const struct agent *ag)
+{
+	return reg(ag) ? reg(ag)->expired : 0;
+}
+
+/* Forgets id of session_id; false when it was not tracked. */
+static bool forget(struct waiter_registry *rg, const char *id, int64_t session_id)
+{
+	for (struct waiter **pp = &rg->list; *pp; pp = &(*pp)->next) {
+		struct waiter *w = *pp;
+		if (w->session_id == session_id && strcmp(w->id, id) == 0) {
+			*pp = w->next;
+			free(w->id);
+			free(w);
+			rg->count--;
+			return true;
+		}
+	}
+	return false;
+}
+
+void waiters_track(struct agent *ag, const char *id, int64_t session_id)
+{
+	struct waiter_registry *rg = reg(ag);
+	if (!rg)
+		return;
+	for (struct waiter *w = rg->list; w; w = w->next)
+		if (w->session_id == session_id && strcmp(w->id, id) == 0)
+			return; /* a retry of a queued claim */
+	struct waiter *w = calloc(1, sizeof(*w));
+	if (!w || !(w->id = strdup(id))) {
+		/* out of memory: the session still learns by retrying the claim */
+		free(w);
+		return;
+	}
+	w->session_id = session_id;
+	w->next = rg->list;
+	rg->list = w;
+	rg->count++;
+}
+
+/* --- permit.cancel ------------------------------------------------------ */
+
+struct cancel_call {
+	char *id;
+	int64_t session_id;
+};
+
+static void cancelled(const struct db_result *r, void *arg)
+{
+	struct request *req = arg;
+	struct cancel_call *call = req->ctx;
+	req->ctx = NULL;
+
+	if (!r->ok) {
+		req_fail_db(req, r);
+	} else {
+		const PGresult *res = r->res;
+		const char *outcome = PQgetvalue(res, 0, 0);
+		if (strcmp(outcome, "not_found") == 0) {
+			req_fail(req, PGC_E_NOT_FOUND, "no queued claim or permit \"%s\"",
+				 call->id);
+		} else if (strcmp(outcome, "forbidden") == 0) {
+			req_fail(req, PGC_E_FORBIDDEN,
+				 "cannot cancel \"%s\": %s; only the session that queued it (or an "
+				 "admin) may",
+				 call->id, PQgetvalue(res, 0, 3));
+		} else if (strcmp(outcome, "ok") != 0) {
+			req_fail(req, PGC_E_INTERNAL, "permit_cancel: unexpected outcome \"%s\"",
+				 outcome);
+		} else {
+			bool gone = pgrow_bool(res, 0, 2);
+			if (gone && reg(req->ag))
+				forget(reg(req->ag), call->id, call->session_id);
+			msgpack_packer *pk = req_result(req);
+			msgpack_pack_map(pk, 4);
+			pgc_pack_kv_str(pk, "id", call->id);
+			pgc_pack_kv_bool(pk, "cancelled", gone);
+			pgrow_kv_str(pk, "status", res, 0, 1);
+			pgrow_kv_int(pk, "now_at", res, 0, 4);
+			req_done(req);
+		}
+	}
+	free(call->id);
+	free(call);
+}
+
+void rpc_permit_cancel(struct request *req)
+{
+	struct cancel_call *call = calloc(1, sizeof(*call));
+	char uid[24], session[24];
+
+	if (!call) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	if (!req_param_str(req, "id", true, WAITER_ID_MAX, &call->id)) {
+		free(call);
+		return;
+	}
+	if (!call->id[0]) {
+		free(call->id);
+		free(call);
+		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'id' must not be empty");
+		return;
+	}
+	call->session_id = req->conn->session->id;
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	snprintf(session, sizeof(session), "%" PRId64, call->session_id);
+	const char *params[4] = {uid, req_is_admin(req) ? "true" : "false", call->id, session};
+	req->ctx = call;
+	if (!req_query(req, "SELECT * FROM pgcoord.permit_cancel($1, $2, $3, $4)", 4, params,
+		       cancelled)) {
+		free(call->id);
+		free(call);
+	}
+}
+
+/* --- the poll ----------------------------------------------------------- */
+
+/* Columns of pgcoord.waiters_poll. */
+enum {
+	WP_ID,
+	WP_SESSION,
+	WP_STATE,
+	WP_REASON,
+	WP_TOKEN,
+	WP_PSTATE,
+	WP_PHASE,
+	WP_REPLICA,
+	WP_CREATED,
+	WP_QUEUED_MS,
+	WP_NOW,
+	WP_COLS
+};
+
+struct row {
+	const PGresult *res;
+	int i;
+};
+
+static void fill_admitted(msgpack_packer *pk, void *arg)
+{
+	const struct row *r = arg;
+	msgpack_pack_map(pk, 9);
+	pgrow_kv_str(pk, "id", r->res, r->i, WP_ID);
+	pgrow_kv_int(pk, "token", r->res, r->i, WP_TOKEN);
+	pgrow_kv_str(pk, "state", r->res, r->i, WP_PSTATE);
+	pgrow_kv_str(pk, "phase", r->res, r->i, WP_PHASE);
+	pgrow_kv_int(pk, "owner_session", r->res, r->i, WP_SESSION);
+	pgrow_kv_str(pk, "owner_replica", r->res, r->i, WP_REPLICA);
+	pgrow_kv_int(pk, "created_at", r->res, r->i, WP_CREATED);
+	pgrow_kv_int(pk, "queued_ms", r->res, r->i, WP_QUEUED_MS);
+	pgrow_kv_int(pk, "now_at", r->res, r->i, WP_NOW);
+}
+
+static void fill_expired(msgpack_packer *pk, void *arg)
+{
+	const struct row *r = arg;
+	msgpack_pack_map(pk, 3);
+	pgrow_kv_str(pk, "id", r->res, r->i, WP_ID);
+	pgrow_kv_str(pk, "reason", r->res, r->i, WP_REASON);
+	pgrow_kv_int(pk, "now_at", r->res, r->i, WP_NOW);
+}
+
+static void poll_done(const struct db_result *r, void *arg)
+{
+	struct agent *ag = arg;
+	struct waiter_registry *rg = reg(ag);
+
+	if (!rg)
+		return; /* the agent is exiting */
+	rg->poll_in_flight = false;
+	if (!r->ok) {
+		log_debug(&ag->log, "waiters", "the waiter poll failed: %s", r->message);
+		return;
+	}
+	if (PQnfields(r->res) != WP_COLS)
+		return;
+	for (int i = 0; i < PQntuples(r->res); i++) {
+		const char *id = PQgetvalue(r->res, i, WP_ID);
+		int64_t session_id = pgrow_int(r->res, i, WP_SESSION);
+		bool admitted = strcmp(PQgetvalue(r->res, i, WP_STATE), "admitted") == 0;
+		struct session *s = sessions_find(ag, session_id);
+		struct row row = {r->res, i};
+
+		forget(rg, id, session_id);
+		/* a detached session re-asks with permit.get or a retry */
+		if (!s || !s->conn)
+			continue;
+		if (admitted && !pgrow_null(r->res, i, WP_TOKEN)) {
+			conn_notify(s->conn, "permit.admitted", fill_admitted, &row);
+			rg->admitted++;
+		} else if (!admitted) {
+			conn_notify(s->conn, "permit.expired", fill_expired, &row);
+			rg->expired++;
+		}
+	}
+}
+
+/* Drops the waiters of sessions that ended: the database removed them in
+ * the transaction that ended the session. */
+static void prune(struct agent *ag, struct waiter_registry *rg)
+{
+	for (struct waiter **pp = &rg->list; *pp;) {
+		struct waiter *w = *pp;
+		struct session *s = sessions_find(ag, w->session_id);
+		if (!s || s->closing) {
+			*pp = w->next;
+			free(w->id);
+			free(w);
+			rg->count--;
+			continue;
+		}
+		pp = &w->next;
+	}
+}
+
+static void poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct agent *ag = arg;
+	struct waiter_registry *rg = reg(ag);
+	(void)fd;
+	(void)what;
+
+	prune(ag, rg);
+	/* only while there are waiters, and never two statements at once */
+	if (!rg->list || rg->poll_in_flight || !ag->id.registered)
+		return;
+	const char *params[1] = {ag->cfg.replica_id};
+	if (db_query(ag->db, DB_LANE_REQUESTS, "SELECT * FROM pgcoord.waiters_poll($1)", 1, params,
+		     poll_done, ag))
+		rg->poll_in_flight = true;
+}
+
+bool waiters_start(struct agent *ag)
+{
+	struct waiter_registry *rg = calloc(1, sizeof(*rg));
+	if (!rg)
+		return false;
+	rg->timer = event_new(ag->base, -1, EV_PERSIST, poll_cb, ag);
+	if (!rg->timer) {
+		free(rg);
+		return false;
+	}
+	ag->waiters = rg;
+	struct timeval tv = {ag->cfg.wait_poll_ms / 1000, (ag->cfg.wait_poll_ms % 1000) * 1000};
+	event_add(rg->timer, &tv);
+	return true;
+}
+
+void waiters_finish(struct agent *ag)
+{
+	struct waiter_registry *rg = reg(ag);
+	if (!rg)
+		return;
+	while (rg->list) {
+		struct waiter *w = rg->list;
+		rg->list = w->next;
+		free(w->id);
+		free(w);
+	}
+	event_free(rg->timer);
+	free(rg);
+	ag->waiters = NULL;
+}
