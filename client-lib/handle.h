@@ -3,6 +3,7 @@
  * files that make up the library (client.c: handle and calls; inbound.c:
  * reading and dispatching frames; notify.c: the notification queue;
  * transport.c: the socket; session.c, permits.c: the typed helpers;
+ * waits.c: the outcomes of queued claims;
  * leases.c: lease calls and the local leadership belief). Nothing here is
  * exported: the version script keeps everything but pgcoord_* local.
  */
@@ -84,6 +85,8 @@ struct pgcoord {
 	struct pgcoord_note *nq_head, *nq_tail;
 	pgcoord_notify_fn notify_fn;
 	void *notify_user;
+	pgcoord_permit_event_fn permit_event_fn;
+	void *permit_event_user;
 
 	struct pgcoord_belief *beliefs;
 
@@ -185,6 +188,16 @@ PGCOORD_WUR pgcoord_err pgcoord__drain_frames(pgcoord *c, struct pgcoord_pending
 PGCOORD_WUR pgcoord_err pgcoord__note_push(pgcoord *c, const char *method, size_t method_len,
 					   const char *params, size_t params_len);
 void pgcoord__note_free_all(pgcoord *c);
+void pgcoord__note_free(struct pgcoord_note *n);
+/* Unlinks and returns the first queued note match() accepts, or NULL. */
+struct pgcoord_note *
+pgcoord__note_take(pgcoord *c, bool (*match)(const struct pgcoord_note *n, void *arg), void *arg);
+
+/* --- waits.c --- */
+
+/* Decodes a queued permit.admitted / permit.expired into a new event;
+ * NULL for any other method, a malformed message or no memory. */
+struct pgcoord_permit_event *pgcoord__permit_event_decode(const struct pgcoord_note *n);
 
 /* --- leases.c --- */
 

@@ -63,8 +63,9 @@ typedef enum pgcoord_err {
 	PGCOORD_E_CALL_TIMEOUT = 102, /* no reply within the call's timeout; outcome unknown */
 	PGCOORD_E_PROTOCOL = 103,     /* the agent sent something that is not MessagePack-RPC */
 	PGCOORD_E_NOMEM = 104,
-	PGCOORD_E_ARG = 105,	/* a bad argument to a library function */
-	PGCOORD_E_CLOSED = 106, /* the handle's connection is already closed */
+	PGCOORD_E_ARG = 105,	 /* a bad argument to a library function */
+	PGCOORD_E_CLOSED = 106,	 /* the handle's connection is already closed */
+	PGCOORD_E_EXPIRED = 107, /* a queued claim left the queue unadmitted: nothing is held */
 } pgcoord_err;
 
 /* A static, human-readable description of err. Never NULL. */
@@ -306,6 +307,81 @@ typedef enum pgcoord_cancel_status {
  */
 pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
 				  pgcoord_cancel_status *status);
+
+/*
+ * The outcome of a queued claim, as the agent pushes it to the session that
+ * queued it: permit.admitted (kind ADMITTED: the session now holds permit
+ * id) or permit.expired (kind EXPIRED: it left the queue unadmitted, the id
+ * is free again). Allocated by the library; fields may be appended, never
+ * reordered. Strings are NUL-terminated; a field the message lacks is NULL
+ * or -1.
+ */
+typedef enum pgcoord_permit_event_kind {
+	PGCOORD_PERMIT_ADMITTED = 1,
+	PGCOORD_PERMIT_EXPIRED = 2,
+} pgcoord_permit_event_kind;
+
+struct pgcoord_permit_event {
+	pgcoord_permit_event_kind kind;
+	const char *id;
+	/* ADMITTED: the grant, as permit.claim would have answered it. */
+	int64_t token;
+	const char *state; /* "held" */
+	const char *phase; /* "reserved" */
+	int64_t owner_session;
+	const char *owner_replica;
+	int64_t created_at; /* ms since the epoch, database clock */
+	int64_t queued_ms;  /* how long it waited */
+	/* EXPIRED: "wait_ms elapsed", "cancelled", "the id was retired by a
+	 * release"; from pgcoord_permit_await also "the await timed out" (it
+	 * cancelled the claim). NULL for ADMITTED. */
+	const char *reason;
+	int64_t now_at; /* when the agent answered, database clock */
+};
+
+/*
+ * Called from pgcoord_poll() for each permit.admitted and permit.expired,
+ * instead of the raw notification callback, with the message decoded; ev
+ * is valid during the call. The same rules as for pgcoord_notify_fn apply.
+ * A message that does not decode goes to the raw callback as it came.
+ */
+typedef void (*pgcoord_permit_event_fn)(void *user, const struct pgcoord_permit_event *ev);
+
+void pgcoord_set_permit_events(pgcoord *c, pgcoord_permit_event_fn fn, void *user);
+
+/*
+ * Owner. Waits up to timeout_ms for the outcome of the claim queued as id
+ * (pgcoord_permit_claim answered PGCOORD_CLAIM_QUEUED on this handle). The
+ * matching permit.admitted / permit.expired is taken here and not handed
+ * to any callback; other notifications stay queued for pgcoord_poll().
+ * On PGCOORD_OK and PGCOORD_E_EXPIRED *out owns the outcome (free it with
+ * pgcoord_permit_event_free); otherwise *out is NULL.
+ *
+ *   PGCOORD_OK          admitted: this session holds permit id (token,
+ *                       owner_session in *out). Release it with
+ *                       pgcoord_permit_release when done, as any permit.
+ *   PGCOORD_E_EXPIRED   it left the queue unadmitted (*out's reason):
+ *                       nothing is held and the id is free.
+ *   timeout             when nothing came by timeout_ms, the await sends
+ *                       permit.cancel (waiting up to 5 s more for its
+ *                       answer). Cancelled: PGCOORD_E_EXPIRED, reason "the
+ *                       await timed out". Admitted before the cancel
+ *                       arrived: PGCOORD_OK as above — the caller OWNS the
+ *                       permit and must use or release it. Its
+ *                       permit.admitted may still come later through the
+ *                       callbacks: it repeats this admission.
+ *   other errors        of permit.cancel (PGCOORD_E_CALL_TIMEOUT,
+ *                       PGCOORD_E_IO, …): the outcome is unknown; the
+ *                       claim may still wait or have been admitted. Call
+ *                       pgcoord_permit_cancel(id) again (on a resumed
+ *                       session after PGCOORD_E_IO) until it answers: on
+ *                       ADMITTED / HELD release the permit.
+ */
+pgcoord_err pgcoord_permit_await(pgcoord *c, const char *id, int timeout_ms,
+				 struct pgcoord_permit_event **out);
+
+/* Accepts NULL. */
+void pgcoord_permit_event_free(struct pgcoord_permit_event *ev);
 
 typedef enum pgcoord_phase {
 	PGCOORD_PHASE_RESERVED = 0,
