@@ -11,7 +11,8 @@
  * negative value waits forever, 0 does not wait (a call then nearly always
  * ends in PGCOORD_E_CALL_TIMEOUT).
  *
- * Event loops: wait for pgcoord_fd() to become readable, then call
+ * Event loops: use pgcoord_send / pgcoord_flush / pgcoord_consume (below),
+ * or wait for pgcoord_fd() to become readable, then call
  * pgcoord_poll(c, 0, NULL). Notifications that arrive while a call (or
  * pgcoord_lease_refresh) reads the socket are queued
  * inside the library and do NOT make pgcoord_fd() readable again, so also
@@ -144,6 +145,63 @@ void pgcoord_set_notify(pgcoord *c, pgcoord_notify_fn fn, void *user);
  * PGCOORD_E_CLOSED when it was closed already.
  */
 pgcoord_err pgcoord_poll(pgcoord *c, int timeout_ms, int *delivered);
+
+/* --- non-blocking calls, for event loops ----------------------------------
+ *
+ * pgcoord_send queues a request and returns at once; its answer comes to
+ * fn from pgcoord_consume. Any number may be in flight on one handle,
+ * each named by its msgid. The loop:
+ *
+ *   poll pgcoord_fd(c) for POLLIN, and POLLOUT while pgcoord_want_write(c);
+ *   on POLLOUT call pgcoord_flush(c); on POLLIN call pgcoord_consume(c).
+ *
+ * Nothing here blocks: what the socket does not take (EAGAIN, a partial
+ * write) stays queued in the handle, in order, and pgcoord_flush writes
+ * more of it; a reply or notification read only in part waits in the
+ * handle for the rest. The synchronous calls may be mixed in: they first
+ * write what is queued (within their timeout), and replies to sent
+ * requests that arrive meanwhile are kept for pgcoord_consume.
+ */
+
+/*
+ * The answer to a pgcoord_send. err is PGCOORD_OK with result (the
+ * MessagePack-encoded result, valid during the call), or the agent's
+ * error with its message, or PGCOORD_E_IO / PGCOORD_E_CLOSED when the
+ * connection ended first (the outcome is then unknown, as for
+ * PGCOORD_E_CALL_TIMEOUT). fn may make calls on c, but must not close it.
+ */
+typedef void (*pgcoord_reply_fn)(void *user, uint32_t msgid, pgcoord_err err, const void *result,
+				 size_t result_len, const char *message);
+
+/*
+ * Queues the request method(params) (params: one MessagePack map, or
+ * NULL/0), tries to write it, and returns without waiting. *msgid (may be
+ * NULL) receives its id. On PGCOORD_OK fn (not NULL) will be called once,
+ * from pgcoord_consume, unless the handle is closed first (pgcoord_close
+ * drops pending answers without calling fn). PGCOORD_E_IO when the socket
+ * failed (the handle is then closed; fn is not called for this request).
+ * params are copied.
+ */
+pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, size_t params_len,
+			 pgcoord_reply_fn fn, void *user, uint32_t *msgid);
+
+/* Writes what the socket takes of the queued requests, without waiting.
+ * PGCOORD_OK also when some remain (see pgcoord_want_write); PGCOORD_E_IO
+ * when the socket failed (the handle is closed). */
+pgcoord_err pgcoord_flush(pgcoord *c);
+
+/* True while requests wait to be written: poll for POLLOUT, then flush. */
+bool pgcoord_want_write(const pgcoord *c);
+
+/*
+ * Reads what the socket has, without waiting, then calls fn for each
+ * answered pgcoord_send and delivers the queued notifications (as
+ * pgcoord_poll(c, 0, …) does). *completed (may be NULL) receives the
+ * number of answers delivered. When the connection ended, every request
+ * still unanswered gets fn with PGCOORD_E_IO, and the return is
+ * PGCOORD_E_IO (then PGCOORD_E_CLOSED on later calls).
+ */
+pgcoord_err pgcoord_consume(pgcoord *c, int *completed);
 
 /* --- agent and session ------------------------------------------------ */
 
