@@ -497,6 +497,60 @@ pgcoord_err pgcoord_permit_history(pgcoord *c, const char *id, int timeout_ms, v
 				   size_t *result_len);
 pgcoord_err pgcoord_quota_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
 
+/*
+ * Typed forms of permit.get and quota.list (the raw ones above stay the
+ * escape hatch for fields these do not carry). The structs are allocated
+ * by the library and own their strings: free each with its free function
+ * (NULL accepted). Fields may be appended, never reordered. Times are ms
+ * since the epoch by the database clock; -1 where the agent sent none.
+ */
+struct pgcoord_permit_info {
+	const char *id;
+	int64_t token;
+	const char *state;	   /* "held", "uncertain", "released" */
+	const char *phase;	   /* "reserved", "dispatched", "running" */
+	int64_t owner_session;	   /* 0: none */
+	const char *owner_replica; /* NULL: none */
+	bool owner_live;
+	const char *on_owner_loss;    /* "uncertain" or "release" */
+	const char *uncertain_reason; /* NULL unless uncertain */
+	size_t nquotas;
+	const char *const *quota_keys;
+	const int32_t *quota_weights;
+	const void *intent; /* NULL: none, or redacted */
+	size_t intent_len;
+	bool redacted; /* another uid's permit: intent withheld */
+	int64_t created_at, phase_at, state_at, released_at;
+	int64_t now_at;
+};
+
+/* permit.get as a struct; PGCOORD_E_NOT_FOUND for an unknown id. On
+ * PGCOORD_OK *out owns it. */
+pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
+				    struct pgcoord_permit_info **out);
+void pgcoord_permit_info_free(struct pgcoord_permit_info *p);
+
+struct pgcoord_quota_info {
+	const char *key;
+	int64_t limit;
+	int64_t in_flight; /* held + uncertain */
+	int64_t held, uncertain;
+	int64_t available;     /* max(limit - in_flight, 0) */
+	int64_t permits;       /* how many permits count */
+	int64_t lapse_after_s; /* -1: no lapse policy */
+	int64_t created_at, updated_at;
+};
+
+struct pgcoord_quota_list {
+	size_t count;
+	const struct pgcoord_quota_info *rows; /* ordered by key */
+	int64_t now_at;
+};
+
+/* quota.list as structs. On PGCOORD_OK *out owns them. */
+pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out);
+void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
+
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
  * went over its limit. result (may be NULL) as for the reads above. */
