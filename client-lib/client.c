@@ -386,13 +386,9 @@ pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, siz
 	pgcoord__async_track(c, a);
 	if (msgid)
 		*msgid = a->msgid;
-	err = pgcoord_flush(c);
-	if (err != PGCOORD_OK) {
-		/* the handle is closed; this request's answer is not delivered */
-		pgcoord__async_free_all(c);
-		return err;
-	}
-	return PGCOORD_OK;
+	/* On a socket error the handle closes and every request in flight,
+	 * this one too, is answered PGCOORD_E_IO through pgcoord_consume. */
+	return pgcoord_flush(c);
 }
 
 pgcoord_err pgcoord__call_packed(pgcoord *c, const char *method, struct pgcoord_writer *w,

@@ -179,8 +179,8 @@ typedef void (*pgcoord_reply_fn)(void *user, uint32_t msgid, pgcoord_err err, co
  * NULL) receives its id. On PGCOORD_OK fn (not NULL) will be called once,
  * from pgcoord_consume, unless the handle is closed first (pgcoord_close
  * drops pending answers without calling fn). PGCOORD_E_IO when the socket
- * failed (the handle is then closed; fn is not called for this request).
- * params are copied.
+ * failed: the handle is then closed, and pgcoord_consume answers this and
+ * every other request in flight with PGCOORD_E_IO. params are copied.
  */
 pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, size_t params_len,
 			 pgcoord_reply_fn fn, void *user, uint32_t *msgid);
