@@ -3,9 +3,10 @@
  * files that make up the library (client.c: handle and calls; inbound.c:
  * reading and dispatching frames; notify.c: the notification queue;
  * transport.c: the socket; session.c, permits.c: the typed helpers;
- * waits.c: the outcomes of queued claims;
- * leases.c: lease calls and the local leadership belief). Nothing here is
- * exported: the version script keeps everything but pgcoord_* local.
+ * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
+ * and answers; typed_reads.c: reads as structs; leases.c: lease calls and
+ * the local leadership belief). Nothing here is exported: the version
+ * script keeps everything but pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
 #define PGCOORD_CLIENT_HANDLE_H
