@@ -137,6 +137,7 @@ void pgcoord_close(pgcoord *c)
 		return;
 	pgcoord__disconnect(c);
 	pgcoord__note_free_all(c);
+	pgcoord__async_free_all(c);
 	free(c->rbuf);
 	free(c);
 }
@@ -271,6 +272,11 @@ pgcoord_err pgcoord_call(pgcoord *c, const char *method, const void *params, siz
 	}
 
 	int64_t deadline = pgcoord__deadline(timeout_ms);
+	/* pgcoord_send's queued requests go first: a request must not be cut
+	 * into by another. */
+	err = pgcoord__flush_by(c, deadline);
+	if (err != PGCOORD_OK)
+		return err;
 	struct pgcoord_pending p = {.msgid = take_msgid(c), .want_result = result != NULL};
 	struct pgcoord_writer w;
 	size_t len, sent;
@@ -327,6 +333,62 @@ pgcoord_err pgcoord_call(pgcoord *c, const char *method, const void *params, siz
 	}
 	free(p.result);
 	return err;
+}
+
+pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, size_t params_len,
+			 pgcoord_reply_fn fn, void *user, uint32_t *msgid)
+{
+	if (msgid)
+		*msgid = 0;
+	if (!c)
+		return PGCOORD_E_ARG;
+	c->message[0] = '\0';
+	if (!method || !*method || !fn || (!params && params_len)) {
+		pgcoord__set_message(c, "a method, a callback and params (or NULL/0) are needed");
+		return PGCOORD_E_ARG;
+	}
+	if (c->fd < 0) {
+		pgcoord__set_message(c, "the connection to the agent is closed");
+		return PGCOORD_E_CLOSED;
+	}
+	pgcoord_err err;
+	if (params_len) {
+		err = check_params(c, params, params_len);
+		if (err != PGCOORD_OK)
+			return err;
+	}
+
+	struct pgcoord_async *a = calloc(1, sizeof(*a));
+	struct pgcoord_writer w;
+	size_t len;
+
+	if (!a) {
+		pgcoord__set_message(c, "out of memory");
+		return PGCOORD_E_NOMEM;
+	}
+	a->msgid = take_msgid(c);
+	a->fn = fn;
+	a->user = user;
+	pgcoord__writer_init(&w);
+	pgc_pack_request_begin(&w.pk, a->msgid, method);
+	if (params_len)
+		writer_write(&w, params, params_len); /* already checked: one map */
+	else
+		msgpack_pack_map(&w.pk, 0);
+	char *req = pgcoord__writer_release(&w, &len);
+	if (!req || pgcoord__queue_request(c, req, len) != PGCOORD_OK) {
+		free(req);
+		free(a);
+		pgcoord__set_message(c, "out of memory encoding the request");
+		return PGCOORD_E_NOMEM;
+	}
+	free(req);
+	pgcoord__async_track(c, a);
+	if (msgid)
+		*msgid = a->msgid;
+	/* On a socket error the handle closes and every request in flight,
+	 * this one too, is answered PGCOORD_E_IO through pgcoord_consume. */
+	return pgcoord_flush(c);
 }
 
 pgcoord_err pgcoord__call_packed(pgcoord *c, const char *method, struct pgcoord_writer *w,

@@ -58,6 +58,8 @@ const char *pgcoord_strerror(pgcoord_err err)
 		return "invalid argument";
 	case PGCOORD_E_CLOSED:
 		return "the connection is closed; reconnect";
+	case PGCOORD_E_EXPIRED:
+		return "the queued claim left the queue unadmitted; nothing is held";
 	}
 	return "unknown pgcoord error";
 }

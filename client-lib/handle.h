@@ -3,8 +3,10 @@
  * files that make up the library (client.c: handle and calls; inbound.c:
  * reading and dispatching frames; notify.c: the notification queue;
  * transport.c: the socket; session.c, permits.c: the typed helpers;
- * leases.c: lease calls and the local leadership belief). Nothing here is
- * exported: the version script keeps everything but pgcoord_* local.
+ * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
+ * and answers; typed_reads.c: reads as structs; leases.c: lease calls and
+ * the local leadership belief). Nothing here is exported: the version
+ * script keeps everything but pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
 #define PGCOORD_CLIENT_HANDLE_H
@@ -62,6 +64,19 @@ struct pgcoord_pending {
 	size_t result_len;
 };
 
+/* A pgcoord_send request: in flight, then answered and waiting for
+ * pgcoord_consume to hand the answer to fn. */
+struct pgcoord_async {
+	struct pgcoord_async *next;
+	uint32_t msgid;
+	pgcoord_reply_fn fn;
+	void *user;
+	pgcoord_err err;
+	char *result; /* encoded result, when err is OK */
+	size_t result_len;
+	char *message; /* the agent's error message, or NULL */
+};
+
 struct pgcoord {
 	int fd; /* -1 once the connection is closed */
 	uint32_t next_msgid;
@@ -84,8 +99,17 @@ struct pgcoord {
 	struct pgcoord_note *nq_head, *nq_tail;
 	pgcoord_notify_fn notify_fn;
 	void *notify_user;
+	pgcoord_permit_event_fn permit_event_fn;
+	void *permit_event_user;
 
 	struct pgcoord_belief *beliefs;
+
+	/* Requests pgcoord_send queued and the socket has not taken yet:
+	 * wbuf[wpos..wlen). */
+	char *wbuf;
+	size_t wpos, wlen;
+	struct pgcoord_async *inflight;			/* sent, not answered */
+	struct pgcoord_async *answered, *answered_tail; /* for pgcoord_consume */
 
 	char message[512];
 };
@@ -185,6 +209,37 @@ PGCOORD_WUR pgcoord_err pgcoord__drain_frames(pgcoord *c, struct pgcoord_pending
 PGCOORD_WUR pgcoord_err pgcoord__note_push(pgcoord *c, const char *method, size_t method_len,
 					   const char *params, size_t params_len);
 void pgcoord__note_free_all(pgcoord *c);
+void pgcoord__note_free(struct pgcoord_note *n);
+/* Unlinks and returns the first queued note match() accepts, or NULL. */
+struct pgcoord_note *
+pgcoord__note_take(pgcoord *c, bool (*match)(const struct pgcoord_note *n, void *arg), void *arg);
+
+/* --- async.c --- */
+
+/* Writes the queued requests by deadline (before a synchronous call puts
+ * its own on the wire). OK, PGCOORD_E_CALL_TIMEOUT (what was written
+ * stays written) or PGCOORD_E_IO (the handle is closed). */
+PGCOORD_WUR pgcoord_err pgcoord__flush_by(pgcoord *c, int64_t deadline);
+
+/* A response that is not the synchronous call's: completes the
+ * pgcoord_send request with its msgid (dropped when there is none). */
+PGCOORD_WUR pgcoord_err pgcoord__async_response(pgcoord *c, uint32_t msgid,
+						const msgpack_object *error,
+						const msgpack_object *result);
+
+/* Appends a whole encoded request to the write queue. */
+PGCOORD_WUR pgcoord_err pgcoord__queue_request(pgcoord *c, const char *req, size_t len);
+/* Registers a request whose answer goes to a->fn. */
+void pgcoord__async_track(pgcoord *c, struct pgcoord_async *a);
+
+/* Frees every queued request and answer, calling nothing. */
+void pgcoord__async_free_all(pgcoord *c);
+
+/* --- waits.c --- */
+
+/* Decodes a queued permit.admitted / permit.expired into a new event;
+ * NULL for any other method, a malformed message or no memory. */
+struct pgcoord_permit_event *pgcoord__permit_event_decode(const struct pgcoord_note *n);
 
 /* --- leases.c --- */
 

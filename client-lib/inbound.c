@@ -120,12 +120,12 @@ static bool str_is(const char *s, size_t len, const char *lit)
 static pgcoord_err take_response(pgcoord *c, const struct pgc_message *m, struct pgcoord_pending *p)
 {
 	/*
-	 * Calls are synchronous, so a response with another msgid answers a
-	 * call that already timed out: drop it. msgid 0 with an error is the
+	 * A response with another msgid answers a pgcoord_send (kept for
+	 * pgcoord_consume) or a call that already timed out (dropped). msgid 0 with an error is the
 	 * agent saying it could not read the request it was just sent.
 	 */
 	if (!p || p->done || !(m->msgid == p->msgid || (m->msgid == 0 && m->error)))
-		return PGCOORD_OK;
+		return pgcoord__async_response(c, m->msgid, m->error, m->result);
 
 	if (m->error) {
 		const char *code, *text = "";

@@ -43,18 +43,37 @@ static struct pgcoord_note *note_pop(pgcoord *c)
 	return n;
 }
 
-static void note_free(struct pgcoord_note *n)
+void pgcoord__note_free(struct pgcoord_note *n)
 {
 	free(n->method);
 	free(n->params);
 	free(n);
 }
 
+struct pgcoord_note *
+pgcoord__note_take(pgcoord *c, bool (*match)(const struct pgcoord_note *n, void *arg), void *arg)
+{
+	struct pgcoord_note *prev = NULL;
+	for (struct pgcoord_note *n = c->nq_head; n; prev = n, n = n->next) {
+		if (!match(n, arg))
+			continue;
+		if (prev)
+			prev->next = n->next;
+		else
+			c->nq_head = n->next;
+		if (c->nq_tail == n)
+			c->nq_tail = prev;
+		n->next = NULL;
+		return n;
+	}
+	return NULL;
+}
+
 void pgcoord__note_free_all(pgcoord *c)
 {
 	struct pgcoord_note *n;
 	while ((n = note_pop(c)))
-		note_free(n);
+		pgcoord__note_free(n);
 }
 
 void pgcoord_set_notify(pgcoord *c, pgcoord_notify_fn fn, void *user)
@@ -65,10 +84,33 @@ void pgcoord_set_notify(pgcoord *c, pgcoord_notify_fn fn, void *user)
 	c->notify_user = user;
 }
 
+void pgcoord_set_permit_events(pgcoord *c, pgcoord_permit_event_fn fn, void *user)
+{
+	if (!c)
+		return;
+	c->permit_event_fn = fn;
+	c->permit_event_user = user;
+}
+
+/* A permit.admitted / permit.expired to the typed callback when there is
+ * one and the message decodes; true when it went there. */
+static bool deliver_permit_event(pgcoord *c, const struct pgcoord_note *n)
+{
+	if (!c->permit_event_fn)
+		return false;
+	struct pgcoord_permit_event *ev = pgcoord__permit_event_decode(n);
+	if (!ev)
+		return false;
+	c->permit_event_fn(c->permit_event_user, ev);
+	pgcoord_permit_event_free(ev);
+	return true;
+}
+
 /*
  * Each note is unlinked before its callback runs, so the callback may make
  * calls on c (which may queue more notes; they are delivered in this same
  * pass). It must not pgcoord_close(c). Without a callback, notes are dropped.
+ * Queued-claim outcomes go to the typed callback when one is set.
  */
 static int deliver_queued(pgcoord *c)
 {
@@ -76,11 +118,13 @@ static int deliver_queued(pgcoord *c)
 	int count = 0;
 
 	while ((n = note_pop(c))) {
-		if (c->notify_fn) {
+		if (deliver_permit_event(c, n)) {
+			count++;
+		} else if (c->notify_fn) {
 			c->notify_fn(c->notify_user, n->method, n->params, n->params_len);
 			count++;
 		}
-		note_free(n);
+		pgcoord__note_free(n);
 	}
 	return count;
 }

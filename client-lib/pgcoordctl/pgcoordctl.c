@@ -50,6 +50,7 @@
 #include "ctl_msgpack.h"
 #include "agent/migrate.h"
 #include "ctl_print.h"
+#include "ctl_claim.h"
 #include "ctl_top.h"
 #include "ctl_run.h"
 #include "ctl_watch.h"
@@ -79,7 +80,11 @@ struct ctl {
 	/* quota and permits */
 	const char *lapse_after;
 	const char *state;
-	const char *quota;
+	const char *quota;   /* the last --quota */
+	const char **quotas; /* claim: every --quota, in order */
+	int nquotas;
+	const char *wait;
+	const char *intent;
 	const char *evidence;
 	const char *reason;
 	bool gone, running, override;
@@ -150,13 +155,15 @@ enum ctl_opt_id {
 	OPT_KILL_GRACE,
 	OPT_ROOM,
 	OPT_KEEPALIVE,
+	OPT_WAIT,
+	OPT_INTENT,
 };
 
 struct ctl_option {
 	const char *name;
 	int has_arg;
 	enum ctl_opt_id id;
-	const char *command; /* the only command that takes it; NULL = global */
+	const char *command; /* the commands that take it, space-separated; NULL = global */
 	const char *arg;     /* argument name, for usage */
 	const char *help;
 };
@@ -178,6 +185,8 @@ static int cmd_lease(struct ctl *ctx, int argc, char **argv);
 static int cmd_run(struct ctl *ctx, int argc, char **argv);
 static int cmd_watch(struct ctl *ctx, int argc, char **argv);
 static int cmd_wait(struct ctl *ctx, int argc, char **argv);
+static int cmd_claim(struct ctl *ctx, int argc, char **argv);
+static int cmd_cancel(struct ctl *ctx, int argc, char **argv);
 
 static const struct ctl_command commands[] = {
     {"ping", cmd_ping, 0, "", "check that the agent answers, and how fast"},
@@ -222,6 +231,14 @@ static const struct ctl_command commands[] = {
     {"wait", cmd_wait, 2, "quota KEY --room N [--timeout MS]",
      "return once quota KEY has at least N of room (exit 0), or exit 5 when --timeout "
      "(here: the whole wait; default forever) passes first"},
+    {"claim", cmd_claim, 1, "ID --quota KEY[:WEIGHT]... [--wait MS] [--intent TEXT]",
+     "claim permit ID on the quotas (weight 1 unless given) and print the admission; exit 1 "
+     "when denied or, with --wait, when it left the queue unadmitted. The permit belongs to "
+     "this command's session: after it exits the permit stays counted as uncertain until "
+     "released (permits release ID --override) or resolved"},
+    {"cancel", cmd_cancel, 1, "ID",
+     "take waiting claim ID out of the queue (an admin may cancel any session's; its owner "
+     "is told); exit 1 when it is not waiting"},
 };
 
 static const struct ctl_option options[] = {
@@ -241,7 +258,13 @@ static const struct ctl_option options[] = {
      "quota set: release permits uncertain for longer than S seconds (0: never)"},
     {"state", required_argument, OPT_STATE, "permits", "S",
      "only permits in state S (held, uncertain, released)"},
-    {"quota", required_argument, OPT_QUOTA, "permits", "KEY", "only permits holding quota KEY"},
+    {"quota", required_argument, OPT_QUOTA, "permits claim", "KEY",
+     "permits: only permits holding quota KEY; claim: a quota to claim (KEY:WEIGHT for a "
+     "weight other than 1), repeated for several, all or nothing"},
+    {"wait", required_argument, OPT_WAIT, "claim", "MS",
+     "without room, wait in the fleet-wide queue up to MS (1..3600000) for admission"},
+    {"intent", required_argument, OPT_INTENT, "claim", "TEXT",
+     "stored with the permit (what the slot is for)"},
     {"gone", no_argument, OPT_GONE, "permits", NULL,
      "resolve: the work was observed gone (releases it)"},
     {"running", no_argument, OPT_RUNNING, "permits", NULL,
@@ -276,6 +299,17 @@ static const struct ctl_option options[] = {
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* Whether command `name` takes option o (a word of o->command). */
+static bool option_of(const struct ctl_option *o, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = o->command; p && *p; p += strcspn(p, " "), p += *p == ' ') {
+		if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '\0'))
+			return true;
+	}
+	return false;
+}
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
 static void usage(FILE *out)
@@ -305,7 +339,7 @@ static void usage(FILE *out)
 			fprintf(out, "  %-22s %s\n", left, c->help);
 		for (size_t j = 0; j < N_OPTIONS; j++) {
 			const struct ctl_option *o = &options[j];
-			if (!o->command || strcmp(o->command, c->name) != 0)
+			if (!option_of(o, c->name))
 				continue;
 			snprintf(left, sizeof(left), "--%s%s%s", o->name, o->arg ? " " : "",
 				 o->arg ? o->arg : "");
@@ -383,7 +417,7 @@ static void command_help(FILE *out, const struct ctl_command *c)
 	for (size_t i = 0; i < N_OPTIONS; i++) {
 		const struct ctl_option *o = &options[i];
 		char left[64];
-		if (!o->command || strcmp(o->command, c->name) != 0)
+		if (!option_of(o, c->name))
 			continue;
 		if (!any)
 			fprintf(out, "\nOptions of %s:\n", c->name);
@@ -1410,6 +1444,88 @@ static int cmd_watch(struct ctl *ctx, int argc, char **argv)
 	return rc != CTL_EXIT_OK ? rc : ctl_watch(&opt);
 }
 
+/* KEY or KEY:WEIGHT; a key may hold ':' itself when no weight follows. */
+static bool parse_quota_arg(const char *arg, char **key, int32_t *weight)
+{
+	const char *colon = strrchr(arg, ':');
+	long w = 1;
+	size_t n = strlen(arg);
+
+	if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1)) {
+		if (!parse_nonneg(colon + 1, INT32_MAX, &w) || w < 1)
+			return false;
+		n = (size_t)(colon - arg);
+	}
+	if (n == 0)
+		return false;
+	*key = strndup(arg, n);
+	*weight = (int32_t)w;
+	return *key != NULL;
+}
+
+static void claim_options(const struct ctl *ctx, const char *id, struct ctl_claim_options *opt)
+{
+	*opt = (struct ctl_claim_options){.socket_path = ctx->socket_path,
+					  .call_timeout_ms = ctx->timeout_ms,
+					  .json = ctx->json,
+					  .id = id};
+}
+
+static int cmd_claim(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_claim_options opt;
+	long wait_ms = 0;
+	int rc = CTL_EXIT_OK;
+	char **keys = NULL;
+	int32_t *weights = NULL;
+
+	if (argc != 1 || !*argv[0])
+		return usage_error("claim: expected a permit ID");
+	if (ctx->nquotas == 0)
+		return usage_error("claim needs at least one --quota KEY[:WEIGHT]");
+	if (ctx->wait && (!parse_nonneg(ctx->wait, 3600000, &wait_ms) || wait_ms < 1))
+		return usage_error("--wait takes milliseconds from 1 to 3600000, not \"%s\"",
+				   ctx->wait);
+	keys = calloc((size_t)ctx->nquotas, sizeof(char *));
+	weights = calloc((size_t)ctx->nquotas, sizeof(int32_t));
+	if (!keys || !weights) {
+		fprintf(stderr, "pgcoordctl: out of memory\n");
+		rc = CTL_EXIT_FAILED;
+		goto out;
+	}
+	for (int i = 0; i < ctx->nquotas; i++) {
+		if (!parse_quota_arg(ctx->quotas[i], &keys[i], &weights[i])) {
+			rc = usage_error("--quota takes KEY or KEY:WEIGHT (WEIGHT from 1 to %d), "
+					 "not \"%s\"",
+					 INT32_MAX, ctx->quotas[i]);
+			goto out;
+		}
+	}
+	claim_options(ctx, argv[0], &opt);
+	opt.keys = (const char *const *)keys;
+	opt.weights = weights;
+	opt.nquotas = (size_t)ctx->nquotas;
+	opt.wait_ms = wait_ms;
+	opt.intent = ctx->intent;
+	rc = ctl_claim(&opt);
+out:
+	for (int i = 0; keys && i < ctx->nquotas; i++)
+		free(keys[i]);
+	free(keys);
+	free(weights);
+	return rc;
+}
+
+static int cmd_cancel(struct ctl *ctx, int argc, char **argv)
+{
+	struct ctl_claim_options opt;
+
+	if (argc != 1 || !*argv[0])
+		return usage_error("cancel: expected the ID of a waiting claim");
+	claim_options(ctx, argv[0], &opt);
+	return ctl_cancel(&opt);
+}
+
 static int cmd_wait(struct ctl *ctx, int argc, char **argv)
 {
 	struct ctl_watch_options opt;
@@ -1485,14 +1601,18 @@ int main(int argc, char **argv)
 	struct option longopts[N_OPTIONS + 1];
 	bool seen[N_OPTIONS] = {false};
 	char **operands = calloc((size_t)argc + 1, sizeof(char *));
+	const char **quotas = calloc((size_t)argc + 1, sizeof(char *));
 	int noperands = 0;
 	bool help = false, version = false;
 	int rc;
 
-	if (!operands) {
+	if (!operands || !quotas) {
 		fprintf(stderr, "pgcoordctl: out of memory\n");
+		free(operands);
+		free(quotas);
 		return CTL_EXIT_FAILED;
 	}
+	ctx.quotas = quotas;
 	for (size_t i = 0; i < N_OPTIONS; i++)
 		longopts[i] =
 		    (struct option){options[i].name, options[i].has_arg, NULL, (int)options[i].id};
@@ -1570,6 +1690,13 @@ int main(int argc, char **argv)
 			break;
 		case OPT_QUOTA:
 			ctx.quota = optarg;
+			ctx.quotas[ctx.nquotas++] = optarg;
+			break;
+		case OPT_WAIT:
+			ctx.wait = optarg;
+			break;
+		case OPT_INTENT:
+			ctx.intent = optarg;
 			break;
 		case OPT_GONE:
 			ctx.gone = true;
@@ -1659,8 +1786,8 @@ int main(int argc, char **argv)
 	}
 	usage_command = cmd;
 	for (size_t i = 0; i < N_OPTIONS; i++) {
-		if (seen[i] && options[i].command && strcmp(options[i].command, cmd->name) != 0) {
-			rc = usage_error("--%s only goes with \"%s\"", options[i].name,
+		if (seen[i] && options[i].command && !option_of(&options[i], cmd->name)) {
+			rc = usage_error("--%s only goes with the command(s): %s", options[i].name,
 					 options[i].command);
 			goto out;
 		}
@@ -1680,5 +1807,6 @@ int main(int argc, char **argv)
 	pgcoord_close(ctx.conn);
 out:
 	free(operands);
+	free(quotas);
 	return rc;
 }

@@ -481,7 +481,7 @@ Test(errors, every_code_has_a_description_and_retry_class)
 	    PGCOORD_E_UNAVAILABLE,   PGCOORD_E_TIMEOUT,	     PGCOORD_E_BUSY,
 	    PGCOORD_E_SHUTTING_DOWN, PGCOORD_E_CALL_TIMEOUT, PGCOORD_E_IO,
 	};
-	for (int e = 0; e <= 106; e++) {
+	for (int e = 0; e <= PGCOORD_E_EXPIRED; e++) {
 		if (e > PGCOORD_E_TOO_LARGE && e < PGCOORD_E_CONNECT)
 			continue;
 		const char *s = pgcoord_strerror((pgcoord_err)e);

@@ -8,12 +8,14 @@
  * test asks about, evaluated over the parsed document `d`.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "itest.h"
+#include "pgcoord/pgcoord.h"
 
 TestSuite(ctl, .timeout = 60);
 
@@ -318,6 +320,131 @@ Test(ctl, status_and_lease_status_print_readable_fields)
 	cr_assert_not(strstr(out, "{"), "holder printed as JSON:\n%s", out);
 	free(out);
 
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* --- claim and cancel ------------------------------------------------------ */
+
+struct bg_ctl {
+	const char *sock;
+	const char *const *args;
+	int rc;
+	char *out;
+};
+
+static void *bg_ctl_run(void *arg)
+{
+	struct bg_ctl *b = arg;
+	b->rc = ctl(b->sock, b->args, &b->out);
+	return NULL;
+}
+
+Test(ctl, claim_prints_the_admission_exits_1_when_denied_or_expired_and_cancel_takes_a_waiter_out)
+{
+	static const char *const wait_args[] = {"--wait-poll-ms", "50", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "ctl-claim", wait_args);
+	const char *sock = hagent_socket(a);
+	char *out = NULL;
+	pgcoord *holder = NULL;
+	pgcoord_claim *cl = NULL;
+
+	const char *const set[] = {"quota", "set", "q", "2", NULL};
+	cr_assert_eq(ctl(sock, set, &out), 0, "%s", out);
+	free(out);
+
+	/* admitted, weight 2, with an intent */
+	const char *const first[] = {"claim",	 "first",   "--quota", "q:2",
+				     "--intent", "nightly", NULL};
+	cr_assert_eq(ctl(sock, first, &out), 0, "%s", out);
+	cr_assert(strstr(out, "first admitted token="), "%s", out);
+	free(out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'first' "
+					"AND convert_from(intent, 'UTF8') = 'nightly'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 2);
+
+	/* denied: exit 1, the quota named, nothing counted */
+	const char *const denied[] = {"claim", "second", "--quota", "q", NULL};
+	cr_assert_eq(ctl(sock, denied, &out), 1, "%s", out);
+	cr_assert(strstr(out, "denied: quota q has no room"), "%s", out);
+	free(out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'second'"),
+		     0);
+
+	/* a wait that ends unadmitted */
+	const char *const expires[] = {"claim", "second", "--quota", "q", "--wait", "300", NULL};
+	cr_assert_eq(ctl(sock, expires, &out), 1, "%s", out);
+	cr_assert(strstr(out, "not admitted: wait_ms elapsed"), "%s", out);
+	free(out);
+
+	/* a wait that a release ends: the holder is a session of this test */
+	cr_assert_eq(pgcoord_connect(sock, 5000, &holder), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(holder, "holder", 5000, NULL), PGCOORD_OK);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'first'"),
+		     1);
+	const char *const raise_limit[] = {"quota", "set", "q", "3", NULL};
+	cr_assert_eq(ctl(sock, raise_limit, &out), 0, "%s", out);
+	free(out);
+	cr_assert_eq(pgcoord_permit_claim(
+			 holder, "third",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = (const char *const[]){"q"},
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT},
+			 5000, &cl),
+		     PGCOORD_OK);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	const char *const waits[] = {"--json", "claim",	 "fourth", "--quota",
+				     "q",      "--wait", "20000",  NULL};
+	struct bg_ctl bg = {.sock = sock, .args = waits};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, bg_ctl_run, &bg), 0);
+	cr_assert(iwait_sql(db, 10000,
+			    "SELECT count(*) FROM pgcoord.waiters WHERE id = 'fourth' AND "
+			    "state = 'queued'"),
+		  "the claim did not queue");
+	cr_assert_eq(pgcoord_permit_release(holder, "third", 0, NULL, 5000, NULL), PGCOORD_OK);
+	pthread_join(t, NULL);
+	cr_assert_eq(bg.rc, 0, "%s", bg.out);
+	const char *const exprs[] = {"d['id']", "d['status']", "d['queued_ms'] >= 0", NULL};
+	char *got = json_eval(strchr(bg.out, '{'), exprs);
+	cr_assert_str_eq(got, "\"fourth\"\n\"admitted\"\ntrue\n", "%s", bg.out);
+	free(got);
+	free(bg.out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id = 'fourth' AND event = 'admitted'"),
+		     1);
+
+	/* cancel: an admin takes another session's waiter out; not waiting: exit 1 */
+	cr_assert_eq(pgcoord_permit_claim(
+			 holder, "fifth",
+			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						      .keys = (const char *const[]){"q"},
+						      .nquotas = 1,
+						      .limit = PGCOORD_NO_LIMIT,
+						      .wait_ms = 30000},
+			 5000, &cl),
+		     PGCOORD_OK);
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_QUEUED);
+	pgcoord_claim_free(cl);
+	const char *const cancel[] = {"cancel", "fifth", NULL};
+	cr_assert_eq(ctl(sock, cancel, &out), 0, "%s", out);
+	cr_assert(strstr(out, "fifth cancelled"), "%s", out);
+	free(out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.waiters WHERE id = 'fifth' "
+					"AND state = 'queued'"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'fifth'"),
+		     0);
+	const char *const cancel_held[] = {"cancel", "first", NULL};
+	cr_assert_eq(ctl(sock, cancel_held, &out), 1, "%s", out);
+	cr_assert(strstr(out, "not waiting"), "%s", out);
+	free(out);
+
+	pgcoord_close(holder);
 	hagent_destroy(a);
 	hdb_drop(db);
 }

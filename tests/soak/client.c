@@ -134,6 +134,8 @@ static const char *err_code(pgcoord_err e)
 		return "arg";
 	case PGCOORD_E_CLOSED:
 		return "closed";
+	case PGCOORD_E_EXPIRED:
+		return "expired";
 	}
 	return "?";
 }

@@ -11,7 +11,8 @@
  * negative value waits forever, 0 does not wait (a call then nearly always
  * ends in PGCOORD_E_CALL_TIMEOUT).
  *
- * Event loops: wait for pgcoord_fd() to become readable, then call
+ * Event loops: use pgcoord_send / pgcoord_flush / pgcoord_consume (below),
+ * or wait for pgcoord_fd() to become readable, then call
  * pgcoord_poll(c, 0, NULL). Notifications that arrive while a call (or
  * pgcoord_lease_refresh) reads the socket are queued
  * inside the library and do NOT make pgcoord_fd() readable again, so also
@@ -63,8 +64,9 @@ typedef enum pgcoord_err {
 	PGCOORD_E_CALL_TIMEOUT = 102, /* no reply within the call's timeout; outcome unknown */
 	PGCOORD_E_PROTOCOL = 103,     /* the agent sent something that is not MessagePack-RPC */
 	PGCOORD_E_NOMEM = 104,
-	PGCOORD_E_ARG = 105,	/* a bad argument to a library function */
-	PGCOORD_E_CLOSED = 106, /* the handle's connection is already closed */
+	PGCOORD_E_ARG = 105,	 /* a bad argument to a library function */
+	PGCOORD_E_CLOSED = 106,	 /* the handle's connection is already closed */
+	PGCOORD_E_EXPIRED = 107, /* a queued claim left the queue unadmitted: nothing is held */
 } pgcoord_err;
 
 /* A static, human-readable description of err. Never NULL. */
@@ -143,6 +145,63 @@ void pgcoord_set_notify(pgcoord *c, pgcoord_notify_fn fn, void *user);
  * PGCOORD_E_CLOSED when it was closed already.
  */
 pgcoord_err pgcoord_poll(pgcoord *c, int timeout_ms, int *delivered);
+
+/* --- non-blocking calls, for event loops ----------------------------------
+ *
+ * pgcoord_send queues a request and returns at once; its answer comes to
+ * fn from pgcoord_consume. Any number may be in flight on one handle,
+ * each named by its msgid. The loop:
+ *
+ *   poll pgcoord_fd(c) for POLLIN, and POLLOUT while pgcoord_want_write(c);
+ *   on POLLOUT call pgcoord_flush(c); on POLLIN call pgcoord_consume(c).
+ *
+ * Nothing here blocks: what the socket does not take (EAGAIN, a partial
+ * write) stays queued in the handle, in order, and pgcoord_flush writes
+ * more of it; a reply or notification read only in part waits in the
+ * handle for the rest. The synchronous calls may be mixed in: they first
+ * write what is queued (within their timeout), and replies to sent
+ * requests that arrive meanwhile are kept for pgcoord_consume.
+ */
+
+/*
+ * The answer to a pgcoord_send. err is PGCOORD_OK with result (the
+ * MessagePack-encoded result, valid during the call), or the agent's
+ * error with its message, or PGCOORD_E_IO / PGCOORD_E_CLOSED when the
+ * connection ended first (the outcome is then unknown, as for
+ * PGCOORD_E_CALL_TIMEOUT). fn may make calls on c, but must not close it.
+ */
+typedef void (*pgcoord_reply_fn)(void *user, uint32_t msgid, pgcoord_err err, const void *result,
+				 size_t result_len, const char *message);
+
+/*
+ * Queues the request method(params) (params: one MessagePack map, or
+ * NULL/0), tries to write it, and returns without waiting. *msgid (may be
+ * NULL) receives its id. On PGCOORD_OK fn (not NULL) will be called once,
+ * from pgcoord_consume, unless the handle is closed first (pgcoord_close
+ * drops pending answers without calling fn). PGCOORD_E_IO when the socket
+ * failed: the handle is then closed, and pgcoord_consume answers this and
+ * every other request in flight with PGCOORD_E_IO. params are copied.
+ */
+pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, size_t params_len,
+			 pgcoord_reply_fn fn, void *user, uint32_t *msgid);
+
+/* Writes what the socket takes of the queued requests, without waiting.
+ * PGCOORD_OK also when some remain (see pgcoord_want_write); PGCOORD_E_IO
+ * when the socket failed (the handle is closed). */
+pgcoord_err pgcoord_flush(pgcoord *c);
+
+/* True while requests wait to be written: poll for POLLOUT, then flush. */
+bool pgcoord_want_write(const pgcoord *c);
+
+/*
+ * Reads what the socket has, without waiting, then calls fn for each
+ * answered pgcoord_send and delivers the queued notifications (as
+ * pgcoord_poll(c, 0, …) does). *completed (may be NULL) receives the
+ * number of answers delivered. When the connection ended, every request
+ * still unanswered gets fn with PGCOORD_E_IO, and the return is
+ * PGCOORD_E_IO (then PGCOORD_E_CLOSED on later calls).
+ */
+pgcoord_err pgcoord_consume(pgcoord *c, int *completed);
 
 /* --- agent and session ------------------------------------------------ */
 
@@ -307,6 +366,81 @@ typedef enum pgcoord_cancel_status {
 pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
 				  pgcoord_cancel_status *status);
 
+/*
+ * The outcome of a queued claim, as the agent pushes it to the session that
+ * queued it: permit.admitted (kind ADMITTED: the session now holds permit
+ * id) or permit.expired (kind EXPIRED: it left the queue unadmitted, the id
+ * is free again). Allocated by the library; fields may be appended, never
+ * reordered. Strings are NUL-terminated; a field the message lacks is NULL
+ * or -1.
+ */
+typedef enum pgcoord_permit_event_kind {
+	PGCOORD_PERMIT_ADMITTED = 1,
+	PGCOORD_PERMIT_EXPIRED = 2,
+} pgcoord_permit_event_kind;
+
+struct pgcoord_permit_event {
+	pgcoord_permit_event_kind kind;
+	const char *id;
+	/* ADMITTED: the grant, as permit.claim would have answered it. */
+	int64_t token;
+	const char *state; /* "held" */
+	const char *phase; /* "reserved" */
+	int64_t owner_session;
+	const char *owner_replica;
+	int64_t created_at; /* ms since the epoch, database clock */
+	int64_t queued_ms;  /* how long it waited */
+	/* EXPIRED: "wait_ms elapsed", "cancelled", "the id was retired by a
+	 * release"; from pgcoord_permit_await also "the await timed out" (it
+	 * cancelled the claim). NULL for ADMITTED. */
+	const char *reason;
+	int64_t now_at; /* when the agent answered, database clock */
+};
+
+/*
+ * Called from pgcoord_poll() for each permit.admitted and permit.expired,
+ * instead of the raw notification callback, with the message decoded; ev
+ * is valid during the call. The same rules as for pgcoord_notify_fn apply.
+ * A message that does not decode goes to the raw callback as it came.
+ */
+typedef void (*pgcoord_permit_event_fn)(void *user, const struct pgcoord_permit_event *ev);
+
+void pgcoord_set_permit_events(pgcoord *c, pgcoord_permit_event_fn fn, void *user);
+
+/*
+ * Owner. Waits up to timeout_ms for the outcome of the claim queued as id
+ * (pgcoord_permit_claim answered PGCOORD_CLAIM_QUEUED on this handle). The
+ * matching permit.admitted / permit.expired is taken here and not handed
+ * to any callback; other notifications stay queued for pgcoord_poll().
+ * On PGCOORD_OK and PGCOORD_E_EXPIRED *out owns the outcome (free it with
+ * pgcoord_permit_event_free); otherwise *out is NULL.
+ *
+ *   PGCOORD_OK          admitted: this session holds permit id (token,
+ *                       owner_session in *out). Release it with
+ *                       pgcoord_permit_release when done, as any permit.
+ *   PGCOORD_E_EXPIRED   it left the queue unadmitted (*out's reason):
+ *                       nothing is held and the id is free.
+ *   timeout             when nothing came by timeout_ms, the await sends
+ *                       permit.cancel (waiting up to 5 s more for its
+ *                       answer). Cancelled: PGCOORD_E_EXPIRED, reason "the
+ *                       await timed out". Admitted before the cancel
+ *                       arrived: PGCOORD_OK as above — the caller OWNS the
+ *                       permit and must use or release it. Its
+ *                       permit.admitted may still come later through the
+ *                       callbacks: it repeats this admission.
+ *   other errors        of permit.cancel (PGCOORD_E_CALL_TIMEOUT,
+ *                       PGCOORD_E_IO, …): the outcome is unknown; the
+ *                       claim may still wait or have been admitted. Call
+ *                       pgcoord_permit_cancel(id) again (on a resumed
+ *                       session after PGCOORD_E_IO) until it answers: on
+ *                       ADMITTED / HELD release the permit.
+ */
+pgcoord_err pgcoord_permit_await(pgcoord *c, const char *id, int timeout_ms,
+				 struct pgcoord_permit_event **out);
+
+/* Accepts NULL. */
+void pgcoord_permit_event_free(struct pgcoord_permit_event *ev);
+
 typedef enum pgcoord_phase {
 	PGCOORD_PHASE_RESERVED = 0,
 	PGCOORD_PHASE_DISPATCHED = 1,
@@ -362,6 +496,60 @@ pgcoord_err pgcoord_permit_list(pgcoord *c, const char *quota, const char *state
 pgcoord_err pgcoord_permit_history(pgcoord *c, const char *id, int timeout_ms, void **result,
 				   size_t *result_len);
 pgcoord_err pgcoord_quota_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
+
+/*
+ * Typed forms of permit.get and quota.list (the raw ones above stay the
+ * escape hatch for fields these do not carry). The structs are allocated
+ * by the library and own their strings: free each with its free function
+ * (NULL accepted). Fields may be appended, never reordered. Times are ms
+ * since the epoch by the database clock; -1 where the agent sent none.
+ */
+struct pgcoord_permit_info {
+	const char *id;
+	int64_t token;
+	const char *state;	   /* "held", "uncertain", "released" */
+	const char *phase;	   /* "reserved", "dispatched", "running" */
+	int64_t owner_session;	   /* 0: none */
+	const char *owner_replica; /* NULL: none */
+	bool owner_live;
+	const char *on_owner_loss;    /* "uncertain" or "release" */
+	const char *uncertain_reason; /* NULL unless uncertain */
+	size_t nquotas;
+	const char *const *quota_keys;
+	const int32_t *quota_weights;
+	const void *intent; /* NULL: none, or redacted */
+	size_t intent_len;
+	bool redacted; /* another uid's permit: intent withheld */
+	int64_t created_at, phase_at, state_at, released_at;
+	int64_t now_at;
+};
+
+/* permit.get as a struct; PGCOORD_E_NOT_FOUND for an unknown id. On
+ * PGCOORD_OK *out owns it. */
+pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
+				    struct pgcoord_permit_info **out);
+void pgcoord_permit_info_free(struct pgcoord_permit_info *p);
+
+struct pgcoord_quota_info {
+	const char *key;
+	int64_t limit;
+	int64_t in_flight; /* held + uncertain */
+	int64_t held, uncertain;
+	int64_t available;     /* max(limit - in_flight, 0) */
+	int64_t permits;       /* how many permits count */
+	int64_t lapse_after_s; /* -1: no lapse policy */
+	int64_t created_at, updated_at;
+};
+
+struct pgcoord_quota_list {
+	size_t count;
+	const struct pgcoord_quota_info *rows; /* ordered by key */
+	int64_t now_at;
+};
+
+/* quota.list as structs. On PGCOORD_OK *out owns them. */
+pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out);
+void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
 
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
