@@ -10,7 +10,9 @@
  *            releases, marks of uncertainty and their resolutions, fleet-wide
  *            sweeps of uncertain permits, and deliberate retries of the same
  *            id: after errors, after a reply it cut off itself, through
- *            another agent, and plain duplicates.
+ *            another agent, and plain duplicates. Some claims wait in the
+ *            hot quota's queue (wait_ms): their permit.admitted /
+ *            permit.expired notifications are recorded, a few cancelled.
  *   lease    campaigns for one lease and records each interval during which
  *            libpgcoord said it led (pgcoord_lease_valid_ms > 0). Every
  *            second lease worker opens its sessions with keepalive_ms,
@@ -38,7 +40,8 @@
 #define MAX_ORPHANS 64
 #define MAX_TRIES 40
 #define MAX_WAITS 6
-/* waiting claims: this share of claims queue on the hot quota for a while */
+/* waiting claims: this share of claims queue on the hot quota for a while
+ * (-DWAIT_SHARE=0 builds a driver without them, to compare runs) */
 #ifndef WAIT_SHARE
 #define WAIT_SHARE 0.2
 #endif
