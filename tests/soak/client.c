@@ -46,7 +46,7 @@
 #define WAIT_SHARE 0.2
 #endif
 #define WAIT_MIN_MS 1000
-#define WAIT_MAX_MS 4000
+#define WAIT_MAX_MS 6000
 /* how long after its deadline a waiter whose outcome we were not told is
  * asked about (a notification is lost while the session resumes) */
 #define WAIT_ASK_AFTER_MS 1500
