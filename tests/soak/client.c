@@ -10,7 +10,9 @@
  *            releases, marks of uncertainty and their resolutions, fleet-wide
  *            sweeps of uncertain permits, and deliberate retries of the same
  *            id: after errors, after a reply it cut off itself, through
- *            another agent, and plain duplicates.
+ *            another agent, and plain duplicates. Some claims wait in the
+ *            hot quota's queue (wait_ms): their permit.admitted /
+ *            permit.expired notifications are recorded, a few cancelled.
  *   lease    campaigns for one lease and records each interval during which
  *            libpgcoord said it led (pgcoord_lease_valid_ms > 0). Every
  *            second lease worker opens its sessions with keepalive_ms,
@@ -37,6 +39,17 @@
 #define MAX_HELD 16
 #define MAX_ORPHANS 64
 #define MAX_TRIES 40
+#define MAX_WAITS 6
+/* waiting claims: this share of claims queue on the hot quota for a while
+ * (-DWAIT_SHARE=0 builds a driver without them, to compare runs) */
+#ifndef WAIT_SHARE
+#define WAIT_SHARE 0.2
+#endif
+#define WAIT_MIN_MS 1000
+#define WAIT_MAX_MS 6000
+/* how long after its deadline a waiter whose outcome we were not told is
+ * asked about (a notification is lost while the session resumes) */
+#define WAIT_ASK_AFTER_MS 1500
 /* keepalive_ms of the lease workers that use one; a hang lasts longer */
 #define KEEPALIVE_MS 2000
 #define HANG_EXTRA_MIN_MS 1500
@@ -63,6 +76,14 @@ struct permit {
 	int tries;	    /* orphans: resolve attempts */
 };
 
+/* A claim of ours waiting in the queue: admitted or expired by notification,
+ * or asked about (cancelled) at ask_us. */
+struct waiter {
+	struct permit p;
+	int64_t ask_us;
+	bool cancel; /* ask_us is a deliberate cancel, before the deadline */
+};
+
 struct cl {
 	const struct client_spec *sp;
 	const struct soak_cfg *cfg;
@@ -77,6 +98,8 @@ struct cl {
 	int nheld;
 	struct permit orphans[MAX_ORPHANS]; /* claimed by an earlier session of ours */
 	int norphans;
+	struct waiter waits[MAX_WAITS];
+	int nwaits;
 	pgcoord *x; /* a handle to another agent, for cross-agent retries */
 	int64_t x_session;
 };
@@ -215,6 +238,44 @@ static void backoff(struct cl *cl)
 
 /* --- connection and session ---------------------------------------------- */
 
+static void waiter_admitted(struct cl *cl, const char *id, int64_t token);
+static void waiter_remove_id(struct cl *cl, const char *id);
+
+/* permit.admitted / permit.expired: the outcome of one of our waiting claims. */
+static void on_wait_note(struct cl *cl, const char *method, const msgpack_object *params)
+{
+	const msgpack_object *o = pgc_map_get(params, "id");
+	char id[96];
+	int64_t token = 0;
+	bool admitted = !strcmp(method, "permit.admitted");
+
+	if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size >= sizeof(id))
+		return;
+	memcpy(id, o->via.str.ptr, o->via.str.size);
+	id[o->via.str.size] = '\0';
+	hist_begin(&cl->h, "note");
+	hist_str(&cl->h, "c", cl->sp->name);
+	hist_int(&cl->h, "s", cl->session);
+	hist_str(&cl->h, "note", method);
+	hist_int(&cl->h, "t", soak_now_us());
+	hist_str(&cl->h, "id", id);
+	if (admitted && pgc_obj_int64(pgc_map_get(params, "token"), &token))
+		hist_int(&cl->h, "tok", token);
+	if (!admitted && (o = pgc_map_get(params, "reason")) && o->type == MSGPACK_OBJECT_STR) {
+		char why[96];
+		size_t n = o->via.str.size < sizeof(why) - 1 ? o->via.str.size : sizeof(why) - 1;
+
+		memcpy(why, o->via.str.ptr, n);
+		why[n] = '\0';
+		hist_str(&cl->h, "why", why);
+	}
+	hist_end(&cl->h);
+	if (admitted)
+		waiter_admitted(cl, id, token);
+	else
+		waiter_remove_id(cl, id);
+}
+
 static void on_note(void *user, const char *method, const void *params, size_t len)
 {
 	struct cl *cl = user;
@@ -222,6 +283,13 @@ static void on_note(void *user, const char *method, const void *params, size_t l
 	size_t off = 0;
 	int64_t s = 0;
 
+	if (!strcmp(method, "permit.admitted") || !strcmp(method, "permit.expired")) {
+		msgpack_unpacked_init(&u);
+		if (msgpack_unpack_next(&u, params, len, &off) == MSGPACK_UNPACK_SUCCESS)
+			on_wait_note(cl, method, &u.data);
+		msgpack_unpacked_destroy(&u);
+		return;
+	}
 	if (strcmp(method, "session.lost") != 0)
 		return;
 	msgpack_unpacked_init(&u);
@@ -254,7 +322,16 @@ static void session_gone(struct cl *cl)
 		cl->orphans[cl->norphans].next_us = soak_now_us() + 1000000;
 		cl->norphans++;
 	}
+	/* its waiters left the queue with it, unless admitted just before:
+	 * resolving finds out (not_found when never admitted) */
+	for (int i = 0; i < cl->nwaits && cl->norphans < MAX_ORPHANS; i++) {
+		cl->orphans[cl->norphans] = cl->waits[i].p;
+		cl->orphans[cl->norphans].tries = 0;
+		cl->orphans[cl->norphans].next_us = soak_now_us() + 1000000;
+		cl->norphans++;
+	}
 	cl->nheld = 0;
+	cl->nwaits = 0;
 	cl->session = 0;
 	cl->session_lost = false;
 }
@@ -394,8 +471,9 @@ static void plan_life(struct cl *cl, struct permit *p)
  * (a duplicate through another agent). On OK, fills status, token and mine.
  */
 static pgcoord_err claim_once(struct cl *cl, pgcoord *c, int64_t sess, const struct permit *p,
-			      unsigned flags, const char *kind, int attempt, int timeout_ms,
-			      pgcoord_claim_status *status, int64_t *token, bool *mine)
+			      unsigned flags, int64_t wait_ms, const char *kind, int attempt,
+			      int timeout_ms, pgcoord_claim_status *status, int64_t *token,
+			      bool *mine)
 {
 	char intent[128], kj[96], wj[32];
 	pgcoord_claim *out = NULL;
@@ -412,7 +490,8 @@ static pgcoord_err claim_once(struct cl *cl, pgcoord *c, int64_t sess, const str
 					 .intent = intent,
 					 .intent_len = strlen(intent),
 					 .limit = PGCOORD_NO_LIMIT,
-					 .flags = flags},
+					 .flags = flags,
+					 .wait_ms = wait_ms},
 	    timeout_ms, &out);
 	keys_json(p, kj, sizeof(kj), wj, sizeof(wj));
 	/* rec() reads the last message from cl->c; use c's own */
@@ -435,6 +514,8 @@ static pgcoord_err claim_once(struct cl *cl, pgcoord *c, int64_t sess, const str
 	hist_str(&cl->h, "kind", kind);
 	hist_int(&cl->h, "try", attempt);
 	hist_bool(&cl->h, "rel_on_loss", flags & PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS);
+	if (wait_ms)
+		hist_int(&cl->h, "wait", wait_ms);
 	if (err == PGCOORD_OK) {
 		*status = pgcoord_claim_get_status(out);
 		*token = pgcoord_claim_get_token(out);
@@ -442,8 +523,14 @@ static pgcoord_err claim_once(struct cl *cl, pgcoord *c, int64_t sess, const str
 		hist_str(&cl->h, "st",
 			 *status == PGCOORD_CLAIM_ADMITTED ? "admitted"
 			 : *status == PGCOORD_CLAIM_HELD   ? "held"
+			 : *status == PGCOORD_CLAIM_QUEUED ? "queued"
 							   : "denied");
-		if (*status != PGCOORD_CLAIM_DENIED) {
+		if (*status == PGCOORD_CLAIM_QUEUED) {
+			hist_bool(&cl->h, "mine", *mine);
+			hist_int(&cl->h, "owner", pgcoord_claim_get_owner_session(out));
+			hist_int(&cl->h, "pos", pgcoord_claim_queue_position(out));
+			hist_int(&cl->h, "dl", pgcoord_claim_queue_deadline_at(out));
+		} else if (*status != PGCOORD_CLAIM_DENIED) {
 			hist_int(&cl->h, "tok", *token);
 			hist_bool(&cl->h, "mine", *mine);
 			hist_int(&cl->h, "owner", pgcoord_claim_get_owner_session(out));
@@ -506,6 +593,87 @@ static void give_up(struct cl *cl, const char *id)
 	}
 }
 
+/* --- waiting claims --------------------------------------------------------- */
+
+static void waiter_add(struct cl *cl, const struct permit *p, int64_t wait_ms)
+{
+	struct waiter *w;
+	int64_t now = soak_now_us();
+
+	if (cl->nwaits == MAX_WAITS)
+		return; /* cannot happen: claims stop before */
+	w = &cl->waits[cl->nwaits++];
+	w->p = *p;
+	/* a few are cancelled while they wait; the others are asked about
+	 * only when no outcome came by their deadline */
+	w->cancel = soak_chance(&cl->rng, 0.1);
+	w->ask_us = now + (w->cancel ? soak_rand_range(&cl->rng, 100, wait_ms * 3 / 4)
+				     : wait_ms + WAIT_ASK_AFTER_MS) *
+			      1000;
+}
+
+static void waiter_remove(struct cl *cl, int i)
+{
+	cl->waits[i] = cl->waits[--cl->nwaits];
+}
+
+static void waiter_remove_id(struct cl *cl, const char *id)
+{
+	for (int i = 0; i < cl->nwaits; i++)
+		if (!strcmp(cl->waits[i].p.id, id)) {
+			waiter_remove(cl, i);
+			return;
+		}
+}
+
+/* Admitted from the queue: now a permit of ours like any other. */
+static void waiter_admitted(struct cl *cl, const char *id, int64_t token)
+{
+	for (int i = 0; i < cl->nwaits; i++)
+		if (!strcmp(cl->waits[i].p.id, id)) {
+			struct permit p = cl->waits[i].p;
+
+			waiter_remove(cl, i);
+			p.token = token;
+			plan_life(cl, &p);
+			held_add(cl, &p);
+			return;
+		}
+}
+
+/* Cancels waiter i: deliberately, or to learn the outcome of a wait that
+ * was not told (an admission found so becomes held, to be released). */
+static void do_cancel(struct cl *cl, int i)
+{
+	struct waiter w = cl->waits[i];
+	pgcoord_cancel_status cs = 0;
+	int64_t t0 = soak_now_us();
+	pgcoord_err err = pgcoord_permit_cancel(cl->c, w.p.id, cl->cfg->call_timeout_ms, &cs);
+
+	rec(cl, "cancel", t0, err, cl->session);
+	hist_str(&cl->h, "id", w.p.id);
+	hist_str(&cl->h, "kind", w.cancel ? "cancel" : "ask");
+	if (err == PGCOORD_OK)
+		hist_str(&cl->h, "st",
+			 cs == PGCOORD_CANCEL_CANCELLED	 ? "cancelled"
+			 : cs == PGCOORD_CANCEL_ADMITTED ? "admitted"
+			 : cs == PGCOORD_CANCEL_HELD	 ? "held"
+							 : "released");
+	hist_end(&cl->h);
+	if (err == PGCOORD_OK && (cs == PGCOORD_CANCEL_ADMITTED || cs == PGCOORD_CANCEL_HELD)) {
+		waiter_remove(cl, i);
+		plan_life(cl, &w.p);
+		held_add(cl, &w.p);
+	} else if (err == PGCOORD_OK || !strcmp(outcome(err), "failed")) {
+		waiter_remove(cl, i);
+		if (session_gone_err(err))
+			cl->session_lost = true;
+	} else {
+		after_error(cl, err);
+		cl->waits[i].ask_us = soak_now_us() + 200000;
+	}
+}
+
 static void do_claim(struct cl *cl)
 {
 	const struct soak_cfg *cfg = cl->cfg;
@@ -513,6 +681,10 @@ static void do_claim(struct cl *cl)
 	double r = (double)(soak_rand(&cl->rng) % 1000) / 1000.0;
 	unsigned flags = soak_chance(&cl->rng, 0.1) ? PGCOORD_CLAIM_RELEASE_ON_OWNER_LOSS : 0;
 	bool lose = soak_chance(&cl->rng, 0.04);
+	/* a waiting claim queues on the hot quota instead of being denied */
+	int64_t wait_ms = soak_chance(&cl->rng, WAIT_SHARE)
+			      ? soak_rand_range(&cl->rng, WAIT_MIN_MS, WAIT_MAX_MS)
+			      : 0;
 	pgcoord_claim_status st = PGCOORD_CLAIM_DENIED;
 	int64_t token = 0;
 	bool mine = false;
@@ -520,7 +692,7 @@ static void do_claim(struct cl *cl)
 
 	memset(&p, 0, sizeof(p));
 	snprintf(p.id, sizeof(p.id), "%s-%" PRIu64, cl->sp->name, ++cl->seq);
-	if (r < 0.4) {
+	if (r < 0.4 || wait_ms) {
 		p.nkeys = 1;
 		p.keys[0] = soak_quotas[0].key;
 		p.w[0] = 1;
@@ -549,7 +721,7 @@ static void do_claim(struct cl *cl)
 		}
 		const char *kind = attempt == 0 ? (lose ? "lost" : "first") : "retry";
 		err =
-		    claim_once(cl, cl->c, cl->session, &p, flags, kind, attempt,
+		    claim_once(cl, cl->c, cl->session, &p, flags, wait_ms, kind, attempt,
 			       attempt == 0 && lose ? 1 : cfg->call_timeout_ms, &st, &token, &mine);
 		if (err == PGCOORD_OK) {
 			answered = true;
@@ -577,6 +749,11 @@ static void do_claim(struct cl *cl)
 	}
 	if (st == PGCOORD_CLAIM_DENIED || !running(cl))
 		return;
+	if (st == PGCOORD_CLAIM_QUEUED) {
+		if (mine) /* else queued by an earlier session of ours, which took it along */
+			waiter_add(cl, &p, wait_ms);
+		return;
+	}
 	p.token = token;
 	plan_life(cl, &p);
 	if (!mine) {
@@ -591,11 +768,11 @@ static void do_claim(struct cl *cl)
 	held_add(cl, &p);
 	/* duplicates: the same right again, same token, never a second slot */
 	if (soak_chance(&cl->rng, 0.08)) {
-		(void)claim_once(cl, cl->c, cl->session, &p, flags, "dup", 0, cfg->call_timeout_ms,
-				 &st, &token, &mine);
+		(void)claim_once(cl, cl->c, cl->session, &p, flags, wait_ms, "dup", 0,
+				 cfg->call_timeout_ms, &st, &token, &mine);
 	}
 	if (cfg->agents > 1 && soak_chance(&cl->rng, 0.03) && ensure_x(cl)) {
-		err = claim_once(cl, cl->x, cl->x_session, &p, flags, "xagent", 0,
+		err = claim_once(cl, cl->x, cl->x_session, &p, flags, wait_ms, "xagent", 0,
 				 cfg->call_timeout_ms, &st, &token, &mine);
 		if (err != PGCOORD_OK) {
 			pgcoord_close(cl->x);
@@ -860,11 +1037,16 @@ static void permits_step(struct cl *cl)
 			do_orphan(cl, i);
 			return;
 		}
+	for (int i = 0; i < cl->nwaits; i++)
+		if (cl->waits[i].ask_us <= now) {
+			do_cancel(cl, i);
+			return;
+		}
 
 	double r = (double)(soak_rand(&cl->rng) % 10000) / 10000.0;
 
 	if (r < 0.55) {
-		if (cl->nheld < MAX_HELD - 2)
+		if (cl->nheld + cl->nwaits < MAX_HELD - 2 && cl->nwaits < MAX_WAITS)
 			do_claim(cl);
 	} else if (r < 0.58) {
 		for (int i = 0; i < cl->nheld; i++)
@@ -882,6 +1064,15 @@ static void permits_finish(struct cl *cl)
 {
 	if (!cl->c || pgcoord_fd(cl->c) < 0 || !cl->session)
 		return;
+	/* waiters leave the queue; one admitted meanwhile is released below */
+	while (cl->nwaits > 0) {
+		int n = cl->nwaits;
+
+		cl->waits[0].cancel = true;
+		do_cancel(cl, 0);
+		if (cl->nwaits == n)
+			return; /* no answer: the session's end takes them */
+	}
 	for (int i = 0; i < cl->nheld; i++) {
 		bool released;
 		int64_t t0 = soak_now_us();
@@ -1090,7 +1281,7 @@ static void record_permit(struct cl *cl, char *id, size_t size)
 	p.nkeys = 1;
 	p.keys[0] = soak_quotas[2].key;
 	p.w[0] = 1;
-	if (claim_once(cl, cl->c, cl->session, &p, 0, "first", 0, cl->cfg->call_timeout_ms, &st,
+	if (claim_once(cl, cl->c, cl->session, &p, 0, 0, "first", 0, cl->cfg->call_timeout_ms, &st,
 		       &token, &mine) == PGCOORD_OK &&
 	    st == PGCOORD_CLAIM_ADMITTED)
 		snprintf(id, size, "%s", p.id);

@@ -313,7 +313,11 @@ static void watch_children(struct fleet *fl)
 		hist_int(fl->h, "t", soak_now_us());
 		hist_int(fl->h, "code",
 			 WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-		hist_bool(fl->h, "expected", false);
+		/* a client ends by itself at the end of the workload: a fault
+		 * that outlasts the end is still being injected then */
+		hist_bool(fl->h, "expected",
+			  WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+			      soak_now_us() >= fl->t_start + fl->cfg->duration_ms * 1000);
 		hist_end(fl->h);
 		fl->clients[i] = 0;
 	}
