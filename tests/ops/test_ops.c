@@ -568,7 +568,7 @@ static int chromium(const char *bin, const char *mode, const char *url, char **o
 	const char *argv[] = {"timeout",
 			      "-k",
 			      "5",
-			      "40",
+			      "60",
 			      bin,
 			      "--headless",
 			      "--no-sandbox",
