@@ -4,7 +4,7 @@
  *   pgcoordctl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]
  *
  * Every command but `migrate` is one or more calls to the local agent
- * through libpgcoord; `migrate` applies the schema with libpq directly.
+ * through libpgcoord; `migrate` runs `pgcoord-agent migrate` (ctl_migrate.h).
  * Global flags may come before or after the command.
  *
  * Exit status (also in --help; scripts depend on it, so append only):
@@ -48,9 +48,9 @@
 
 #include "pgcoord/pgcoord.h"
 #include "ctl_msgpack.h"
-#include "agent/migrate.h"
 #include "ctl_print.h"
 #include "ctl_claim.h"
+#include "ctl_migrate.h"
 #include "ctl_top.h"
 #include "ctl_run.h"
 #include "ctl_watch.h"
@@ -196,7 +196,7 @@ static const struct ctl_command commands[] = {
     {"agents", cmd_agents, 0, "", "every registered agent of the fleet"},
     {"sessions", cmd_sessions, 0, "", "the live sessions of the whole fleet"},
     {"migrate", cmd_migrate, 0, "[--database-url URL] [--runtime-role ROLE]",
-     "apply pending schema migrations with libpq (no agent needed)"},
+     "apply pending schema migrations by running pgcoord-agent migrate"},
     {"quotas", cmd_quotas, 0, "", "every quota: limit, in flight (held, uncertain), room left"},
     {"quota", cmd_quota, 3, "KEY | set KEY LIMIT [--lapse-after S]",
      "show one quota, or set its limit (admin; creates it)"},
@@ -250,7 +250,7 @@ static const struct ctl_option options[] = {
     {"help", no_argument, OPT_HELP, NULL, NULL, "show this help"},
     {"version", no_argument, OPT_VERSION, NULL, NULL, "show the version"},
     {"database-url", required_argument, OPT_DATABASE_URL, "migrate", "URL",
-     "libpq URL or conninfo (default: $PGCOORD_DATABASE_URL, else libpq's defaults)"},
+     "libpq URL or conninfo (default: the agent's database_url setting)"},
     {"runtime-role", required_argument, OPT_RUNTIME_ROLE, "migrate", "ROLE",
      "grant ROLE what the agent needs to run as it (EXECUTE on the functions, SELECT on "
      "what it reads); connect as the schema's owner"},
@@ -684,27 +684,10 @@ static int cmd_sessions(struct ctl *ctx, int argc, char **argv)
 
 static int cmd_migrate(struct ctl *ctx, int argc, char **argv)
 {
-	const char *url = ctx->database_url;
-	int applied = 0, version = 0;
-	char err[512] = "";
-
-	if (!url)
-		url = getenv("PGCOORD_DATABASE_URL");
-	if (!url)
-		url = ""; /* libpq's PG* environment and defaults */
-	if (!migrate_apply(url, ctx->runtime_role, &applied, &version, err, sizeof(err))) {
-		/* err comes from migrate/libpq and never repeats the password. */
-		fprintf(stderr, "pgcoordctl: migrate: %s\n", err);
-		return CTL_EXIT_FAILED;
-	}
-	if (ctx->json)
-		printf("{\n  \"applied\": %d,\n  \"version\": %d\n}\n", applied, version);
-	else if (applied == 0)
-		printf("schema is up to date (version %d)\n", version);
-	else
-		printf("applied %d migration%s; schema version %d\n", applied,
-		       applied == 1 ? "" : "s", version);
-	return CTL_EXIT_OK;
+	(void)argc;
+	(void)argv;
+	return ctl_migrate(ctx->database_url, ctx->runtime_role, ctx->json) == 0 ? CTL_EXIT_OK
+										 : CTL_EXIT_FAILED;
 }
 
 /* --- quotas and permits --------------------------------------------------- */
