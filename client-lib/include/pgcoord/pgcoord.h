@@ -487,7 +487,10 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 /*
  * Reads: the MessagePack-encoded result map in *result (free with
  * pgcoord_free), as PROTOCOL.md describes for permit.get, permit.list (quota
- * and state filter when non-NULL), permit.history and quota.list.
+ * and state filter when non-NULL), permit.history and quota.list. Prefer
+ * the typed forms below (pgcoord_permit_info_get, pgcoord_permit_list_get,
+ * pgcoord_permit_history_get, pgcoord_quota_list_get); these stay for
+ * fields the structs do not carry.
  */
 pgcoord_err pgcoord_permit_get(pgcoord *c, const char *id, int timeout_ms, void **result,
 			       size_t *result_len);
@@ -550,6 +553,45 @@ struct pgcoord_quota_list {
 /* quota.list as structs. On PGCOORD_OK *out owns them. */
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out);
 void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
+
+struct pgcoord_permit_list {
+	size_t count;
+	/* uncertain first, then oldest first; intent is NULL in each */
+	const struct pgcoord_permit_info *const *permits;
+	bool truncated; /* more matched than the agent's limit (1000) */
+	int64_t now_at;
+};
+
+/* permit.list as structs (quota and state filter when non-NULL; released
+ * permits only with state "released"). On PGCOORD_OK *out owns them. */
+pgcoord_err pgcoord_permit_list_get(pgcoord *c, const char *quota, const char *state,
+				    int timeout_ms, struct pgcoord_permit_list **out);
+void pgcoord_permit_list_free(struct pgcoord_permit_list *l);
+
+/* One row of a permit's audit trail (PROTOCOL.md, permit.history). */
+struct pgcoord_permit_history_event {
+	int64_t seq;
+	const char *event;	   /* "admitted", "phase", "uncertain", "released", … */
+	const char *quota;	   /* NULL: the event moved no quota */
+	int64_t delta;		   /* what it added to quota's in_flight */
+	const char *actor;	   /* who did it, as the agent recorded it; NULL: unknown */
+	const char *reason;	   /* NULL: none */
+	const char *state, *phase; /* the permit after the event */
+	int64_t at;
+};
+
+struct pgcoord_permit_history {
+	const char *id;
+	size_t count;
+	const struct pgcoord_permit_history_event *events; /* oldest first */
+	int64_t now_at;
+};
+
+/* permit.history as structs; PGCOORD_E_NOT_FOUND for an unknown id. On
+ * PGCOORD_OK *out owns it. */
+pgcoord_err pgcoord_permit_history_get(pgcoord *c, const char *id, int timeout_ms,
+				       struct pgcoord_permit_history **out);
+void pgcoord_permit_history_free(struct pgcoord_permit_history *h);
 
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
@@ -626,6 +668,37 @@ pgcoord_err pgcoord_lease_status(pgcoord *c, const char *name, int timeout_ms, v
 pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
 
 /*
+ * The typed forms of lease.status and lease.list (prefer them to the raw
+ * ones above), allocated by the library, owning their strings; free each
+ * with its free function (NULL accepted). Fields may be appended, never
+ * reordered. Times are ms since the epoch by the database clock; -1 where
+ * the agent sent none.
+ */
+struct pgcoord_lease_info {
+	const char *name;
+	int64_t epoch;
+	int64_t holder_session;	    /* 0: nobody holds it */
+	const char *holder_replica; /* the holder's agent; NULL: nobody */
+	int64_t expires_in_ms;
+	int64_t ttl_ms;
+	int64_t acquired_at, renewed_at;
+	bool leader;	  /* the agent's belief, as for lease.status */
+	int64_t valid_ms; /* 0 when not leader */
+};
+
+pgcoord_err pgcoord_lease_info_get(pgcoord *c, const char *name, int timeout_ms,
+				   struct pgcoord_lease_info **out);
+void pgcoord_lease_info_free(struct pgcoord_lease_info *l);
+
+struct pgcoord_lease_list {
+	size_t count;
+	const struct pgcoord_lease_info *leases; /* ordered by name */
+};
+
+pgcoord_err pgcoord_lease_list_get(pgcoord *c, int timeout_ms, struct pgcoord_lease_list **out);
+void pgcoord_lease_list_free(struct pgcoord_lease_list *l);
+
+/*
  * True only while the last lease.changed (or acquire result) for name said
  * this session leads and the local deadline lies ahead on CLOCK_MONOTONIC.
  * Never does I/O and never changes the handle: it compares the belief's
@@ -698,6 +771,47 @@ pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, co
 			       int timeout_ms, bool *created, int64_t *token);
 
 /*
+ * What a put or an update writes, for pgcoord_record_put_with and
+ * pgcoord_record_update_with (prefer these to the long argument lists).
+ * Start from PGCOORD_RECORD_OPTS_INIT (or pgcoord_record_opts_init): `size`
+ * tells the library which fields this caller was built with, as for
+ * pgcoord_claim_opts. Only read during the call.
+ *
+ *   state            put: required; update: NULL keeps it
+ *   data, data_len   NULL: none (put) or unchanged (update); up to 64 KiB
+ *   permit           put only: the permit the record's work holds (NULL: none)
+ *   token            update only: > 0 also requires it to be the record's
+ *                    current token; put: must be 0
+ */
+struct pgcoord_record_opts {
+	size_t size; /* sizeof(struct pgcoord_record_opts) as the caller knew it */
+	const char *state;
+	const void *data;
+	size_t data_len;
+	const char *permit;
+	int64_t token;
+};
+
+#define PGCOORD_RECORD_OPTS_INIT                                                                   \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_record_opts)                                         \
+	}
+
+/* Sets *opts to PGCOORD_RECORD_OPTS_INIT. */
+void pgcoord_record_opts_init(struct pgcoord_record_opts *opts);
+
+/* pgcoord_record_put with its writes in opts; PGCOORD_E_ARG also for opts
+ * NULL, a size smaller than the first version's, or a token. */
+pgcoord_err pgcoord_record_put_with(pgcoord *c, const char *kind, const char *key,
+				    const struct pgcoord_record_opts *opts, int timeout_ms,
+				    bool *created, int64_t *token);
+
+/* pgcoord_record_update with its writes in opts; PGCOORD_E_ARG also for
+ * opts NULL, a size smaller than the first version's, or a permit. */
+pgcoord_err pgcoord_record_update_with(pgcoord *c, const char *kind, const char *key,
+				       const struct pgcoord_record_opts *opts, int timeout_ms);
+
+/*
  * Owner. Changes the state (NULL keeps it) and/or data (NULL keeps it; give
  * at least one). token > 0 also requires it to be the record's current
  * token. PGCOORD_E_FENCED: the record was adopted from this session (the
@@ -744,6 +858,22 @@ void pgcoord_record_free(pgcoord_record *r);
  * {records: [...], truncated, now_at} (free with pgcoord_free). */
 pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
 				int timeout_ms, void **result, size_t *result_len);
+
+/* record.list as records (prefer it to the raw form above); read each with
+ * the pgcoord_record_get_* accessors. */
+struct pgcoord_record_list {
+	size_t count;
+	const pgcoord_record *const *records; /* ordered by kind and key */
+	bool truncated;			      /* more matched than the agent's limit (1000) */
+	int64_t now_at;
+};
+
+/* Filters as for pgcoord_record_list. On PGCOORD_OK *out owns the list and
+ * its records: free it with pgcoord_record_list_free (NULL accepted), not
+ * each record. */
+pgcoord_err pgcoord_record_list_get(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
+				    int timeout_ms, struct pgcoord_record_list **out);
+void pgcoord_record_list_free(struct pgcoord_record_list *l);
 
 /* The outcome of a recovery (opaque); read it with pgcoord_recovery_*. */
 typedef struct pgcoord_recovery pgcoord_recovery;
