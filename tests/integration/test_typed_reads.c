@@ -339,3 +339,44 @@ Test(typed_reads, record_options_and_list_match_the_database)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+Test(typed_reads, agent_status_matches_the_agents_row)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-status", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_agent_status *s = NULL;
+
+	iwait_janitor(a);
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "watcher", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_agent_status_get(c, CALL_MS, &s), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(s->replica_id, "typed-status");
+	cr_assert_eq(s->incarnation, hdb_query_long(db, "SELECT incarnation FROM pgcoord.agents "
+							"WHERE replica_id = 'typed-status'"));
+	cr_assert_eq(s->pid, hdb_query_long(db, "SELECT pid FROM pgcoord.agents WHERE "
+						"replica_id = 'typed-status'"));
+	char *host = hdb_query_value(db, "SELECT host FROM pgcoord.agents");
+	cr_assert_str_eq(s->host, host);
+	free(host);
+	cr_assert_str_eq(s->state, "serving");
+	cr_assert(s->db_up);
+	cr_assert(s->registered);
+	cr_assert(s->janitor);
+	cr_assert_eq(s->schema_version,
+		     hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"));
+	cr_assert_eq(s->schema_required, s->schema_version);
+	cr_assert_geq(s->sessions, 1);
+	cr_assert_geq(s->connections, 1);
+	cr_assert_gt(s->uptime_ms, 0);
+	cr_assert_geq(s->last_heartbeat_ms_ago, 0);
+	cr_assert_not_null(s->version);
+	cr_assert_not_null(s->failover);
+	pgcoord_agent_status_free(s);
+	pgcoord_agent_status_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}

@@ -207,6 +207,38 @@ pgcoord_err pgcoord_consume(pgcoord *c, int *completed);
 
 pgcoord_err pgcoord_ping(pgcoord *c, int timeout_ms);
 
+/*
+ * agent.status as a struct (PROTOCOL.md, agent.status), allocated by the
+ * library with its strings; free it with pgcoord_agent_status_free (NULL
+ * accepted). Fields may be appended, never reordered. Prefer it to
+ * decoding pgcoord_call(c, "agent.status", …) yourself.
+ */
+struct pgcoord_agent_status {
+	const char *replica_id;
+	int64_t incarnation;
+	const char *host;
+	int64_t pid;
+	const char *version;
+	const char *state; /* "starting", "serving", "stopping", "superseded" */
+	bool db_up;	   /* the agent's request lane to the database is up */
+	bool registered;
+	int64_t schema_version, schema_required;
+	int64_t sessions, connections, leases_held;
+	bool janitor; /* this agent runs the fleet's janitor now */
+	int64_t uptime_ms;
+	int64_t last_heartbeat_ms_ago; /* -1 before the first */
+	int64_t db_reconnects, db_queries, db_failures;
+	int64_t watches, watch_polls, waiters;
+	int64_t db_standby_refusals, db_sync_waits_cancelled;
+	const char *failover;		/* replication.failover: "safe", "at_risk", "unknown" */
+	const char *replication_detail; /* replication.detail; NULL: none */
+	int64_t sync_standbys;		/* -1: unknown */
+};
+
+/* Never touches the database. On PGCOORD_OK *out owns the status. */
+pgcoord_err pgcoord_agent_status_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_status **out);
+void pgcoord_agent_status_free(struct pgcoord_agent_status *s);
+
 /* Opens a session named name (free text, for operators). *session_id may be NULL. */
 pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms, int64_t *session_id);
 
