@@ -1,8 +1,8 @@
 /*
  * typed_reads.c — the permit and quota reads as C structs: permit.get as
  * struct pgcoord_permit_info, permit.list as rows of it, permit.history as
- * struct pgcoord_permit_history, quota.list as struct pgcoord_quota_info
- * rows. Each
+ * struct pgcoord_permit_history, quota.get and quota.list as struct
+ * pgcoord_quota_info. Each
  * struct is allocated by the library inside a box that also owns its
  * strings, so one free function releases everything.
  */
@@ -184,7 +184,68 @@ pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
 	return err;
 }
 
-/* --- quota.list ------------------------------------------------------------ */
+/* --- quota.get and quota.list --------------------------------------------- */
+
+/* Reads one QUOTA map into r; false without a key or on out of memory. */
+static bool quota_read(const msgpack_object *q, struct pgcoord_quota_info *r)
+{
+	r->key = pgc_obj_strdup(pgc_map_get(q, "key"));
+	r->limit = int_or(q, "limit", -1);
+	r->in_flight = int_or(q, "in_flight", -1);
+	r->held = int_or(q, "held", -1);
+	r->uncertain = int_or(q, "uncertain", -1);
+	r->available = int_or(q, "available", -1);
+	r->permits = int_or(q, "permits", -1);
+	r->lapse_after_s = int_or(q, "lapse_after_s", -1);
+	r->created_at = int_or(q, "created_at", -1);
+	r->updated_at = int_or(q, "updated_at", -1);
+	return r->key != NULL;
+}
+
+void pgcoord_quota_info_free(struct pgcoord_quota_info *q)
+{
+	if (!q)
+		return;
+	free((char *)q->key); /* the library's own copy */
+	free(q);
+}
+
+pgcoord_err pgcoord_quota_info_get(pgcoord *c, const char *key, int timeout_ms,
+				   struct pgcoord_quota_info **out)
+{
+	struct pgcoord_writer w;
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	if (!key || !*key) {
+		pgcoord__set_message(c, "the quota key is empty");
+		return PGCOORD_E_ARG;
+	}
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 1);
+	pgc_pack_kv_str(&w.pk, "key", key);
+	pgcoord_err err = pgcoord__call_decoded(c, "quota.get", &w, timeout_ms, &u, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	const msgpack_object *qm = pgc_map_get(&u.data, "quota");
+	struct pgcoord_quota_info *q = calloc(1, sizeof(*q));
+	if (q && qm && qm->type == MSGPACK_OBJECT_MAP && quota_read(qm, q)) {
+		*out = q;
+	} else {
+		pgcoord_quota_info_free(q);
+		pgcoord__set_message(c, "the quota.get result lacks a quota with its key (or "
+					"memory ran out)");
+		err = PGCOORD_E_PROTOCOL;
+	}
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	return err;
+}
 
 struct quota_list_box {
 	struct pgcoord_quota_list pub; /* first: the caller's pointer */
@@ -230,20 +291,8 @@ pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_qu
 		b->pub.rows = b->rows;
 		b->pub.now_at = int_or(&u.data, "now_at", -1);
 		for (size_t i = 0; ok && i < n; i++) {
-			const msgpack_object *q = &qs->via.array.ptr[i];
-			struct pgcoord_quota_info *r = &b->rows[i];
-			r->key = pgc_obj_strdup(pgc_map_get(q, "key"));
 			b->pub.count = i + 1;
-			ok = r->key != NULL;
-			r->limit = int_or(q, "limit", -1);
-			r->in_flight = int_or(q, "in_flight", -1);
-			r->held = int_or(q, "held", -1);
-			r->uncertain = int_or(q, "uncertain", -1);
-			r->available = int_or(q, "available", -1);
-			r->permits = int_or(q, "permits", -1);
-			r->lapse_after_s = int_or(q, "lapse_after_s", -1);
-			r->created_at = int_or(q, "created_at", -1);
-			r->updated_at = int_or(q, "updated_at", -1);
+			ok = quota_read(&qs->via.array.ptr[i], &b->rows[i]);
 		}
 	}
 	if (ok) {

@@ -1,6 +1,7 @@
 /*
- * test_typed_reads.c — the typed reads (permit.get, permit.list,
- * permit.history, quota.list, lease.status, lease.list, record.list) and
+ * test_typed_reads.c — the typed reads (agent.status, permit.get,
+ * permit.list, permit.history, quota.get, quota.list, lease.status,
+ * lease.list, record.list) and
  * the record options against a real agent: every field as the database
  * holds it.
  */
@@ -93,6 +94,23 @@ Test(typed_reads, permit_and_quota_list_match_the_database)
 	pgcoord_quota_list_free(ql);
 	pgcoord_permit_info_free(NULL);
 	pgcoord_quota_list_free(NULL);
+
+	struct pgcoord_quota_info *q = NULL;
+	cr_assert_eq(pgcoord_quota_info_get(c, "a", CALL_MS, &q), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(q->key, "a");
+	cr_assert_eq(q->limit, 5);
+	cr_assert_eq(q->in_flight,
+		     hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'a'"));
+	cr_assert_eq(q->in_flight, 3);
+	cr_assert_eq(q->available, 2);
+	cr_assert_eq(q->permits, 1);
+	cr_assert_eq(q->lapse_after_s, 60);
+	cr_assert_gt(q->created_at, 0);
+	pgcoord_quota_info_free(q);
+	cr_assert_eq(pgcoord_quota_info_get(c, "nope", CALL_MS, &q), PGCOORD_E_NOT_FOUND);
+	cr_assert_null(q);
+	pgcoord_quota_info_free(NULL);
 
 	pgcoord_close(c);
 	hagent_destroy(a);

@@ -582,6 +582,13 @@ struct pgcoord_quota_list {
 	int64_t now_at;
 };
 
+/* quota.get as a struct (prefer it to pgcoord_quota_get's out-params);
+ * PGCOORD_E_NOT_FOUND when the quota does not exist. On PGCOORD_OK *out
+ * owns it: free it with pgcoord_quota_info_free (NULL accepted). */
+pgcoord_err pgcoord_quota_info_get(pgcoord *c, const char *key, int timeout_ms,
+				   struct pgcoord_quota_info **out);
+void pgcoord_quota_info_free(struct pgcoord_quota_info *q);
+
 /* quota.list as structs. On PGCOORD_OK *out owns them. */
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out);
 void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
