@@ -571,6 +571,30 @@ pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t 
 	return err;
 }
 
+void pgcoord_recover_opts_init(struct pgcoord_recover_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_recover_opts)PGCOORD_RECOVER_OPTS_INIT;
+}
+
+pgcoord_err pgcoord_record_recover_with(pgcoord *c, const struct pgcoord_recover_opts *opts,
+					int timeout_ms, pgcoord_recovery **out)
+{
+	const size_t first_size = offsetof(struct pgcoord_recover_opts, flags) + sizeof(unsigned);
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	if (!opts || opts->size < first_size) {
+		pgcoord__set_message(c, "opts is NULL or its size is smaller than the first "
+					"version's (start from PGCOORD_RECOVER_OPTS_INIT)");
+		return PGCOORD_E_ARG;
+	}
+	return pgcoord_record_recover(c, opts->kinds, opts->nkinds, opts->limit, opts->flags,
+				      timeout_ms, out);
+}
+
 bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv)
 {
 	return rv && rv->liveness_read;

@@ -351,6 +351,27 @@ Test(typed_reads, record_options_and_list_match_the_database)
 		     PGCOORD_OK);
 	cr_assert_eq(rl->count, 0);
 	pgcoord_record_list_free(rl);
+
+	/* a dry-run recovery by options, from a handle without a session: the
+	 * live owner's records stay alone */
+	const char *kinds[] = {"job"};
+	struct pgcoord_recover_opts ro = PGCOORD_RECOVER_OPTS_INIT;
+	pgcoord_recovery *rv = NULL;
+	pgcoord *op = NULL;
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &op), PGCOORD_OK);
+	ro.kinds = kinds;
+	ro.nkinds = 1;
+	ro.flags = PGCOORD_RECOVER_DRY_RUN;
+	cr_assert_eq(pgcoord_record_recover_with(op, &ro, CALL_MS, &rv), PGCOORD_OK, "%s",
+		     pgcoord_last_message(op));
+	cr_assert(pgcoord_recovery_liveness_read(rv));
+	cr_assert_eq(pgcoord_recovery_count(rv), 0);
+	cr_assert_eq(pgcoord_recovery_left_alone(rv), 2);
+	pgcoord_recovery_free(rv);
+	ro.size = 0;
+	cr_assert_eq(pgcoord_record_recover_with(op, &ro, CALL_MS, &rv), PGCOORD_E_ARG);
+	cr_assert_null(rv);
+	pgcoord_close(op);
 	pgcoord_record_list_free(NULL);
 
 	pgcoord_close(c);

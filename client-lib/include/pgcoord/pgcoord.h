@@ -944,6 +944,36 @@ pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t 
 				   int32_t limit, unsigned flags, int timeout_ms,
 				   pgcoord_recovery **out);
 
+/*
+ * What a recovery takes, for pgcoord_record_recover_with (prefer it to the
+ * long argument list above). Start from PGCOORD_RECOVER_OPTS_INIT (or
+ * pgcoord_recover_opts_init); `size` as for pgcoord_claim_opts.
+ *
+ *   kinds, nkinds   only these kinds (NULL / 0: every kind)
+ *   limit           at most this many records (0: the agent's default)
+ *   flags           PGCOORD_RECOVER_DRY_RUN
+ */
+struct pgcoord_recover_opts {
+	size_t size; /* sizeof(struct pgcoord_recover_opts) as the caller knew it */
+	const char *const *kinds;
+	size_t nkinds;
+	int32_t limit;
+	unsigned flags;
+};
+
+#define PGCOORD_RECOVER_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_recover_opts)                                        \
+	}
+
+/* Sets *opts to PGCOORD_RECOVER_OPTS_INIT. */
+void pgcoord_recover_opts_init(struct pgcoord_recover_opts *opts);
+
+/* pgcoord_record_recover with its choices in opts; PGCOORD_E_ARG also for
+ * opts NULL or a size smaller than the first version's. */
+pgcoord_err pgcoord_record_recover_with(pgcoord *c, const struct pgcoord_recover_opts *opts,
+					int timeout_ms, pgcoord_recovery **out);
+
 bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv);
 /* Why liveness could not be read, or NULL when it was. */
 const char *pgcoord_recovery_reason(const pgcoord_recovery *rv);
