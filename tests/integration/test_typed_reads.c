@@ -366,7 +366,8 @@ Test(typed_reads, record_options_and_list_match_the_database)
 		     pgcoord_last_message(op));
 	cr_assert(pgcoord_recovery_liveness_read(rv));
 	cr_assert_eq(pgcoord_recovery_count(rv), 0);
-	cr_assert_eq(pgcoord_recovery_left_alone(rv), 2);
+	cr_assert_eq(pgcoord_recovery_left_alone(rv), 2, "left alone: %lld",
+		     (long long)pgcoord_recovery_left_alone(rv));
 	pgcoord_recovery_free(rv);
 	ro.size = 0;
 	cr_assert_eq(pgcoord_record_recover_with(op, &ro, CALL_MS, &rv), PGCOORD_E_ARG);

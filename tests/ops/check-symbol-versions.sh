@@ -9,49 +9,62 @@ set -euo pipefail
 
 so=$1
 root=$2
-frozen="$root/tests/ops/libpgcoord-0.symbols"
-fail=0
 
-# "VERSION NAME" for each defined dynamic symbol (objdump -T: the version
-# is the next-to-last column, the name the last).
-defined=$(objdump -T "$so" | awk 'NF >= 2 && $0 !~ /\*UND\*/ && / D[FO] / {print $(NF-1), $NF}')
-
-# Version nodes define themselves as absolute symbols: skip those.
-while read -r ver name; do
-	[[ $ver == "$name" ]] && continue
-	if [[ $name != pgcoord_* ]]; then
-		echo "check-symbol-versions: $name is exported (only pgcoord_* may be)" >&2
-		fail=1
-	elif grep -qx "$name" "$frozen"; then
-		if [[ $ver != PGCOORD_0 ]]; then
-			echo "check-symbol-versions: $name carries $ver, not PGCOORD_0" >&2
-			fail=1
-		fi
-	else
-		# The node whose block in libpgcoord.sym names it.
-		want=$(awk -v n="$name;" '/^PGCOORD_[0-9]+ *\{/ {node = $1}
-			$1 == n {print node}' "$root/client-lib/libpgcoord.sym")
-		if [[ -z $want || $want == PGCOORD_0 ]]; then
-			echo "check-symbol-versions: $name is new since PGCOORD_0 but libpgcoord.sym" \
-				"does not list it in a later node" >&2
-			fail=1
-		elif [[ $ver != "$want" ]]; then
-			echo "check-symbol-versions: $name carries $ver, libpgcoord.sym says $want" >&2
-			fail=1
-		fi
-	fi
-done <<<"$defined"
-
-# The old ABI stays whole: each first-release symbol still exported.
-while read -r name; do
-	if ! grep -qE "^PGCOORD_0 $name\$" <<<"$defined"; then
-		echo "check-symbol-versions: $name (PGCOORD_0) is no longer exported" >&2
-		fail=1
-	fi
-done <"$frozen"
-
-if ((fail)); then
-	exit 1
-fi
-echo "check-symbol-versions: $(grep -c '^PGCOORD_0 pgcoord_' <<<"$defined") symbols at PGCOORD_0," \
-	"$(grep -c '^PGCOORD_[1-9][0-9]* pgcoord_' <<<"$defined") in later nodes"
+# objdump -T: a defined dynamic symbol's version is the next-to-last
+# column, its name the last; version nodes define themselves as absolute
+# symbols (version == name) and are skipped. One awk pass: the machine
+# running the suite may be busy.
+objdump -T "$so" | awk -v frozen="$root/tests/ops/libpgcoord-0.symbols" \
+	-v symfile="$root/client-lib/libpgcoord.sym" '
+BEGIN {
+	while ((getline l < frozen) > 0)
+		if (l != "")
+			old[l] = 1
+	while ((getline l < symfile) > 0) {
+		if (l ~ /^PGCOORD_[0-9]+ *\{/) {
+			node = l
+			sub(/ *\{.*/, "", node)
+			continue
+		}
+		t = l
+		gsub(/[ \t;]/, "", t)
+		if (t ~ /^pgcoord_[a-z0-9_]+$/)
+			want[t] = node
+	}
+}
+NF >= 2 && $0 !~ /\*UND\*/ && / D[FO] / {
+	ver = $(NF - 1)
+	name = $NF
+	if (ver == name)
+		next
+	if (name !~ /^pgcoord_/) {
+		printf "check-symbol-versions: %s is exported (only pgcoord_* may be)\n", name
+		fail = 1
+	} else if (name in old) {
+		seen[name] = 1
+		if (ver != "PGCOORD_0") {
+			printf "check-symbol-versions: %s carries %s, not PGCOORD_0\n", name, ver
+			fail = 1
+		}
+		n0++
+	} else if (!(name in want) || want[name] == "PGCOORD_0") {
+		printf "check-symbol-versions: %s is new since PGCOORD_0 but libpgcoord.sym does not list it in a later node\n", name
+		fail = 1
+	} else if (ver != want[name]) {
+		printf "check-symbol-versions: %s carries %s, libpgcoord.sym says %s\n", name, ver, want[name]
+		fail = 1
+	} else {
+		nlater++
+	}
+}
+END {
+	# The old ABI stays whole: each first-release symbol still exported.
+	for (name in old)
+		if (!(name in seen)) {
+			printf "check-symbol-versions: %s (PGCOORD_0) is no longer exported\n", name
+			fail = 1
+		}
+	if (fail)
+		exit 1
+	printf "check-symbol-versions: %d symbols at PGCOORD_0, %d in later nodes\n", n0, nlater
+}' >&2
