@@ -1,8 +1,9 @@
 /*
  * records.c — typed helpers over pgcoord_call for the record.* methods
- * (PROTOCOL.md, "Records and recovery"): put, update, settle, get and list,
- * and recovery with its opaque outcome.
+ * (PROTOCOL.md, "Records and recovery"): put, update, settle, get and list
+ * (raw and typed), and recovery with its opaque outcome.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +211,62 @@ pgcoord_err pgcoord_record_settle(pgcoord *c, const char *kind, const char *key,
 	return pgcoord__call_packed(c, "record.settle", &w, timeout_ms, NULL, NULL);
 }
 
+/* --- the same with an options struct ------------------------------------ */
+
+/* The first version's size: older callers never pass less. */
+#define RECORD_OPTS_MIN_SIZE (offsetof(struct pgcoord_record_opts, token) + sizeof(int64_t))
+
+void pgcoord_record_opts_init(struct pgcoord_record_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_record_opts)PGCOORD_RECORD_OPTS_INIT;
+}
+
+static bool opts_ok(pgcoord *c, const struct pgcoord_record_opts *opts)
+{
+	if (!opts || opts->size < RECORD_OPTS_MIN_SIZE) {
+		pgcoord__set_message(c, "opts is NULL or its size is smaller than the first "
+					"version's (start from PGCOORD_RECORD_OPTS_INIT)");
+		return false;
+	}
+	return true;
+}
+
+pgcoord_err pgcoord_record_put_with(pgcoord *c, const char *kind, const char *key,
+				    const struct pgcoord_record_opts *opts, int timeout_ms,
+				    bool *created, int64_t *token)
+{
+	if (created)
+		*created = false;
+	if (token)
+		*token = 0;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!opts_ok(c, opts))
+		return PGCOORD_E_ARG;
+	if (opts->token != 0) {
+		pgcoord__set_message(c, "a put takes no token: the record gets its first one");
+		return PGCOORD_E_ARG;
+	}
+	return pgcoord_record_put(c, kind, key, opts->state, opts->data, opts->data_len,
+				  opts->permit, timeout_ms, created, token);
+}
+
+pgcoord_err pgcoord_record_update_with(pgcoord *c, const char *kind, const char *key,
+				       const struct pgcoord_record_opts *opts, int timeout_ms)
+{
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!opts_ok(c, opts))
+		return PGCOORD_E_ARG;
+	if (opts->permit) {
+		pgcoord__set_message(c, "an update cannot change the record's permit");
+		return PGCOORD_E_ARG;
+	}
+	return pgcoord_record_update(c, kind, key, opts->state, opts->data, opts->data_len,
+				     opts->token, timeout_ms);
+}
+
 /* --- get, list, accessors ------------------------------------------------- */
 
 pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, int timeout_ms,
@@ -289,6 +346,82 @@ pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, uns
 	    pgcoord_call(c, "record.list", params, plen, timeout_ms, result, result_len);
 	free(params);
 	return err;
+}
+
+struct record_list_box {
+	struct pgcoord_record_list pub; /* first: the caller's pointer */
+	struct pgcoord_record **rows;
+};
+
+void pgcoord_record_list_free(struct pgcoord_record_list *l)
+{
+	struct record_list_box *b = (struct record_list_box *)l;
+	if (!b)
+		return;
+	for (size_t i = 0; b->rows && i < b->pub.count; i++)
+		pgcoord_record_free(b->rows[i]);
+	free(b->rows);
+	free(b);
+}
+
+/* Reads record.list's result map into b; false when it is not well-formed
+ * or memory ran out (what was read is still counted, for the free). */
+static bool record_list_read(const msgpack_object *m, struct record_list_box *b)
+{
+	const msgpack_object *rs = pgc_map_get(m, "records");
+	int64_t now_at = -1;
+
+	if (!rs || rs->type != MSGPACK_OBJECT_ARRAY)
+		return false;
+	b->rows = calloc(rs->via.array.size ? rs->via.array.size : 1, sizeof(*b->rows));
+	if (!b->rows)
+		return false;
+	b->pub.records = (const pgcoord_record *const *)b->rows;
+	pgc_obj_bool(pgc_map_get(m, "truncated"), &b->pub.truncated);
+	b->pub.now_at = pgc_obj_int64(pgc_map_get(m, "now_at"), &now_at) ? now_at : -1;
+	for (uint32_t i = 0; i < rs->via.array.size; i++) {
+		struct pgcoord_record *r = malloc(sizeof(*r));
+		if (!r)
+			return false;
+		if (!record_read(&rs->via.array.ptr[i], r)) {
+			free(r);
+			return false;
+		}
+		b->rows[b->pub.count++] = r;
+	}
+	return true;
+}
+
+pgcoord_err pgcoord_record_list_get(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
+				    int timeout_ms, struct pgcoord_record_list **out)
+{
+	msgpack_unpacked u;
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord_err err = pgcoord_record_list(c, kind, owner, flags, timeout_ms, &raw, &raw_len);
+	if (err != PGCOORD_OK)
+		return err;
+	struct record_list_box *b = calloc(1, sizeof(*b));
+	bool ok = false;
+	msgpack_unpacked_init(&u);
+	if (b && msgpack_unpack_next(&u, raw, raw_len, NULL) == MSGPACK_UNPACK_SUCCESS &&
+	    u.data.type == MSGPACK_OBJECT_MAP)
+		ok = record_list_read(&u.data, b);
+	msgpack_unpacked_destroy(&u);
+	pgcoord_free(raw);
+	if (!ok) {
+		pgcoord_record_list_free(b ? &b->pub : NULL);
+		pgcoord__set_message(c, "the record.list result is not well-formed (or memory "
+					"ran out)");
+		return PGCOORD_E_PROTOCOL;
+	}
+	*out = &b->pub;
+	return PGCOORD_OK;
 }
 
 const char *pgcoord_record_get_kind(const pgcoord_record *r)
@@ -436,6 +569,30 @@ pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t 
 	msgpack_unpacked_destroy(&u);
 	pgcoord_free(raw);
 	return err;
+}
+
+void pgcoord_recover_opts_init(struct pgcoord_recover_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_recover_opts)PGCOORD_RECOVER_OPTS_INIT;
+}
+
+pgcoord_err pgcoord_record_recover_with(pgcoord *c, const struct pgcoord_recover_opts *opts,
+					int timeout_ms, pgcoord_recovery **out)
+{
+	const size_t first_size = offsetof(struct pgcoord_recover_opts, flags) + sizeof(unsigned);
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	if (!opts || opts->size < first_size) {
+		pgcoord__set_message(c, "opts is NULL or its size is smaller than the first "
+					"version's (start from PGCOORD_RECOVER_OPTS_INIT)");
+		return PGCOORD_E_ARG;
+	}
+	return pgcoord_record_recover(c, opts->kinds, opts->nkinds, opts->limit, opts->flags,
+				      timeout_ms, out);
 }
 
 bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv)

@@ -4,7 +4,7 @@
  *   pgcoordctl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]
  *
  * Every command but `migrate` is one or more calls to the local agent
- * through libpgcoord; `migrate` applies the schema with libpq directly.
+ * through libpgcoord; `migrate` runs `pgcoord-agent migrate` (ctl_migrate.h).
  * Global flags may come before or after the command.
  *
  * Exit status (also in --help; scripts depend on it, so append only):
@@ -48,9 +48,9 @@
 
 #include "pgcoord/pgcoord.h"
 #include "ctl_msgpack.h"
-#include "agent/migrate.h"
 #include "ctl_print.h"
 #include "ctl_claim.h"
+#include "ctl_migrate.h"
 #include "ctl_top.h"
 #include "ctl_run.h"
 #include "ctl_watch.h"
@@ -196,7 +196,7 @@ static const struct ctl_command commands[] = {
     {"agents", cmd_agents, 0, "", "every registered agent of the fleet"},
     {"sessions", cmd_sessions, 0, "", "the live sessions of the whole fleet"},
     {"migrate", cmd_migrate, 0, "[--database-url URL] [--runtime-role ROLE]",
-     "apply pending schema migrations with libpq (no agent needed)"},
+     "apply pending schema migrations by running pgcoord-agent migrate"},
     {"quotas", cmd_quotas, 0, "", "every quota: limit, in flight (held, uncertain), room left"},
     {"quota", cmd_quota, 3, "KEY | set KEY LIMIT [--lapse-after S]",
      "show one quota, or set its limit (admin; creates it)"},
@@ -250,7 +250,7 @@ static const struct ctl_option options[] = {
     {"help", no_argument, OPT_HELP, NULL, NULL, "show this help"},
     {"version", no_argument, OPT_VERSION, NULL, NULL, "show the version"},
     {"database-url", required_argument, OPT_DATABASE_URL, "migrate", "URL",
-     "libpq URL or conninfo (default: $PGCOORD_DATABASE_URL, else libpq's defaults)"},
+     "libpq URL or conninfo (default: the agent's database_url setting)"},
     {"runtime-role", required_argument, OPT_RUNTIME_ROLE, "migrate", "ROLE",
      "grant ROLE what the agent needs to run as it (EXECUTE on the functions, SELECT on "
      "what it reads); connect as the schema's owner"},
@@ -514,6 +514,21 @@ static void result_free(struct ctl_result *r)
  * Makes one call and decodes its result. On failure prints what went wrong
  * (the wire code name and the agent's message) and returns the exit code.
  */
+/* Says why method failed, and returns the exit status for it. */
+static int call_failed(struct ctl *ctx, const char *method, pgcoord_err err)
+{
+	/* Agent errors by their wire name (what scripts and docs use). */
+	const char *msg = pgcoord_last_message(ctx->conn);
+	const char *retry = pgcoord_err_retryable(err) ? " (retryable)" : "";
+	if ((int)err < 100)
+		fprintf(stderr, "pgcoordctl: %s: %s%s%s%s\n", method, pgcoord_err_name(err),
+			*msg ? ": " : "", msg, retry);
+	else
+		fprintf(stderr, "pgcoordctl: %s: %s%s\n", method,
+			*msg ? msg : pgcoord_strerror(err), retry);
+	return exit_for(err);
+}
+
 static int ctl_call(struct ctl *ctx, const char *method, const void *params, size_t params_len,
 		    struct ctl_result *r)
 {
@@ -525,18 +540,8 @@ static int ctl_call(struct ctl *ctx, const char *method, const void *params, siz
 	}
 	pgcoord_err err =
 	    pgcoord_call(ctx->conn, method, params, params_len, ctx->timeout_ms, &r->buf, &r->len);
-	if (err != PGCOORD_OK) {
-		/* Agent errors by their wire name (what scripts and docs use). */
-		const char *msg = pgcoord_last_message(ctx->conn);
-		const char *retry = pgcoord_err_retryable(err) ? " (retryable)" : "";
-		if ((int)err < 100)
-			fprintf(stderr, "pgcoordctl: %s: %s%s%s%s\n", method, pgcoord_err_name(err),
-				*msg ? ": " : "", msg, retry);
-		else
-			fprintf(stderr, "pgcoordctl: %s: %s%s\n", method,
-				*msg ? msg : pgcoord_strerror(err), retry);
-		return exit_for(err);
-	}
+	if (err != PGCOORD_OK)
+		return call_failed(ctx, method, err);
 
 	size_t off = 0;
 	msgpack_unpacked_init(&r->u);
@@ -684,27 +689,10 @@ static int cmd_sessions(struct ctl *ctx, int argc, char **argv)
 
 static int cmd_migrate(struct ctl *ctx, int argc, char **argv)
 {
-	const char *url = ctx->database_url;
-	int applied = 0, version = 0;
-	char err[512] = "";
-
-	if (!url)
-		url = getenv("PGCOORD_DATABASE_URL");
-	if (!url)
-		url = ""; /* libpq's PG* environment and defaults */
-	if (!migrate_apply(url, ctx->runtime_role, &applied, &version, err, sizeof(err))) {
-		/* err comes from migrate/libpq and never repeats the password. */
-		fprintf(stderr, "pgcoordctl: migrate: %s\n", err);
-		return CTL_EXIT_FAILED;
-	}
-	if (ctx->json)
-		printf("{\n  \"applied\": %d,\n  \"version\": %d\n}\n", applied, version);
-	else if (applied == 0)
-		printf("schema is up to date (version %d)\n", version);
-	else
-		printf("applied %d migration%s; schema version %d\n", applied,
-		       applied == 1 ? "" : "s", version);
-	return CTL_EXIT_OK;
+	(void)argc;
+	(void)argv;
+	return ctl_migrate(ctx->database_url, ctx->runtime_role, ctx->json) == 0 ? CTL_EXIT_OK
+										 : CTL_EXIT_FAILED;
 }
 
 /* --- quotas and permits --------------------------------------------------- */
@@ -1068,14 +1056,19 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 
 /* --- leases ---------------------------------------------------------------- */
 
-/*
- * lease.list rows, reshaped for a table: the holder as "session@replica"
- * (or "-" when free), the other fields as the agent sent them.
- */
-static int print_leases(const msgpack_object *result)
+/* Packs an epoch-ms instant, or nil for the -1 of "none". */
+static void pack_instant(msgpack_packer *pk, const char *key, int64_t at)
 {
-	static const char *const keep[] = {"name",   "epoch",	    "expires_in_ms",
-					   "ttl_ms", "acquired_at", "renewed_at"};
+	ctl_pack_cstr(pk, key);
+	if (at >= 0)
+		msgpack_pack_int64(pk, at);
+	else
+		msgpack_pack_nil(pk);
+}
+
+/* lease.list as a table: the holder as "session@replica" ("-" when free). */
+static void print_leases(const struct pgcoord_lease_list *l)
+{
 	static const struct ctl_column cols[] = {
 	    {"NAME", "name", CTL_FMT_AUTO},
 	    {"HOLDER", "holder", CTL_FMT_AUTO},
@@ -1085,58 +1078,68 @@ static int print_leases(const msgpack_object *result)
 	    {"ACQUIRED", "acquired_at", CTL_FMT_AGE},
 	    {"RENEWED", "renewed_at", CTL_FMT_AGE},
 	};
-	const msgpack_object *rows = ctl_map_get(result, "leases");
 	struct ctl_params p;
 	msgpack_unpacked u;
 	size_t off = 0;
 
-	if (!rows || rows->type != MSGPACK_OBJECT_ARRAY) {
-		fprintf(stderr, "pgcoordctl: lease.list: the result has no \"leases\" list\n");
-		return CTL_EXIT_IO;
-	}
 	params_init(&p);
-	msgpack_pack_array(&p.pk, rows->via.array.size);
-	for (uint32_t i = 0; i < rows->via.array.size; i++) {
-		const msgpack_object *row = &rows->via.array.ptr[i];
-		const msgpack_object *holder = ctl_map_get(row, "holder");
-		int64_t sid;
-		const char *rep = "?";
-		size_t replen = 1;
+	msgpack_pack_array(&p.pk, l->count);
+	for (size_t i = 0; i < l->count; i++) {
+		const struct pgcoord_lease_info *row = &l->leases[i];
 		char who[300];
 
 		msgpack_pack_map(&p.pk, 7);
-		pack_kept(&p.pk, row, keep, sizeof(keep) / sizeof(keep[0]));
+		ctl_pack_kv_str(&p.pk, "name", row->name);
 		ctl_pack_cstr(&p.pk, "holder");
-		if (holder && holder->type == MSGPACK_OBJECT_MAP &&
-		    ctl_obj_int64(ctl_map_get(holder, "session"), &sid)) {
-			ctl_obj_str(ctl_map_get(holder, "replica_id"), &rep, &replen);
-			snprintf(who, sizeof(who), "%lld@%.*s", (long long)sid, (int)replen, rep);
+		if (row->holder_session > 0) {
+			snprintf(who, sizeof(who), "%lld@%s", (long long)row->holder_session,
+				 row->holder_replica ? row->holder_replica : "?");
 			ctl_pack_cstr(&p.pk, who);
 		} else {
 			msgpack_pack_nil(&p.pk);
 		}
+		ctl_pack_cstr(&p.pk, "epoch");
+		msgpack_pack_int64(&p.pk, row->epoch);
+		ctl_pack_cstr(&p.pk, "expires_in_ms");
+		msgpack_pack_int64(&p.pk, row->expires_in_ms);
+		ctl_pack_cstr(&p.pk, "ttl_ms");
+		msgpack_pack_int64(&p.pk, row->ttl_ms);
+		pack_instant(&p.pk, "acquired_at", row->acquired_at);
+		pack_instant(&p.pk, "renewed_at", row->renewed_at);
 	}
 	msgpack_unpacked_init(&u);
 	if (msgpack_unpack_next(&u, p.sb.data, p.sb.size, &off) == MSGPACK_UNPACK_SUCCESS)
 		ctl_print_table(stdout, &u.data, cols, sizeof(cols) / sizeof(cols[0]),
-				ctl_now_ms(result));
+				ctl_now_ms(NULL));
 	msgpack_unpacked_destroy(&u);
 	msgpack_sbuffer_destroy(&p.sb);
-	return CTL_EXIT_OK;
 }
 
+/* --json prints the agent's own result; the table reads the typed list. */
 static int cmd_leases(struct ctl *ctx, int argc, char **argv)
 {
-	struct ctl_result r;
-	int rc = ctl_call(ctx, "lease.list", NULL, 0, &r);
-	if (rc != CTL_EXIT_OK)
-		return rc;
-	if (ctx->json)
+	struct pgcoord_lease_list *l = NULL;
+
+	if (ctx->json) {
+		struct ctl_result r;
+		int rc = ctl_call(ctx, "lease.list", NULL, 0, &r);
+		if (rc != CTL_EXIT_OK)
+			return rc;
 		ctl_print_json(stdout, r.obj);
-	else
-		rc = print_leases(r.obj);
-	result_free(&r);
-	return rc;
+		result_free(&r);
+		return CTL_EXIT_OK;
+	}
+	if (!ctx->conn) {
+		int rc = ctl_connect(ctx);
+		if (rc != CTL_EXIT_OK)
+			return rc;
+	}
+	pgcoord_err err = pgcoord_lease_list_get(ctx->conn, ctx->timeout_ms, &l);
+	if (err != PGCOORD_OK)
+		return call_failed(ctx, "lease.list", err);
+	print_leases(l);
+	pgcoord_lease_list_free(l);
+	return CTL_EXIT_OK;
 }
 
 static int cmd_lease(struct ctl *ctx, int argc, char **argv)

@@ -205,3 +205,23 @@ Test(migrate, migrate_against_an_unreachable_database_exits_nonzero_with_the_rea
 	cr_assert(strstr(out, "cannot connect"), "%s", out);
 	free(out);
 }
+
+/* pgcoordctl migrate runs the agent binary: without one it says which it
+ * looked for and how to point it elsewhere, and touches no database. */
+Test(migrate, ctl_migrate_without_the_agent_binary_names_it_and_fails)
+{
+	struct harness_db *db = hdb_create();
+	const char *argv[] = {ictl_bin(), "migrate", "--database-url", hdb_owner_conninfo(db),
+			      NULL};
+	char *out = NULL;
+
+	cr_assert_eq(setenv("PGCOORD_AGENT_BIN", "/nonexistent/pgcoord-agent", 1), 0);
+	cr_assert_eq(hrun(argv, &out), 1, "%s", out);
+	cr_assert(strstr(out, "cannot run /nonexistent/pgcoord-agent"), "%s", out);
+	cr_assert(strstr(out, "PGCOORD_AGENT_BIN"), "%s", out);
+	free(out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_namespace WHERE nspname = "
+					"'pgcoord'"),
+		     0, "the schema was created without the agent");
+	hdb_drop(db);
+}

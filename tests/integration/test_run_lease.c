@@ -511,6 +511,8 @@ Test(run_lease, cmd_exit_status_is_passed_on_and_the_lease_released)
 				  "echo \"start $PGCOORD_LEASE_EPOCH $$ $(date +%s%N)\" >> "
 				  "\"$RUN_FILE\"; [ \"$PGCOORD_LEASE\" = job ] && exit 7");
 	run_expect_exit(r, 10000, 7, "run of `exit 7`");
+	/* it names the command it started, not a placeholder */
+	run_expect_said(r, "started sh as pid ");
 	cr_assert_eq(assert_no_overlap(file), 1);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases WHERE name = 'job' "
 					"AND holder_session IS NULL"),

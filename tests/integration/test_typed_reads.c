@@ -1,6 +1,9 @@
 /*
- * test_typed_reads.c — pgcoord_permit_info_get and pgcoord_quota_list_get
- * against a real agent: every field as the database holds it.
+ * test_typed_reads.c — the typed reads (agent.status, permit.get,
+ * permit.list, permit.history, quota.get, quota.list, lease.status,
+ * lease.list, record.list) and
+ * the record options against a real agent: every field as the database
+ * holds it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -91,6 +94,327 @@ Test(typed_reads, permit_and_quota_list_match_the_database)
 	pgcoord_quota_list_free(ql);
 	pgcoord_permit_info_free(NULL);
 	pgcoord_quota_list_free(NULL);
+
+	struct pgcoord_quota_info *q = NULL;
+	cr_assert_eq(pgcoord_quota_info_get(c, "a", CALL_MS, &q), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(q->key, "a");
+	cr_assert_eq(q->limit, 5);
+	cr_assert_eq(q->in_flight,
+		     hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'a'"));
+	cr_assert_eq(q->in_flight, 3);
+	cr_assert_eq(q->available, 2);
+	cr_assert_eq(q->permits, 1);
+	cr_assert_eq(q->lapse_after_s, 60);
+	cr_assert_gt(q->created_at, 0);
+	pgcoord_quota_info_free(q);
+	cr_assert_eq(pgcoord_quota_info_get(c, "nope", CALL_MS, &q), PGCOORD_E_NOT_FOUND);
+	cr_assert_null(q);
+	pgcoord_quota_info_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Claims id on quota key for c's session, admitted. */
+static void claim_one(pgcoord *c, const char *id, const char *key)
+{
+	const char *keys[] = {key};
+	struct pgcoord_claim_opts o = PGCOORD_CLAIM_OPTS_INIT;
+	pgcoord_claim *cl = NULL;
+	o.keys = keys;
+	o.nquotas = 1;
+	cr_assert_eq(pgcoord_permit_claim(c, id, &o, CALL_MS, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+}
+
+Test(typed_reads, permit_list_and_history_match_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-lists", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_permit_list *pl = NULL;
+	struct pgcoord_permit_history *h = NULL;
+	bool released = false;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "lister", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_set(c, "a", 5, -1, CALL_MS), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_set(c, "b", 5, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "p1", "a");
+	claim_one(c, "p2", "b");
+	cr_assert_eq(pgcoord_permit_mark_uncertain(c, "p2", "lost its worker", CALL_MS),
+		     PGCOORD_OK);
+
+	/* uncertain first */
+	cr_assert_eq(pgcoord_permit_list_get(c, NULL, NULL, CALL_MS, &pl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pl->count, 2);
+	cr_assert_not(pl->truncated);
+	cr_assert_gt(pl->now_at, 0);
+	cr_assert_str_eq(pl->permits[0]->id, "p2");
+	cr_assert_str_eq(pl->permits[0]->state, "uncertain");
+	cr_assert_str_eq(pl->permits[0]->uncertain_reason, "lost its worker");
+	cr_assert_str_eq(pl->permits[1]->id, "p1");
+	cr_assert_str_eq(pl->permits[1]->state, "held");
+	cr_assert_eq(pl->permits[1]->token,
+		     hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'p1'"));
+	cr_assert_eq(pl->permits[1]->nquotas, 1);
+	cr_assert_str_eq(pl->permits[1]->quota_keys[0], "a");
+	cr_assert_eq(pl->permits[1]->owner_session, pgcoord_session_id(c));
+	pgcoord_permit_list_free(pl);
+
+	cr_assert_eq(pgcoord_permit_list_get(c, "a", NULL, CALL_MS, &pl), PGCOORD_OK);
+	cr_assert_eq(pl->count, 1);
+	cr_assert_str_eq(pl->permits[0]->id, "p1");
+	pgcoord_permit_list_free(pl);
+	cr_assert_eq(pgcoord_permit_list_get(c, NULL, "released", CALL_MS, &pl), PGCOORD_OK);
+	cr_assert_eq(pl->count, 0);
+	pgcoord_permit_list_free(pl);
+
+	cr_assert_eq(pgcoord_permit_update(c, "p1", PGCOORD_PHASE_RUNNING, CALL_MS), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_release(c, "p1", 0, "done", CALL_MS, &released), PGCOORD_OK);
+	cr_assert(released);
+	cr_assert_eq(pgcoord_permit_history_get(c, "p1", CALL_MS, &h), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(h->id, "p1");
+	cr_assert_eq((long)h->count,
+		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id = 'p1'"));
+	cr_assert_geq(h->count, 3, "admitted, phase, released");
+	cr_assert_str_eq(h->events[0].event, "admitted");
+	cr_assert_str_eq(h->events[0].quota, "a");
+	cr_assert_eq(h->events[0].delta, 1);
+	cr_assert_not_null(h->events[0].actor);
+	const struct pgcoord_permit_history_event *last = &h->events[h->count - 1];
+	cr_assert_str_eq(last->event, "released");
+	cr_assert_eq(last->delta, -1);
+	cr_assert_str_eq(last->reason, "done");
+	cr_assert_str_eq(last->state, "released");
+	for (size_t i = 1; i < h->count; i++)
+		cr_assert_gt(h->events[i].seq, h->events[i - 1].seq, "oldest first");
+	cr_assert_geq(last->at, h->events[0].at);
+	pgcoord_permit_history_free(h);
+	cr_assert_eq(pgcoord_permit_history_get(c, "nope", CALL_MS, &h), PGCOORD_E_NOT_FOUND);
+	cr_assert_null(h);
+	pgcoord_permit_list_free(NULL);
+	pgcoord_permit_history_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(typed_reads, lease_status_and_list_match_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-leases", NULL);
+	pgcoord *c = NULL, *op = NULL;
+	struct pgcoord_lease_info *l = NULL;
+	struct pgcoord_lease_list *ll = NULL;
+	bool leader = false;
+	int64_t epoch = 0;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &op), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "leader", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_acquire(c, "job", 6000, false, CALL_MS, &leader, &epoch),
+		     PGCOORD_OK);
+	cr_assert(leader);
+
+	cr_assert_eq(pgcoord_lease_info_get(c, "job", CALL_MS, &l), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(l->name, "job");
+	cr_assert_eq(l->epoch, epoch);
+	cr_assert_eq(l->epoch,
+		     hdb_query_long(db, "SELECT epoch FROM pgcoord.leases WHERE name = 'job'"));
+	cr_assert_eq(l->holder_session, pgcoord_session_id(c));
+	cr_assert_str_eq(l->holder_replica, "typed-leases");
+	cr_assert_eq(l->ttl_ms, 6000);
+	cr_assert_gt(l->expires_in_ms, 0);
+	cr_assert_gt(l->acquired_at, 0);
+	cr_assert(l->leader);
+	cr_assert_gt(l->valid_ms, 0);
+	pgcoord_lease_info_free(l);
+
+	/* an operator without a session sees the holder, not a belief of its own */
+	cr_assert_eq(pgcoord_lease_release(c, "job", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_lease_info_get(op, "job", CALL_MS, &l), PGCOORD_OK);
+	cr_assert_eq(l->holder_session, 0, "released: nobody holds it");
+	cr_assert_null(l->holder_replica);
+	cr_assert_not(l->leader);
+	cr_assert_eq(l->valid_ms, 0);
+	pgcoord_lease_info_free(l);
+
+	cr_assert_eq(pgcoord_lease_list_get(op, CALL_MS, &ll), PGCOORD_OK, "%s",
+		     pgcoord_last_message(op));
+	cr_assert_eq((long)ll->count, hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases"));
+	bool seen = false;
+	for (size_t i = 0; i < ll->count; i++) {
+		if (i > 0)
+			cr_assert_lt(strcmp(ll->leases[i - 1].name, ll->leases[i].name), 0);
+		if (strcmp(ll->leases[i].name, "job") == 0)
+			seen = ll->leases[i].epoch == epoch;
+	}
+	cr_assert(seen, "job with its epoch is listed");
+	pgcoord_lease_list_free(ll);
+
+	cr_assert_eq(pgcoord_lease_info_get(op, "never", CALL_MS, &l), PGCOORD_E_NOT_FOUND);
+	cr_assert_null(l);
+	pgcoord_lease_info_free(NULL);
+	pgcoord_lease_list_free(NULL);
+
+	pgcoord_close(op);
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(typed_reads, record_options_and_list_match_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-records", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_record_list *rl = NULL;
+	struct pgcoord_record_opts o;
+	bool created = false;
+	int64_t token = 0;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "writer", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_set(c, "q", 2, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "work-1", "q");
+
+	pgcoord_record_opts_init(&o);
+	o.state = "queued";
+	o.data = "abc";
+	o.data_len = 3;
+	o.permit = "work-1";
+	cr_assert_eq(pgcoord_record_put_with(c, "job", "k1", &o, CALL_MS, &created, &token),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert(created);
+	cr_assert_eq(token, hdb_query_long(db, "SELECT token FROM pgcoord.records WHERE kind = "
+					       "'job' AND key = 'k1'"));
+	struct pgcoord_record_opts o2 = PGCOORD_RECORD_OPTS_INIT;
+	o2.state = "queued";
+	cr_assert_eq(pgcoord_record_put_with(c, "job", "k2", &o2, CALL_MS, NULL, NULL), PGCOORD_OK);
+
+	/* update: the token must match; a wrong one is fenced off */
+	struct pgcoord_record_opts u = PGCOORD_RECORD_OPTS_INIT;
+	u.state = "running";
+	u.token = token + 1000;
+	cr_assert_neq(pgcoord_record_update_with(c, "job", "k1", &u, CALL_MS), PGCOORD_OK);
+	u.token = token;
+	cr_assert_eq(pgcoord_record_update_with(c, "job", "k1", &u, CALL_MS), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	char *state = hdb_query_value(db, "SELECT state FROM pgcoord.records WHERE key = 'k1'");
+	cr_assert_str_eq(state, "running");
+	free(state);
+
+	/* what the options refuse before anything is sent */
+	o2.token = 5;
+	cr_assert_eq(pgcoord_record_put_with(c, "job", "k3", &o2, CALL_MS, NULL, NULL),
+		     PGCOORD_E_ARG);
+	u.permit = "work-1";
+	cr_assert_eq(pgcoord_record_update_with(c, "job", "k1", &u, CALL_MS), PGCOORD_E_ARG);
+	u.permit = NULL;
+	u.size = 0;
+	cr_assert_eq(pgcoord_record_update_with(c, "job", "k1", &u, CALL_MS), PGCOORD_E_ARG);
+	cr_assert_eq(pgcoord_record_put_with(c, "job", "k3", NULL, CALL_MS, NULL, NULL),
+		     PGCOORD_E_ARG);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.records"), 2);
+
+	cr_assert_eq(pgcoord_record_list_get(c, "job", 0, PGCOORD_RECORDS_OPEN, CALL_MS, &rl),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert_eq(rl->count, 2);
+	cr_assert_not(rl->truncated);
+	cr_assert_gt(rl->now_at, 0);
+	cr_assert_str_eq(pgcoord_record_get_key(rl->records[0]), "k1");
+	cr_assert_str_eq(pgcoord_record_get_state(rl->records[0]), "running");
+	cr_assert_str_eq(pgcoord_record_get_permit(rl->records[0]), "work-1");
+	size_t len = 0;
+	const void *data = pgcoord_record_get_data(rl->records[0], &len);
+	cr_assert_eq(len, 3);
+	cr_assert_eq(memcmp(data, "abc", 3), 0);
+	cr_assert_eq(pgcoord_record_get_token(rl->records[0]), token);
+	cr_assert_eq(pgcoord_record_get_owner_session(rl->records[0]), pgcoord_session_id(c));
+	cr_assert(pgcoord_record_get_owner_live(rl->records[0]));
+	cr_assert_str_eq(pgcoord_record_get_key(rl->records[1]), "k2");
+	cr_assert_null(pgcoord_record_get_permit(rl->records[1]));
+	cr_assert_null(pgcoord_record_get_data(rl->records[1], &len));
+	pgcoord_record_list_free(rl);
+
+	cr_assert_eq(pgcoord_record_list_get(c, "job", 0, PGCOORD_RECORDS_DEAD_OWNER, CALL_MS, &rl),
+		     PGCOORD_OK);
+	cr_assert_eq(rl->count, 0);
+	pgcoord_record_list_free(rl);
+
+	/* a dry-run recovery by options, from a handle without a session: the
+	 * live owner's records stay alone */
+	const char *kinds[] = {"job"};
+	struct pgcoord_recover_opts ro = PGCOORD_RECOVER_OPTS_INIT;
+	pgcoord_recovery *rv = NULL;
+	pgcoord *op = NULL;
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &op), PGCOORD_OK);
+	ro.kinds = kinds;
+	ro.nkinds = 1;
+	ro.flags = PGCOORD_RECOVER_DRY_RUN;
+	cr_assert_eq(pgcoord_record_recover_with(op, &ro, CALL_MS, &rv), PGCOORD_OK, "%s",
+		     pgcoord_last_message(op));
+	cr_assert(pgcoord_recovery_liveness_read(rv));
+	cr_assert_eq(pgcoord_recovery_count(rv), 0);
+	cr_assert_eq(pgcoord_recovery_left_alone(rv), 2, "left alone: %lld",
+		     (long long)pgcoord_recovery_left_alone(rv));
+	pgcoord_recovery_free(rv);
+	ro.size = 0;
+	cr_assert_eq(pgcoord_record_recover_with(op, &ro, CALL_MS, &rv), PGCOORD_E_ARG);
+	cr_assert_null(rv);
+	pgcoord_close(op);
+	pgcoord_record_list_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(typed_reads, agent_status_matches_the_agents_row)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-status", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_agent_status *s = NULL;
+
+	iwait_janitor(a);
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "watcher", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_agent_status_get(c, CALL_MS, &s), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_str_eq(s->replica_id, "typed-status");
+	cr_assert_eq(s->incarnation, hdb_query_long(db, "SELECT incarnation FROM pgcoord.agents "
+							"WHERE replica_id = 'typed-status'"));
+	cr_assert_eq(s->pid, hdb_query_long(db, "SELECT pid FROM pgcoord.agents WHERE "
+						"replica_id = 'typed-status'"));
+	char *host = hdb_query_value(db, "SELECT host FROM pgcoord.agents");
+	cr_assert_str_eq(s->host, host);
+	free(host);
+	cr_assert_str_eq(s->state, "serving");
+	cr_assert(s->db_up);
+	cr_assert(s->registered);
+	cr_assert(s->janitor);
+	cr_assert_eq(s->schema_version,
+		     hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"));
+	cr_assert_eq(s->schema_required, s->schema_version);
+	cr_assert_geq(s->sessions, 1);
+	cr_assert_geq(s->connections, 1);
+	cr_assert_gt(s->uptime_ms, 0);
+	cr_assert_geq(s->last_heartbeat_ms_ago, 0);
+	cr_assert_not_null(s->version);
+	cr_assert_not_null(s->failover);
+	pgcoord_agent_status_free(s);
+	pgcoord_agent_status_free(NULL);
 
 	pgcoord_close(c);
 	hagent_destroy(a);

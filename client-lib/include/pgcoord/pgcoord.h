@@ -207,6 +207,38 @@ pgcoord_err pgcoord_consume(pgcoord *c, int *completed);
 
 pgcoord_err pgcoord_ping(pgcoord *c, int timeout_ms);
 
+/*
+ * agent.status as a struct (PROTOCOL.md, agent.status), allocated by the
+ * library with its strings; free it with pgcoord_agent_status_free (NULL
+ * accepted). Fields may be appended, never reordered. Prefer it to
+ * decoding pgcoord_call(c, "agent.status", …) yourself.
+ */
+struct pgcoord_agent_status {
+	const char *replica_id;
+	int64_t incarnation;
+	const char *host;
+	int64_t pid;
+	const char *version;
+	const char *state; /* "starting", "serving", "stopping", "superseded" */
+	bool db_up;	   /* the agent's request lane to the database is up */
+	bool registered;
+	int64_t schema_version, schema_required;
+	int64_t sessions, connections, leases_held;
+	bool janitor; /* this agent runs the fleet's janitor now */
+	int64_t uptime_ms;
+	int64_t last_heartbeat_ms_ago; /* -1 before the first */
+	int64_t db_reconnects, db_queries, db_failures;
+	int64_t watches, watch_polls, waiters;
+	int64_t db_standby_refusals, db_sync_waits_cancelled;
+	const char *failover;		/* replication.failover: "safe", "at_risk", "unknown" */
+	const char *replication_detail; /* replication.detail; NULL: none */
+	int64_t sync_standbys;		/* -1: unknown */
+};
+
+/* Never touches the database. On PGCOORD_OK *out owns the status. */
+pgcoord_err pgcoord_agent_status_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_status **out);
+void pgcoord_agent_status_free(struct pgcoord_agent_status *s);
+
 /* Opens a session named name (free text, for operators). *session_id may be NULL. */
 pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms, int64_t *session_id);
 
@@ -487,7 +519,10 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 /*
  * Reads: the MessagePack-encoded result map in *result (free with
  * pgcoord_free), as PROTOCOL.md describes for permit.get, permit.list (quota
- * and state filter when non-NULL), permit.history and quota.list.
+ * and state filter when non-NULL), permit.history and quota.list. Prefer
+ * the typed forms below (pgcoord_permit_info_get, pgcoord_permit_list_get,
+ * pgcoord_permit_history_get, pgcoord_quota_list_get); these stay for
+ * fields the structs do not carry.
  */
 pgcoord_err pgcoord_permit_get(pgcoord *c, const char *id, int timeout_ms, void **result,
 			       size_t *result_len);
@@ -547,9 +582,55 @@ struct pgcoord_quota_list {
 	int64_t now_at;
 };
 
+/* quota.get as a struct (prefer it to pgcoord_quota_get's out-params);
+ * PGCOORD_E_NOT_FOUND when the quota does not exist. On PGCOORD_OK *out
+ * owns it: free it with pgcoord_quota_info_free (NULL accepted). */
+pgcoord_err pgcoord_quota_info_get(pgcoord *c, const char *key, int timeout_ms,
+				   struct pgcoord_quota_info **out);
+void pgcoord_quota_info_free(struct pgcoord_quota_info *q);
+
 /* quota.list as structs. On PGCOORD_OK *out owns them. */
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out);
 void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
+
+struct pgcoord_permit_list {
+	size_t count;
+	/* uncertain first, then oldest first; intent is NULL in each */
+	const struct pgcoord_permit_info *const *permits;
+	bool truncated; /* more matched than the agent's limit (1000) */
+	int64_t now_at;
+};
+
+/* permit.list as structs (quota and state filter when non-NULL; released
+ * permits only with state "released"). On PGCOORD_OK *out owns them. */
+pgcoord_err pgcoord_permit_list_get(pgcoord *c, const char *quota, const char *state,
+				    int timeout_ms, struct pgcoord_permit_list **out);
+void pgcoord_permit_list_free(struct pgcoord_permit_list *l);
+
+/* One row of a permit's audit trail (PROTOCOL.md, permit.history). */
+struct pgcoord_permit_history_event {
+	int64_t seq;
+	const char *event;	   /* "admitted", "phase", "uncertain", "released", … */
+	const char *quota;	   /* NULL: the event moved no quota */
+	int64_t delta;		   /* what it added to quota's in_flight */
+	const char *actor;	   /* who did it, as the agent recorded it; NULL: unknown */
+	const char *reason;	   /* NULL: none */
+	const char *state, *phase; /* the permit after the event */
+	int64_t at;
+};
+
+struct pgcoord_permit_history {
+	const char *id;
+	size_t count;
+	const struct pgcoord_permit_history_event *events; /* oldest first */
+	int64_t now_at;
+};
+
+/* permit.history as structs; PGCOORD_E_NOT_FOUND for an unknown id. On
+ * PGCOORD_OK *out owns it. */
+pgcoord_err pgcoord_permit_history_get(pgcoord *c, const char *id, int timeout_ms,
+				       struct pgcoord_permit_history **out);
+void pgcoord_permit_history_free(struct pgcoord_permit_history *h);
 
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
@@ -626,6 +707,37 @@ pgcoord_err pgcoord_lease_status(pgcoord *c, const char *name, int timeout_ms, v
 pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len);
 
 /*
+ * The typed forms of lease.status and lease.list (prefer them to the raw
+ * ones above), allocated by the library, owning their strings; free each
+ * with its free function (NULL accepted). Fields may be appended, never
+ * reordered. Times are ms since the epoch by the database clock; -1 where
+ * the agent sent none.
+ */
+struct pgcoord_lease_info {
+	const char *name;
+	int64_t epoch;
+	int64_t holder_session;	    /* 0: nobody holds it */
+	const char *holder_replica; /* the holder's agent; NULL: nobody */
+	int64_t expires_in_ms;
+	int64_t ttl_ms;
+	int64_t acquired_at, renewed_at;
+	bool leader;	  /* the agent's belief, as for lease.status */
+	int64_t valid_ms; /* 0 when not leader */
+};
+
+pgcoord_err pgcoord_lease_info_get(pgcoord *c, const char *name, int timeout_ms,
+				   struct pgcoord_lease_info **out);
+void pgcoord_lease_info_free(struct pgcoord_lease_info *l);
+
+struct pgcoord_lease_list {
+	size_t count;
+	const struct pgcoord_lease_info *leases; /* ordered by name */
+};
+
+pgcoord_err pgcoord_lease_list_get(pgcoord *c, int timeout_ms, struct pgcoord_lease_list **out);
+void pgcoord_lease_list_free(struct pgcoord_lease_list *l);
+
+/*
  * True only while the last lease.changed (or acquire result) for name said
  * this session leads and the local deadline lies ahead on CLOCK_MONOTONIC.
  * Never does I/O and never changes the handle: it compares the belief's
@@ -698,6 +810,47 @@ pgcoord_err pgcoord_record_put(pgcoord *c, const char *kind, const char *key, co
 			       int timeout_ms, bool *created, int64_t *token);
 
 /*
+ * What a put or an update writes, for pgcoord_record_put_with and
+ * pgcoord_record_update_with (prefer these to the long argument lists).
+ * Start from PGCOORD_RECORD_OPTS_INIT (or pgcoord_record_opts_init): `size`
+ * tells the library which fields this caller was built with, as for
+ * pgcoord_claim_opts. Only read during the call.
+ *
+ *   state            put: required; update: NULL keeps it
+ *   data, data_len   NULL: none (put) or unchanged (update); up to 64 KiB
+ *   permit           put only: the permit the record's work holds (NULL: none)
+ *   token            update only: > 0 also requires it to be the record's
+ *                    current token; put: must be 0
+ */
+struct pgcoord_record_opts {
+	size_t size; /* sizeof(struct pgcoord_record_opts) as the caller knew it */
+	const char *state;
+	const void *data;
+	size_t data_len;
+	const char *permit;
+	int64_t token;
+};
+
+#define PGCOORD_RECORD_OPTS_INIT                                                                   \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_record_opts)                                         \
+	}
+
+/* Sets *opts to PGCOORD_RECORD_OPTS_INIT. */
+void pgcoord_record_opts_init(struct pgcoord_record_opts *opts);
+
+/* pgcoord_record_put with its writes in opts; PGCOORD_E_ARG also for opts
+ * NULL, a size smaller than the first version's, or a token. */
+pgcoord_err pgcoord_record_put_with(pgcoord *c, const char *kind, const char *key,
+				    const struct pgcoord_record_opts *opts, int timeout_ms,
+				    bool *created, int64_t *token);
+
+/* pgcoord_record_update with its writes in opts; PGCOORD_E_ARG also for
+ * opts NULL, a size smaller than the first version's, or a permit. */
+pgcoord_err pgcoord_record_update_with(pgcoord *c, const char *kind, const char *key,
+				       const struct pgcoord_record_opts *opts, int timeout_ms);
+
+/*
  * Owner. Changes the state (NULL keeps it) and/or data (NULL keeps it; give
  * at least one). token > 0 also requires it to be the record's current
  * token. PGCOORD_E_FENCED: the record was adopted from this session (the
@@ -745,6 +898,22 @@ void pgcoord_record_free(pgcoord_record *r);
 pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
 				int timeout_ms, void **result, size_t *result_len);
 
+/* record.list as records (prefer it to the raw form above); read each with
+ * the pgcoord_record_get_* accessors. */
+struct pgcoord_record_list {
+	size_t count;
+	const pgcoord_record *const *records; /* ordered by kind and key */
+	bool truncated;			      /* more matched than the agent's limit (1000) */
+	int64_t now_at;
+};
+
+/* Filters as for pgcoord_record_list. On PGCOORD_OK *out owns the list and
+ * its records: free it with pgcoord_record_list_free (NULL accepted), not
+ * each record. */
+pgcoord_err pgcoord_record_list_get(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
+				    int timeout_ms, struct pgcoord_record_list **out);
+void pgcoord_record_list_free(struct pgcoord_record_list *l);
+
 /* The outcome of a recovery (opaque); read it with pgcoord_recovery_*. */
 typedef struct pgcoord_recovery pgcoord_recovery;
 
@@ -774,6 +943,36 @@ typedef struct pgcoord_recovery pgcoord_recovery;
 pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t nkinds,
 				   int32_t limit, unsigned flags, int timeout_ms,
 				   pgcoord_recovery **out);
+
+/*
+ * What a recovery takes, for pgcoord_record_recover_with (prefer it to the
+ * long argument list above). Start from PGCOORD_RECOVER_OPTS_INIT (or
+ * pgcoord_recover_opts_init); `size` as for pgcoord_claim_opts.
+ *
+ *   kinds, nkinds   only these kinds (NULL / 0: every kind)
+ *   limit           at most this many records (0: the agent's default)
+ *   flags           PGCOORD_RECOVER_DRY_RUN
+ */
+struct pgcoord_recover_opts {
+	size_t size; /* sizeof(struct pgcoord_recover_opts) as the caller knew it */
+	const char *const *kinds;
+	size_t nkinds;
+	int32_t limit;
+	unsigned flags;
+};
+
+#define PGCOORD_RECOVER_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_recover_opts)                                        \
+	}
+
+/* Sets *opts to PGCOORD_RECOVER_OPTS_INIT. */
+void pgcoord_recover_opts_init(struct pgcoord_recover_opts *opts);
+
+/* pgcoord_record_recover with its choices in opts; PGCOORD_E_ARG also for
+ * opts NULL or a size smaller than the first version's. */
+pgcoord_err pgcoord_record_recover_with(pgcoord *c, const struct pgcoord_recover_opts *opts,
+					int timeout_ms, pgcoord_recovery **out);
 
 bool pgcoord_recovery_liveness_read(const pgcoord_recovery *rv);
 /* Why liveness could not be read, or NULL when it was. */
