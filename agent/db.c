@@ -95,7 +95,7 @@ static void one_line(char *buf, size_t len, const char *msg)
 }
 
 /* The refusals the pgcoord schema raises on purpose (SQLSTATE class PC;
- * migrations/0004_records.sql): their message is written for the client. */
+ * migrations/0007_records.sql): their message is written for the client. */
 static const struct {
 	const char *sqlstate;
 	enum pgc_error_code code;

@@ -100,10 +100,10 @@ rollback:
 
 /*
  * After the migrations: every function SECURITY DEFINER with a pinned
- * search_path and not PUBLIC's (pgcoord.secure_functions, from 0007), again
+ * search_path and not PUBLIC's (pgcoord.secure_functions), again
  * on every run, since a later CREATE OR REPLACE FUNCTION resets that; then,
  * when asked, the runtime role's grants, which must cover functions added
- * since it was last granted. A schema from before 0007 has neither.
+ * since it was last granted.
  */
 static bool secure_and_grant(PGconn *conn, const char *runtime_role, char *err, size_t errlen)
 {

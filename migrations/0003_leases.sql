@@ -1,5 +1,5 @@
--- Leadership leases (guarantee 7), the one place where a session's end has
--- consequences, and the janitor's sweep.
+-- Leadership leases (guarantee 7): the one place where a session's end has
+-- consequences beyond the session itself (see on_sessions_ended).
 
 CREATE TABLE pgcoord.leases (
 	name               text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
@@ -14,6 +14,7 @@ CREATE TABLE pgcoord.leases (
 	renewed_at         timestamptz,
 	expires_at         timestamptz NOT NULL
 );
+
 CREATE INDEX leases_by_holder ON pgcoord.leases (holder_session) WHERE holder_session IS NOT NULL;
 
 -- Every change of holder, for operators and the soak checker.
@@ -27,35 +28,8 @@ CREATE TABLE pgcoord.lease_events (
 	reason     text,
 	at         timestamptz NOT NULL DEFAULT now()
 );
+
 CREATE INDEX lease_events_by_name ON pgcoord.lease_events (name, id);
-
-CREATE FUNCTION pgcoord.session_is_live(p_session bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-	SELECT EXISTS (SELECT 1 FROM pgcoord.sessions s
-		       WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now())
-$$;
-
--- Liveness for a write on behalf of p_session: the row is read under FOR
--- KEY SHARE, and every path that ends a session locks its row FOR UPDATE
--- first, so a concurrent close (agent stop, session.close, grace end,
--- expiry, recovery) either commits first and is seen here, or waits until
--- this transaction committed and then applies its consequences to what it
--- wrote. Without the lock a close could slip between the check and the
--- write, leaving a lease, permit or record taken by a session already
--- closed. KEY SHARE and not SHARE: the heartbeat's renewal (a plain UPDATE
--- of expires_at, which only ever extends liveness) must not wait for a
--- write that is itself waiting, say a claim queued on a quota row someone
--- holds; with SHARE, one such claim stalled the agent's heartbeat until
--- every session of the agent was declared lost. Session rows are always
--- locked before lease, quota, permit or record rows.
-CREATE FUNCTION pgcoord.session_lock_live(p_session bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-	PERFORM 1 FROM pgcoord.sessions s
-	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
-	FOR KEY SHARE;
-	RETURN FOUND;
-END $$;
 
 -- Acquires or renews, in one atomic upsert. The WHERE admits only the
 -- current holder or a free/expired row, judged by the database clock, so
@@ -155,83 +129,4 @@ BEGIN
 	RETURN QUERY SELECT FOUND;
 END $$;
 
--- Everything that follows from sessions ending (closed by their client,
--- past their grace, expired, or their agent stopped), in the caller's
--- transaction. Later migrations extend it (CREATE OR REPLACE) for permits
--- and records; this is the one place to look.
-CREATE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-	r record;
-BEGIN
-	FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
-		 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
-	LOOP
-		PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
-	END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION pgcoord.session_close(p_ids bigint[], p_incarnation bigint,
-	p_reason text)
-RETURNS TABLE (session_id bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_closed bigint[];
-BEGIN
-	-- FOR UPDATE: waits for writes under session_lock_live (see there)
-	PERFORM 1 FROM pgcoord.sessions s
-	WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
-	ORDER BY s.id FOR UPDATE;
-	WITH c AS (
-		UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = p_reason
-		WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
-		RETURNING s.id)
-	SELECT coalesce(array_agg(id), '{}') INTO v_closed FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_closed, p_reason);
-	RETURN QUERY SELECT unnest(v_closed);
-END $$;
-
-CREATE OR REPLACE FUNCTION pgcoord.agent_stop(p_replica_id text, p_incarnation bigint)
-RETURNS TABLE (closed_sessions bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_closed bigint[];
-BEGIN
-	PERFORM 1 FROM pgcoord.sessions s
-	WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
-	  AND s.closed_at IS NULL
-	ORDER BY s.id FOR UPDATE;
-	WITH c AS (
-		UPDATE pgcoord.sessions SET closed_at = now(), close_reason = 'agent stopped'
-		WHERE replica_id = p_replica_id AND incarnation = p_incarnation
-		  AND closed_at IS NULL
-		RETURNING id)
-	SELECT coalesce(array_agg(id), '{}') INTO v_closed FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_closed, 'agent stopped');
-	UPDATE pgcoord.agents SET stopped_at = now()
-	WHERE replica_id = p_replica_id AND incarnation = p_incarnation;
-	RETURN QUERY SELECT coalesce(array_length(v_closed, 1), 0)::bigint;
-END $$;
-
--- The janitor's sweep, run by the one agent that holds the janitor lease:
--- sessions whose heartbeat lapsed are closed (by database time) and their
--- consequences applied, so the live set stays exact. Bounded per call so a
--- backlog never makes one long transaction.
-CREATE FUNCTION pgcoord.janitor_expire_sessions(p_limit integer)
-RETURNS TABLE (expired bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_ids bigint[];
-BEGIN
-	WITH c AS (
-		UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = 'expired'
-		WHERE s.id IN (SELECT id FROM pgcoord.sessions
-			       WHERE closed_at IS NULL AND expires_at <= now()
-			       ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED)
-		  AND s.closed_at IS NULL AND s.expires_at <= now()
-		RETURNING s.id)
-	SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_ids, 'owner session expired');
-	RETURN QUERY SELECT coalesce(array_length(v_ids, 1), 0)::bigint;
-END $$;
+SELECT pgcoord.secure_functions();
