@@ -95,6 +95,13 @@ CREATE INDEX sessions_open_by_agent ON pgcoord.sessions (replica_id, incarnation
 -- updates stay HOT and the index costs liveness nothing.
 CREATE INDEX sessions_open_by_id ON pgcoord.sessions (id) WHERE closed_at IS NULL;
 
+-- How a session ended, for what follows from it (on_sessions_ended):
+-- 'ended'  its client or its agent ended it (close, grace, stop, replaced);
+-- 'lapsed' its expiry passed with nobody renewing it: its agent stopped
+--          heartbeating (crashed, frozen, cut off), so nobody told its client.
+-- The reason text beside it is for the audit only; no decision reads it.
+CREATE TYPE pgcoord.session_end AS ENUM ('ended', 'lapsed');
+
 CREATE VIEW pgcoord.live_sessions AS
 	SELECT s.* FROM pgcoord.sessions s
 	WHERE s.closed_at IS NULL AND s.expires_at > now();
@@ -153,7 +160,7 @@ BEGIN
 	SELECT coalesce(array_agg(id), '{}') INTO v_dead FROM dead;
 	IF cardinality(v_dead) > 0 THEN
 		-- defined by a later migration; PL/pgSQL resolves it at run time
-		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced');
+		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced', 'ended');
 	END IF;
 	RETURN QUERY SELECT true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken;
 END $$;

@@ -100,22 +100,14 @@ BEGIN
 END $$;
 
 -- Hands a lease back at once, so a campaigner wins on its next try instead
--- of waiting out the ttl. Only the holder can release.
+-- of waiting out the ttl. Only the holder can release. A lapsed holder's
+-- lease is never released here: see on_sessions_ended.
 CREATE FUNCTION pgcoord.lease_release(p_name text, p_session bigint, p_reason text)
 RETURNS TABLE (released boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_epoch bigint;
 BEGIN
-	-- Guarantee 7: a session the janitor expired (janitor_expire_sessions'
-	-- reason) had an agent that stopped heartbeating — crashed, frozen, cut
-	-- off — so nobody told its client to stop, and the client may believe
-	-- until its last renewal + ttl - renew interval, later than the
-	-- session's own expiry. Such a lease lapses by its expires_at only.
-	IF p_reason = 'owner session expired' THEN
-		RETURN QUERY SELECT false;
-		RETURN;
-	END IF;
 	SELECT l.epoch INTO v_epoch FROM pgcoord.leases l
 	WHERE l.name = p_name AND l.holder_session = p_session FOR UPDATE;
 	IF FOUND THEN

@@ -359,7 +359,7 @@ BEGIN
 			-- recovery as the actor; the hook's own pass finds them done.
 			PERFORM pgcoord.permits_owner_lost(v_closed,
 				'owner session expired (found by record recovery)', p_actor);
-			PERFORM pgcoord.on_sessions_ended(v_closed, 'owner session expired');
+			PERFORM pgcoord.on_sessions_ended(v_closed, 'owner session expired', 'lapsed');
 		END IF;
 		SELECT coalesce(array_agg(s.id), '{}') INTO v_dead FROM pgcoord.sessions s
 		WHERE s.id = ANY (v_owners) AND s.closed_at IS NOT NULL;

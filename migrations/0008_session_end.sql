@@ -16,7 +16,9 @@
 -- past their grace, expired, or their agent stopped), in the caller's
 -- transaction: waiting claims leave their queues, leases are released,
 -- permits follow their on_owner_loss. This is the one place to look.
-CREATE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text)
+-- p_reason is recorded in the audit; p_end (pgcoord.session_end) decides.
+CREATE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text,
+	p_end pgcoord.session_end)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -28,13 +30,19 @@ BEGIN
 		PERFORM pgcoord.waiter_leave(r.seq, NULL, NULL);
 	END LOOP;
 	DELETE FROM pgcoord.waiters w WHERE w.session = ANY (p_ids);
-	FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
-		 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
-	LOOP
-		PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
-	END LOOP;
+	-- Guarantee 7: a lapsed session's agent stopped heartbeating, so nobody
+	-- told its client to stop, and the client may believe it leads until
+	-- its last renewal + ttl - renew interval, later than the session's own
+	-- expiry. Its leases lapse by their expires_at only.
+	IF p_end <> 'lapsed' THEN
+		FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
+			 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
+		LOOP
+			PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
+		END LOOP;
+	END IF;
 	PERFORM pgcoord.permits_owner_lost(p_ids, p_reason,
-		CASE WHEN p_reason = 'owner session expired' THEN pgcoord.janitor_actor() END);
+		CASE WHEN p_end = 'lapsed' THEN pgcoord.janitor_actor() END);
 END $$;
 
 CREATE FUNCTION pgcoord.session_close(p_ids bigint[], p_incarnation bigint,
@@ -53,7 +61,7 @@ BEGIN
 		WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_closed FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_closed, p_reason);
+	PERFORM pgcoord.on_sessions_ended(v_closed, p_reason, 'ended');
 	RETURN QUERY SELECT unnest(v_closed);
 END $$;
 
@@ -73,7 +81,7 @@ BEGIN
 		  AND closed_at IS NULL
 		RETURNING id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_closed FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_closed, 'agent stopped');
+	PERFORM pgcoord.on_sessions_ended(v_closed, 'agent stopped', 'ended');
 	UPDATE pgcoord.agents SET stopped_at = now()
 	WHERE replica_id = p_replica_id AND incarnation = p_incarnation;
 	RETURN QUERY SELECT coalesce(array_length(v_closed, 1), 0)::bigint;
@@ -97,7 +105,7 @@ BEGIN
 		  AND s.closed_at IS NULL AND s.expires_at <= now()
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM c;
-	PERFORM pgcoord.on_sessions_ended(v_ids, 'owner session expired');
+	PERFORM pgcoord.on_sessions_ended(v_ids, 'owner session expired', 'lapsed');
 	RETURN QUERY SELECT coalesce(array_length(v_ids, 1), 0)::bigint;
 END $$;
 
