@@ -21,6 +21,7 @@
 #include "agent/log.h"
 #include "agent/metrics.h"
 #include "agent/replication.h"
+#include "agent/sqlstate.h"
 #include "proto/codec.h"
 
 enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
@@ -129,13 +130,5 @@ void db_get_stats(const struct db *db, struct db_stats *out);
 /* What the server of the latest checked connection said about replication
  * (checked false before the first connection). */
 const struct replication_view *db_replication(const struct db *db);
-
-/* Maps a failed result's SQLSTATE to the wire error a client should see:
- * 57014 (statement_timeout) and 55P03 (lock_timeout) are TIMEOUT.
- * The schema's deliberate refusals (PCNFD not_found, PCFEN fenced, PCCFL
- * conflict, PCFBD forbidden, PCSEX session_expired) map to their codes. */
-enum pgc_error_code db_error_for_sqlstate(const char *sqlstate);
-/* True for one of those refusals. */
-bool db_sqlstate_is_refusal(const char *sqlstate);
 
 #endif

@@ -37,9 +37,10 @@
 #define STATUS_MAX_WAITERS 64
 /* rows are LIMITed per section; this bounds the page whatever they hold */
 #define STATUS_MAX_BYTES (512 * 1024)
-/* the schema version that brought quotas and permits (0003_permits.sql) */
-#define SCHEMA_PERMITS 3
-#define SCHEMA_WAITS 13 /* waiting claims */
+/* the schema versions that bring quotas and permits (0004_permits.sql) and
+ * waiting claims (0006_waiting_claims.sql) */
+#define SCHEMA_PERMITS 4
+#define SCHEMA_WAITS 6
 
 struct job;
 

@@ -276,11 +276,21 @@ static void schema_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
 	int version = 0;
+	char err[512];
 
 	if (ag->state != AGENT_STARTING)
 		return;
 	if (r->ok) {
-		version = atoi(PQgetvalue(r->res, 0, 0));
+		/* a schema made by other migration texts is refused before any use */
+		if (!migrate_check_applied(r->res, &version, err, sizeof(err))) {
+			log_error(&ag->log, "identity", "%s", err);
+			agent_exit(ag, 1);
+			return;
+		}
+	} else if (migrate_error_means_old_series(r->sqlstate)) {
+		log_error(&ag->log, "identity", "%s", migrate_old_series_message);
+		agent_exit(ag, 1);
+		return;
 	} else if (r->sqlstate && strcmp(r->sqlstate, "42501") == 0) {
 		/* insufficient_privilege: a runtime role nobody granted yet */
 		log_error(&ag->log, "identity",

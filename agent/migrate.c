@@ -15,7 +15,13 @@
 #define MIGRATE_LOCK_KEY "7305451342917510243"
 
 const char migrate_version_sql[] =
-    "SELECT coalesce(max(version), 0) FROM pgcoord.schema_migrations";
+    "SELECT version, name, checksum FROM pgcoord.schema_migrations ORDER BY version";
+
+const char migrate_old_series_message[] =
+    "this database's pgcoord schema was made by the earlier, unreleased migration series "
+    "(pgcoord.schema_migrations has no checksums) and cannot be upgraded: re-create the "
+    "database (or DROP SCHEMA pgcoord CASCADE as its owner) and run `pgcoord-agent migrate` "
+    "(or `pgcoordctl migrate`) again";
 
 int migrate_latest_version(void)
 {
@@ -26,6 +32,67 @@ bool migrate_error_means_empty(const char *sqlstate)
 {
 	/* undefined_table, invalid_schema_name: nothing was ever migrated */
 	return sqlstate && (strcmp(sqlstate, "42P01") == 0 || strcmp(sqlstate, "3F000") == 0);
+}
+
+bool migrate_error_means_old_series(const char *sqlstate)
+{
+	/* undefined_column: a schema_migrations without the checksum column */
+	return sqlstate && strcmp(sqlstate, "42703") == 0;
+}
+
+bool migrate_check_applied(const PGresult *res, int *version, char *err, size_t errlen)
+{
+	*version = 0;
+	for (int row = 0; row < PQntuples(res); row++) {
+		int v = atoi(PQgetvalue(res, row, 0));
+		const char *name = PQgetvalue(res, row, 1);
+		const char *sum = PQgetisnull(res, row, 2) ? "(none)" : PQgetvalue(res, row, 2);
+
+		if (v < 1 || v > migrations_count || strcmp(migrations[v - 1].name, name) != 0) {
+			snprintf(err, errlen,
+				 "the database records migration %04d_%s, which this binary does "
+				 "not have (its latest is %04d_%s): it was made by another "
+				 "migration series or a newer binary; nothing was applied",
+				 v, name, migrations[migrations_count - 1].version,
+				 migrations[migrations_count - 1].name);
+			return false;
+		}
+		if (strcmp(migrations[v - 1].checksum, sum) != 0) {
+			snprintf(err, errlen,
+				 "migration %04d_%s was applied with checksum %s but this binary's "
+				 "text of it has checksum %s: the schema is not what this binary "
+				 "knows; nothing was applied",
+				 v, name, sum, migrations[v - 1].checksum);
+			return false;
+		}
+		*version = v > *version ? v : *version;
+	}
+	return true;
+}
+
+/* Refuses, before anything is applied, a schema made by other migration
+ * texts: an old series, a changed migration, a newer binary's. */
+static bool check_applied(PGconn *conn, char *err, size_t errlen)
+{
+	PGresult *res = PQexec(conn, migrate_version_sql);
+	const char *sqlstate = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	int version;
+	bool ok;
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK)
+		ok = migrate_check_applied(res, &version, err, errlen);
+	else if (migrate_error_means_empty(sqlstate))
+		ok = true;
+	else if (migrate_error_means_old_series(sqlstate)) {
+		snprintf(err, errlen, "%s", migrate_old_series_message);
+		ok = false;
+	} else {
+		snprintf(err, errlen, "reading pgcoord.schema_migrations: %s",
+			 PQerrorMessage(conn));
+		ok = false;
+	}
+	PQclear(res);
+	return ok;
 }
 
 static bool exec_ok(PGconn *conn, const char *sql, const char *what, char *err, size_t errlen)
@@ -45,7 +112,7 @@ static bool apply_one(PGconn *conn, const struct migration *m, bool *applied, ch
 {
 	char what[128];
 	char version[16];
-	const char *params[2] = {version, m->name};
+	const char *params[3] = {version, m->name, m->checksum};
 	PGresult *res;
 
 	*applied = false;
@@ -60,6 +127,7 @@ static bool apply_one(PGconn *conn, const struct migration *m, bool *applied, ch
 		     "CREATE SCHEMA IF NOT EXISTS pgcoord;"
 		     "CREATE TABLE IF NOT EXISTS pgcoord.schema_migrations ("
 		     " version integer PRIMARY KEY, name text NOT NULL,"
+		     " checksum text NOT NULL,"
 		     " applied_at timestamptz NOT NULL DEFAULT now())",
 		     what, err, errlen))
 		goto rollback;
@@ -77,10 +145,11 @@ static bool apply_one(PGconn *conn, const struct migration *m, bool *applied, ch
 	if (!done_before) {
 		if (!exec_ok(conn, m->sql, what, err, errlen))
 			goto rollback;
-		res = PQexecParams(conn,
-				   "INSERT INTO pgcoord.schema_migrations (version, name) "
-				   "VALUES ($1, $2)",
-				   2, NULL, params, NULL, NULL, 0);
+		res =
+		    PQexecParams(conn,
+				 "INSERT INTO pgcoord.schema_migrations (version, name, checksum) "
+				 "VALUES ($1, $2, $3)",
+				 3, NULL, params, NULL, NULL, 0);
 		if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 			snprintf(err, errlen, "%s: %s", what, PQerrorMessage(conn));
 			PQclear(res);
@@ -100,10 +169,10 @@ rollback:
 
 /*
  * After the migrations: every function SECURITY DEFINER with a pinned
- * search_path and not PUBLIC's (pgcoord.secure_functions, from 0007), again
+ * search_path and not PUBLIC's (pgcoord.secure_functions), again
  * on every run, since a later CREATE OR REPLACE FUNCTION resets that; then,
  * when asked, the runtime role's grants, which must cover functions added
- * since it was last granted. A schema from before 0007 has neither.
+ * since it was last granted.
  */
 static bool secure_and_grant(PGconn *conn, const char *runtime_role, char *err, size_t errlen)
 {
@@ -173,6 +242,7 @@ bool migrate_apply(const char *conninfo, const char *runtime_role, int *applied,
 		return false;
 	}
 	PQsetNoticeProcessor(conn, ignore_notice, NULL);
+	ok = check_applied(conn, err, errlen);
 	for (int i = 0; i < migrations_count && ok; i++) {
 		bool did = false;
 		ok = apply_one(conn, &migrations[i], &did, err, errlen);

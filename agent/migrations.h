@@ -5,6 +5,8 @@
 struct migration {
 	int version;
 	const char *name;
+	/* sha256 of the file's bytes, lowercase hex, computed by embed.py */
+	const char *checksum;
 	const char *sql;
 };
 

@@ -4,7 +4,7 @@
  * check.
  *
  * Every method is ONE statement calling one function of
- * migrations/0003_permits.sql, so it is its own transaction: nothing stays
+ * migrations/0004_permits.sql, so it is its own transaction: nothing stays
  * open across a round trip to a client, and it works through a
  * transaction-mode pooler. All deciding happens there; this file validates
  * parameters, names the actor for the audit trail, and turns rows into
@@ -317,7 +317,7 @@ enum {
 	CL_DINFLIGHT,
 	CL_DETAIL,
 	CL_NOW,
-	/* permit_wait only (migration 0013) */
+	/* permit_wait only (0006_waiting_claims.sql) */
 	CL_POSITION,
 	CL_QUEUED_AT,
 	CL_DEADLINE_AT
@@ -421,7 +421,7 @@ static void claim_failed(struct request *req, void *ctx, const struct db_result 
 	call_free(ctx);
 }
 
-/* A waiting claim's own statement (permit_wait, migration 0013). */
+/* A waiting claim's own statement (permit_wait, 0006_waiting_claims.sql). */
 static void waited(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -434,7 +434,7 @@ static void waited(const struct db_result *r, void *arg)
 }
 
 /* Claims waiting at the same moment are judged in one statement, in
- * arrival order, each by permit_claim_as exactly as if alone (migration 0010). */
+ * arrival order, each by permit_claim_as exactly as if alone (0004_permits.sql). */
 const struct group_kind permit_claim_group_kind = {
     .name = "claim",
     .sql = "SELECT * FROM pgcoord.permit_claim_group($1::bigint[], $2::boolean[], $3::text[], "
@@ -489,7 +489,7 @@ void rpc_permit_claim(struct request *req)
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	/* the uid rules (a non-admin's limit only creates a missing quota;
 	 * another uid's retirement does not block the id) are applied in the
-	 * same statement: permit_claim_as, migration 0006 */
+	 * same statement: permit_claim_as */
 	const char *params[11] = {uid,
 				  req_is_admin(req) ? "true" : "false",
 				  call->id,
@@ -503,7 +503,7 @@ void rpc_permit_claim(struct request *req)
 				  actor};
 	if (wait_ms > 0) {
 		/* a claim that may queue goes alone: the queue is judged in the
-		 * same transaction as the claim (permit_wait, migration 0013) */
+		 * same transaction as the claim (permit_wait, 0006_waiting_claims.sql) */
 		const char *wparams[12];
 		memcpy(wparams, params, sizeof(params));
 		snprintf(wait_s, sizeof(wait_s), "%" PRId64, wait_ms);
@@ -1094,7 +1094,7 @@ static void checked(const struct db_result *r, void *arg)
 		pgrow_kv_int(pk, "audit_sum", res, i, 5);
 		pgrow_kv_str(pk, "problem", res, i, 6);
 	}
-	/* a queue whose head fits was not handed its room (migration 0013) */
+	/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
 	pgc_pack_cstr(pk, "stalled_queues");
 	msgpack_pack_array(pk, (size_t)stalled);
 	for (int i = 0; i < n; i++) {

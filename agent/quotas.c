@@ -1,7 +1,7 @@
 /*
  * quotas.c — quota.set, quota.get and quota.list: the limits of the permit
  * ledger, and how much of each is in flight, held by live owners or
- * uncertain. The SQL functions and views are in migrations/0003_permits.sql.
+ * uncertain. The SQL functions and views are in migrations/0004_permits.sql.
  */
 #include <inttypes.h>
 #include <stdio.h>

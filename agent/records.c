@@ -4,7 +4,7 @@
  * owners (guarantee 8).
  *
  * Every method is ONE statement calling one function of
- * migrations/0004_records.sql, where all deciding happens. This file
+ * migrations/0007_records.sql, where all deciding happens. This file
  * validates parameters, supplies the caller's session — the only source of
  * ownership: no parameter names an owner — and the actor for the audit
  * trail, and turns rows into replies. Refusals come back as SQLSTATEs of

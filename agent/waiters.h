@@ -4,7 +4,7 @@
  * waiter was admitted (permit.admitted) or left the queue unadmitted
  * (permit.expired).
  *
- * The queue lives in the database (migration 0013), where hand-overs
+ * The queue lives in the database (migrations/0006_waiting_claims.sql), where hand-overs
  * happen inside the transactions that free room. The agent only learns of
  * them: ONE statement per wait_poll_ms while its sessions have waiters,
  * whatever their number; it expires its overdue waiters and returns (and

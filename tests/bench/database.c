@@ -209,7 +209,7 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 	exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_quotas, "
 		       "pgcoord.permit_events");
 	/* folded for permit.check as the janitor would long since have folded
-	 * it (migration 0011), so that the cells do not pay for folding at once
+	 * it (migrations/0005_permit_audit.sql), so that the cells do not pay for folding at once
 	 * a backlog the preload made at once; an agent without 0011 has none */
 	if (query_ll(c, "SELECT (to_regprocedure('pgcoord.janitor_fold_audit(integer)') "
 			"IS NOT NULL)::int")) {

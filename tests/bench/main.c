@@ -336,7 +336,7 @@ static bool agent_check(const struct bench_cfg *cfg)
 	e = pgcoord_connect(cfg->sockets[0], 5000, &c);
 	if (e == PGCOORD_OK)
 		e = pgcoord_permit_check(c, 60000, &ok, NULL, NULL);
-	/* how long the check took matters with a long history (0011) */
+	/* how long the check took matters with a long history (0005_permit_audit.sql) */
 	double ms = (bench_now() - t0) * 1000;
 	if (e == PGCOORD_E_TIMEOUT) {
 		printf("- permit.check through agent 0: not answered within the agent's "

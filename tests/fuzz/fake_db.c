@@ -288,24 +288,3 @@ const struct replication_view *db_replication(const struct db *db)
 	(void)db;
 	return &unchecked;
 }
-
-/* The schema's refusal codes, as db.c maps them. */
-enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
-{
-	static const struct {
-		const char *state;
-		enum pgc_error_code code;
-	} map[] = {
-	    {"PCNFD", PGC_E_NOT_FOUND}, {"PCFEN", PGC_E_FENCED},	  {"PCCFL", PGC_E_CONFLICT},
-	    {"PCFBD", PGC_E_FORBIDDEN}, {"PCSEX", PGC_E_SESSION_EXPIRED},
-	};
-	for (size_t i = 0; sqlstate && i < sizeof(map) / sizeof(map[0]); i++)
-		if (strcmp(sqlstate, map[i].state) == 0)
-			return map[i].code;
-	return PGC_E_INTERNAL;
-}
-
-bool db_sqlstate_is_refusal(const char *sqlstate)
-{
-	return sqlstate && strncmp(sqlstate, "PC", 2) == 0;
-}

@@ -1,6 +1,6 @@
 /*
  * test_flat_check.c — permit.check costs what is open, not the past
- * (migration 0011): over a long history of released permits it reads the
+ * (migrations/0005_permit_audit.sql): over a long history of released permits it reads the
  * quotas, the open permits and the audit rows the janitor has not folded
  * yet, and still finds a broken counter; folding keeps every audit row, so
  * permit.history answers as before.

@@ -309,6 +309,46 @@ Test(leases, closing_a_session_hands_its_leases_back)
 	hdb_drop(db);
 }
 
+/* Guarantee 7: a session that lapsed (nobody renewed it: its agent stopped
+ * heartbeating, so nobody told its client) keeps its lease row until the
+ * lease's own expires_at; the schema decides that by how the session ended
+ * (pgcoord.session_end), not by its reason text. */
+Test(leases, a_lapsed_session_keeps_its_lease_until_the_lease_expires)
+{
+	struct harness_db *db = lease_db();
+	struct hagent *a = hagent_start(db, "lapse-a", NULL);
+	struct lclient holder;
+	struct lreply r;
+
+	lc_init(&holder, "holder");
+	lc_open_ok(&holder, a, "holder");
+	lc_acquire_ok(&holder, "lapse-one", 10000, false, &r);
+	int64_t session = holder.session, epoch = r.epoch;
+
+	/* the session lapses in the database, as when its agent froze */
+	hdb_exec(db,
+		 "UPDATE pgcoord.sessions SET expires_at = now() - interval '1 second' "
+		 "WHERE id = %lld",
+		 (long long)session);
+	hdb_exec(db, "SELECT pgcoord.janitor_expire_sessions(100)");
+	char *reason = hdb_query_value(db,
+				       "SELECT close_reason FROM pgcoord.sessions WHERE id = %lld "
+				       "AND closed_at IS NOT NULL",
+				       (long long)session);
+	cr_assert_str_eq(reason ? reason : "(open)", "expired");
+	free(reason);
+	cr_assert_eq(row_holder(db, "lapse-one"), session,
+		     "the lapsed holder's lease was released");
+	cr_assert_eq(events(db, "lapse-one", "released", session, epoch), 0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases WHERE name = "
+					"'lapse-one' AND expires_at > now()"),
+		     1, "the lease no longer runs to its own expiry");
+
+	lc_close(&holder);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 Test(leases, reserved_names_are_refused)
 {
 	struct harness_db *db = lease_db();

@@ -1,7 +1,9 @@
 /*
  * test_migrate.c — `pgcoord-agent migrate` and `pgcoordctl migrate`: every
  * migration applied once, reruns and concurrent runs apply nothing twice,
- * and an agent refuses a database whose schema is behind.
+ * an agent refuses a database whose schema is behind, and a schema made by
+ * other migration texts (a changed checksum, the old series) is refused by
+ * both, with nothing applied.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -17,8 +19,9 @@ TestSuite(migrate, .timeout = 60);
  * recorded or re-recorded anything. */
 static char *migrations_snapshot(struct harness_db *db)
 {
-	return hdb_query_value(db, "SELECT string_agg(version || ':' || name || ':' || applied_at, "
-				   "', ' ORDER BY version) FROM pgcoord.schema_migrations");
+	return hdb_query_value(db, "SELECT string_agg(version || ':' || name || ':' || checksum || "
+				   "':' || applied_at, ', ' ORDER BY version) "
+				   "FROM pgcoord.schema_migrations");
 }
 
 static void assert_each_version_once(struct harness_db *db, int latest)
@@ -29,6 +32,11 @@ static void assert_each_version_once(struct harness_db *db, int latest)
 	    latest);
 	cr_assert_eq(hdb_query_long(db, "SELECT min(version) FROM pgcoord.schema_migrations"), 1);
 	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"),
+		     latest);
+	/* one sha256 per migration, each its own text's */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(DISTINCT checksum) FROM "
+				    "pgcoord.schema_migrations WHERE checksum ~ '^[0-9a-f]{64}$'"),
 		     latest);
 }
 
@@ -191,6 +199,86 @@ Test(migrate, ctl_migrate_applies_the_schema_then_reports_it_up_to_date)
 	cr_assert_eq(istatus_int(a, "schema_version"), latest);
 	cr_assert_eq(hagent_stop(a), 0);
 	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A changed migration text: `migrate` and the agent both refuse, naming the
+ * version and both checksums, and change nothing. */
+Test(migrate, a_tampered_checksum_is_refused_by_migrate_and_agent_and_nothing_changes)
+{
+	struct harness_db *db = idb_migrated();
+	char *out = NULL, *log = NULL;
+
+	char *real = hdb_query_value(db, "SELECT checksum FROM pgcoord.schema_migrations "
+					 "WHERE version = 3");
+	hdb_exec(db, "UPDATE pgcoord.schema_migrations SET checksum = repeat('0', 64) "
+		     "WHERE version = 3");
+	char *before = migrations_snapshot(db);
+	long functions = hdb_query_long(db, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
+					    "ON n.oid = p.pronamespace WHERE nspname = 'pgcoord'");
+
+	int rc = agent_migrate(db, &out);
+	cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "migration 0003_"), "the version is not named:\n%s", out);
+	cr_assert(strstr(out, real), "the embedded checksum is not named:\n%s", out);
+	cr_assert(strstr(out, "0000000000000000000000000000000000000000000000000000000000000000"),
+		  "the recorded checksum is not named:\n%s", out);
+	free(out);
+
+	rc = hagent_start_expect_exit(db, "mig-tampered", NULL, &log);
+	cr_assert_eq(rc, 1, "exit %d, log:\n%s", rc, log);
+	cr_assert(strstr(log, "migration 0003_") && strstr(log, real),
+		  "the log does not name the version and checksum:\n%s", log);
+	free(log);
+
+	char *after = migrations_snapshot(db);
+	cr_assert_str_eq(after, before, "a refused run changed schema_migrations");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
+					"ON n.oid = p.pronamespace WHERE nspname = 'pgcoord'"),
+		     functions);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.agents"), 0,
+		     "an agent that refused registered anyway");
+	free(before);
+	free(after);
+	free(real);
+	hdb_drop(db);
+}
+
+/* A database of the old, unreleased series (schema_migrations without
+ * checksums) is refused with what it is and what to do; nothing is added. */
+Test(migrate, an_old_series_database_is_refused_with_what_to_do)
+{
+	struct harness_db *db = hdb_create();
+	char *out = NULL, *log = NULL;
+
+	hdb_exec(db,
+		 "CREATE SCHEMA pgcoord; "
+		 "CREATE TABLE pgcoord.schema_migrations (version integer PRIMARY KEY, "
+		 " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()); "
+		 "INSERT INTO pgcoord.schema_migrations (version, name) "
+		 "SELECT v, 'old_' || v FROM generate_series(1, 13) v; "
+		 "GRANT USAGE ON SCHEMA pgcoord TO %s; "
+		 "GRANT SELECT ON pgcoord.schema_migrations TO %s",
+		 henv("PGCOORD_TEST_RUNTIME_ROLE"), henv("PGCOORD_TEST_RUNTIME_ROLE"));
+
+	int rc = agent_migrate(db, &out);
+	cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "earlier, unreleased migration series") &&
+		      strstr(out, "re-create the database"),
+		  "%s", out);
+	free(out);
+
+	rc = hagent_start_expect_exit(db, "mig-old", NULL, &log);
+	cr_assert_eq(rc, 1, "exit %d, log:\n%s", rc, log);
+	cr_assert(strstr(log, "earlier, unreleased migration series"), "%s", log);
+	free(log);
+
+	/* nothing applied: still only the old table, still 13 rows */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_class c JOIN pg_namespace n "
+					"ON n.oid = c.relnamespace WHERE nspname = 'pgcoord' "
+					"AND c.relkind = 'r'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.schema_migrations"), 13);
 	hdb_drop(db);
 }
 

@@ -11,6 +11,43 @@
 -- then existing permit rows in id order. A claim locks the permit row it
 -- inserts before its quota rows; nobody else can wait on that new row except
 -- a duplicate claim of the same id, which holds nothing yet.
+--
+-- The cost of a claim and a release does not grow with the tables:
+-- * the claim and release functions run with enable_seqscan off, so every
+--   plan they make (also a generic one made while the tables were empty) is
+--   index-based: each statement in them has an index that answers it by key;
+-- * no index reads the audit trail by quota key (the conservation check
+--   aggregates it whole, and the agent reads audit rows by permit), and a
+--   permit's quota shares have no foreign keys: the claim writes the shares
+--   itself, in the transaction that inserted that permit row and updated
+--   that quota row, nothing deletes a quota, and both deletes of permits
+--   (the retention purge, a retired id's tombstone in permit_claim_as) take
+--   only permits without shares;
+-- * no subtransaction on a claim's common path: a denial undoes by hand
+--   what the claim did before it;
+-- * quota rows are updated on every claim and release and no index covers
+--   in_flight: with room left on their page (fillfactor) those updates are
+--   HOT.
+--
+-- Group admission: the claims, or the releases, that wait in one agent at
+-- the same moment go to the database as one statement, so they share one
+-- transaction and one commit flush. Each group function takes one array per
+-- argument of its single-call function (element i for member i, in arrival
+-- order) and answers one row per member: (member, sqlstate, message) and
+-- then exactly the single call's columns. Each member is judged by the
+-- single-call function itself (permit_claim_as, permit_release_as), in
+-- arrival order, so its answer, its idempotency by id, its audit rows, its
+-- fencing token and its uid checks are the ones it would have had alone.
+-- Each member of a group of two or more runs in a subtransaction of its
+-- own: an error it raises (a lock_timeout, a deadlock, a check) rolls back
+-- only its own part and comes back as its sqlstate and message. A group of
+-- one is judged by the single call without a subtransaction. A statement
+-- timeout is not caught: the whole group rolls back.
+--
+-- Locks outlive one call, until the group commits, so two groups can wait
+-- on each other where two lone calls could not. Postgres detects it and
+-- stops one member, whose part alone rolls back (40P01); the agent sends
+-- that member again in its next group (groups.c).
 
 CREATE TABLE pgcoord.quotas (
 	key           text COLLATE "C" PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 200),
@@ -22,8 +59,10 @@ CREATE TABLE pgcoord.quotas (
 	-- opt-in: the janitor releases permits uncertain for longer than this
 	lapse_after_s integer CHECK (lapse_after_s > 0),
 	created_at    timestamptz NOT NULL DEFAULT now(),
-	updated_at    timestamptz NOT NULL DEFAULT now() -- last change of limit or lapse_after_s
-);
+	updated_at    timestamptz NOT NULL DEFAULT now(), -- last change of limit or lapse_after_s
+	-- the queued waiting claims on this quota (see the waiting claims)
+	waiting       integer NOT NULL DEFAULT 0
+) WITH (fillfactor = 50);
 
 CREATE TABLE pgcoord.permits (
 	id               text COLLATE "C" PRIMARY KEY CHECK (octet_length(id) BETWEEN 1 AND 200),
@@ -45,17 +84,21 @@ CREATE TABLE pgcoord.permits (
 	released_at      timestamptz,
 	CHECK ((state = 'released') = (released_at IS NOT NULL))
 );
+
 CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
 	WHERE state <> 'released';
+
 CREATE INDEX permits_uncertain ON pgcoord.permits (state_at) WHERE state = 'uncertain';
 
--- The weights that count: a permit's share of each quota it holds.
+-- The weights that count: a permit's share of each quota it holds. No
+-- foreign keys: see the top of this file.
 CREATE TABLE pgcoord.permit_quotas (
-	permit_id text COLLATE "C" NOT NULL REFERENCES pgcoord.permits (id),
-	key       text COLLATE "C" NOT NULL REFERENCES pgcoord.quotas (key),
+	permit_id text COLLATE "C" NOT NULL,
+	key       text COLLATE "C" NOT NULL,
 	weight    integer NOT NULL CHECK (weight >= 1),
 	PRIMARY KEY (permit_id, key)
 );
+
 CREATE INDEX permit_quotas_by_key ON pgcoord.permit_quotas (key);
 
 -- The audit trail (guarantee 6): one row per state change, written in the
@@ -75,9 +118,9 @@ CREATE TABLE pgcoord.permit_events (
 	phase     text,
 	at        timestamptz NOT NULL DEFAULT now()
 );
+
 CREATE INDEX permit_events_by_permit ON pgcoord.permit_events (permit_id, id)
 	WHERE permit_id IS NOT NULL;
-CREATE INDEX permit_events_by_key ON pgcoord.permit_events (key, id) WHERE key IS NOT NULL;
 
 -- What a permit is right now. A held permit whose owner session is no
 -- longer live is uncertain (guarantee 5) even before the janitor or the
@@ -92,8 +135,6 @@ CREATE VIEW pgcoord.permit_status AS
 		    THEN 'owner session ' || p.owner_session || ' is no longer live'
 		    ELSE p.uncertain_reason END AS effective_reason
 	FROM pgcoord.permits p;
-
--- --- quotas ------------------------------------------------------------
 
 -- Sets a quota's limit (and lapse_after_s: NULL keeps it, 0 turns it off),
 -- creating the quota when missing. Audited as 'limit_set' when something
@@ -168,21 +209,20 @@ CREATE VIEW pgcoord.quota_status AS
 	LEFT JOIN pgcoord.permit_status p ON p.id = pq.permit_id AND p.state <> 'released'
 	GROUP BY q.key;
 
--- --- shared release path -------------------------------------------------
-
 -- Locks, in key order, the quota rows a set of permits holds weight on.
 -- Every release takes these before the permit rows (see the lock order at
 -- the top), so two releases of one permit serialize here and the second
 -- finds it released.
 CREATE FUNCTION pgcoord.permits_lock_quotas(p_ids text[])
 RETURNS void
-LANGUAGE sql AS $$
-	SELECT 1 FROM pgcoord.quotas q
-	WHERE q.key IN (SELECT pq.key FROM pgcoord.permit_quotas pq
-			WHERE pq.permit_id = ANY (p_ids))
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+BEGIN
+	PERFORM 1 FROM pgcoord.quotas q
+	WHERE q.key = ANY (ARRAY(SELECT DISTINCT pq.key FROM pgcoord.permit_quotas pq
+				 WHERE pq.permit_id = ANY (p_ids)))
 	ORDER BY q.key
-	FOR NO KEY UPDATE OF q
-$$;
+	FOR NO KEY UPDATE OF q;
+END $$;
 
 -- Releases permits the caller has locked (quotas, then permit rows) and
 -- re-checked: each leaves exactly once, because only rows still not
@@ -190,12 +230,14 @@ $$;
 -- that changed, in the same transaction (guarantees 2 and 5). One audit row
 -- per permit and quota, with the negative delta. p_actor NULL means the
 -- agent that served the owner ('agent@<replica>'). Returns how many left.
-CREATE FUNCTION pgcoord.permits_release_locked(p_ids text[], p_event text, p_actor text,
-	p_reason text)
+CREATE FUNCTION pgcoord.permits_release_locked(p_ids text[], p_event text,
+	p_actor text, p_reason text)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_done text[];
+	v_key text;
+	v_w bigint;
 BEGIN
 	WITH r AS (
 		UPDATE pgcoord.permits p SET state = 'released', released_at = now(),
@@ -206,10 +248,12 @@ BEGIN
 	IF cardinality(v_done) = 0 THEN
 		RETURN 0;
 	END IF;
-	UPDATE pgcoord.quotas q SET in_flight = q.in_flight - s.w
-	FROM (SELECT pq.key, sum(pq.weight) AS w FROM pgcoord.permit_quotas pq
-	      WHERE pq.permit_id = ANY (v_done) GROUP BY pq.key) s
-	WHERE q.key = s.key;
+	FOR v_key, v_w IN
+		SELECT pq.key, sum(pq.weight) FROM pgcoord.permit_quotas pq
+		WHERE pq.permit_id = ANY (v_done) GROUP BY pq.key ORDER BY pq.key
+	LOOP
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - v_w WHERE q.key = v_key;
+	END LOOP;
 	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason, state, phase)
 	SELECT p.id, pq.key, -pq.weight, p_event,
 	       coalesce(p_actor, 'agent@' || coalesce(p.owner_replica, '?')), p_reason,
@@ -219,8 +263,6 @@ BEGIN
 	ORDER BY p.id, pq.key;
 	RETURN cardinality(v_done);
 END $$;
-
--- --- claim ---------------------------------------------------------------
 
 -- Admission (guarantees 1, 3, 4, 6). p_keys must be sorted (bytewise) and
 -- distinct; p_weights pairs with them. Statuses:
@@ -238,7 +280,7 @@ CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer
 RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
 	owner_replica text, created_at bigint, released_at bigint, denied_key text,
 	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_p pgcoord.permits;
 	v_key text;
@@ -264,61 +306,63 @@ BEGIN
 			NULL, pgcoord.ms(now());
 		RETURN;
 	END IF;
-	BEGIN
-		-- The presence guard (guarantee 3): the permit row goes in first.
-		-- A duplicate that races us waits here on our insert and then
-		-- finds the row, so a lost-reply retry or a double delivery can
-		-- never reach the counters a second time.
-		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
-			phase, on_owner_loss, intent)
-		VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
-			'reserved', p_on_owner_loss, p_intent)
-		ON CONFLICT (id) DO NOTHING
-		RETURNING * INTO v_p;
-		v_inserted := FOUND;
-		IF v_inserted THEN
-			-- the per-call limit applies to this very admission; a
-			-- retry of an existing id changes nothing, limit included
-			IF p_limit IS NOT NULL THEN
-				PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor,
-					'claim ' || p_id);
+	-- The presence guard (guarantee 3): the permit row goes in first. A
+	-- duplicate that races us waits here on our insert and then finds the
+	-- row (or, if we were denied, its absence), so a lost-reply retry or a
+	-- double delivery can never reach the counters a second time.
+	INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
+		phase, on_owner_loss, intent)
+	VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
+		'reserved', p_on_owner_loss, p_intent)
+	ON CONFLICT (id) DO NOTHING
+	RETURNING * INTO v_p;
+	v_inserted := FOUND;
+	IF v_inserted THEN
+		-- the per-call limit applies to this very admission, and stays
+		-- recorded if the claim is denied: it is the caller's current
+		-- word on the quota, not part of the grant. A retry of an
+		-- existing id changes nothing, limit included.
+		IF p_limit IS NOT NULL THEN
+			PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor,
+				'claim ' || p_id);
+		END IF;
+		-- Guarantee 1: one conditional UPDATE per quota, in key order;
+		-- Postgres re-checks the predicate on the latest row version
+		-- under the row lock, so admissions on one quota serialize and
+		-- never overshoot, on any agent.
+		FOR v_key, v_w IN
+			SELECT t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+			ORDER BY t.k COLLATE "C"
+		LOOP
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
+			WHERE q.key = v_key AND q.in_flight + v_w <= q."limit" AND q.waiting = 0;
+			IF NOT FOUND THEN
+				v_denied_key := v_key;
+				SELECT q."limit", q.in_flight INTO v_denied_limit, v_denied_in_flight
+				FROM pgcoord.quotas q WHERE q.key = v_key;
+				EXIT;
 			END IF;
-			-- Guarantee 1: one conditional UPDATE per quota, in key
-			-- order; Postgres re-checks the predicate on the latest
-			-- row version under the row lock, so admissions on one
-			-- quota serialize and never overshoot, on any agent.
+		END LOOP;
+		IF v_denied_key IS NOT NULL THEN
+			-- all or nothing: give back the keys before the refusing
+			-- one (still locked by us) and take the permit row out
 			FOR v_key, v_w IN
 				SELECT t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				ORDER BY t.k COLLATE "C"
+				WHERE t.k COLLATE "C" < v_denied_key ORDER BY t.k COLLATE "C"
 			LOOP
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-				WHERE q.key = v_key AND q.in_flight + v_w <= q."limit";
-				IF NOT FOUND THEN
-					v_denied_key := v_key;
-					SELECT q."limit", q.in_flight
-					INTO v_denied_limit, v_denied_in_flight
-					FROM pgcoord.quotas q WHERE q.key = v_key;
-					-- all or nothing: undo the permit row and the
-					-- increments already made
-					RAISE EXCEPTION 'claim denied' USING ERRCODE = 'PCDNY';
-				END IF;
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-				VALUES (p_id, v_key, v_w);
-				INSERT INTO pgcoord.permit_events (permit_id, key, delta, event,
-					actor, state, phase)
-				VALUES (p_id, v_key, v_w, 'admitted', p_actor, 'held', 'reserved');
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight - v_w
+				WHERE q.key = v_key;
 			END LOOP;
+			DELETE FROM pgcoord.permits p WHERE p.id = p_id AND p.token = v_p.token;
+			v_inserted := false;
+		ELSE
+			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w);
+			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
+				state, phase)
+			SELECT p_id, t.k, t.w, 'admitted', p_actor, 'held', 'reserved'
+			FROM unnest(p_keys, p_weights) AS t(k, w) ORDER BY t.k COLLATE "C";
 		END IF;
-	EXCEPTION WHEN SQLSTATE 'PCDNY' THEN
-		v_inserted := false;
-	END;
-
-	-- The per-call limit is recorded even when the claim was denied: it is
-	-- the caller's current word on the quota, not part of the grant. (It is
-	-- applied after the permit row inside the block, like every claim's
-	-- locks: new permit row, then quota rows.)
-	IF v_denied_key IS NOT NULL AND p_limit IS NOT NULL THEN
-		PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor, 'claim ' || p_id);
 	END IF;
 
 	IF v_denied_key IS NOT NULL THEN
@@ -357,14 +401,6 @@ BEGIN
 		NULL::bigint, NULL, pgcoord.ms(now())
 	FROM pgcoord.permit_status s WHERE s.id = p_id;
 END $$;
-
--- --- lifecycle -----------------------------------------------------------
-
--- Every lifecycle function answers one row (outcome, detail, ...):
--- outcome ok | not_found | forbidden | conflict | invalid, and changes
--- nothing unless ok. Business refusals are results, not SQL errors, so
--- they roll nothing back that was not theirs and never reach the logs as
--- database failures.
 
 -- The owner moves its permit forward: reserved -> dispatched -> running.
 CREATE FUNCTION pgcoord.permit_update(p_id text, p_session bigint, p_phase text, p_actor text)
@@ -478,7 +514,7 @@ CREATE FUNCTION pgcoord.permit_release(p_id text, p_session bigint, p_override b
 	p_actor text, p_reason text)
 RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
 	now_at bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_p pgcoord.permits;
 BEGIN
@@ -609,7 +645,164 @@ BEGIN
 	RETURN QUERY SELECT 'ok', NULL, true, 'held'::text, p_session, pgcoord.ms(now());
 END $$;
 
--- --- owner loss ----------------------------------------------------------
+-- permit_claim for the caller p_uid:
+-- * a limit from a non-admin only creates a missing quota; an existing
+--   quota's limit stays as it is (the limit is then ignored). The check
+--   takes no lock (a quota row lock here would come before the permit
+--   row, against the claim's lock order), so a quota created by another
+--   call in the instant between may still get this limit;
+-- * a permit answers to the uid of its owner session; a retirement
+--   tombstone's owner is the session that retired the id;
+-- * an id another uid retired (a tombstone with no quotas: no claim of it
+--   ever committed) does not block the claim: a retirement speaks only for
+--   its own uid, so nobody can squat someone else's predictable ids. The
+--   tombstone and its audit row go; the claim then runs as for a new id.
+--   Deleting the row locks it first, as the claim's own insert would.
+CREATE FUNCTION pgcoord.permit_claim_as(p_uid bigint, p_admin boolean, p_id text,
+	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
+	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text)
+RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	v_limit integer := p_limit;
+BEGIN
+	IF NOT p_admin AND v_limit IS NOT NULL
+	   AND EXISTS (SELECT 1 FROM pgcoord.quotas q WHERE q.key = p_keys[1]) THEN
+		v_limit := NULL;
+	END IF;
+	DELETE FROM pgcoord.permits p
+	WHERE p.id = p_id AND p.state = 'released'
+	  AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p.id)
+	  AND pgcoord.session_owner_uid(p.owner_session) IS DISTINCT FROM p_uid;
+	IF FOUND THEN
+		DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
+	END IF;
+	RETURN QUERY SELECT * FROM pgcoord.permit_claim(p_id, p_keys, p_weights, p_session,
+		p_replica, p_on_owner_loss, p_intent, v_limit, p_actor);
+END $$;
+
+-- permit_release for the caller p_uid: without an override, only a permit
+-- of the caller's own uid (the owner session check follows in
+-- permit_release). An override is the agent's to allow (admins only).
+CREATE FUNCTION pgcoord.permit_release_as(p_uid bigint, p_id text, p_session bigint,
+	p_override boolean, p_actor text, p_reason text)
+RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
+	now_at bigint)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	v_state text;
+	v_session bigint;
+	v_owner bigint;
+BEGIN
+	IF NOT p_override THEN
+		SELECT p.state, p.owner_session, pgcoord.session_owner_uid(p.owner_session)
+		INTO v_state, v_session, v_owner
+		FROM pgcoord.permits p WHERE p.id = p_id;
+		IF FOUND AND v_owner IS DISTINCT FROM p_uid THEN
+			RETURN QUERY SELECT 'forbidden'::text, format('it belongs to uid %s; '
+				'releasing another uid''s permit needs admin',
+				coalesce(v_owner::text, 'none')), false, v_state, NULL::bigint,
+				pgcoord.ms(now());
+			RETURN;
+		END IF;
+	END IF;
+	RETURN QUERY SELECT * FROM pgcoord.permit_release(p_id, p_session, p_override, p_actor,
+		p_reason);
+END $$;
+
+-- permit_resolve for the caller p_uid: a non-admin resolves only permits
+-- of its own uid (an uncertain permit of another uid is admin work).
+CREATE FUNCTION pgcoord.permit_resolve_as(p_uid bigint, p_admin boolean, p_id text,
+	p_session bigint, p_replica text, p_outcome text, p_evidence text, p_override boolean,
+	p_actor text)
+RETURNS TABLE (outcome text, detail text, changed boolean, state text, owner_session bigint,
+	now_at bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_state text;
+	v_session bigint;
+	v_owner bigint;
+BEGIN
+	IF NOT p_admin THEN
+		SELECT p.state, p.owner_session, pgcoord.session_owner_uid(p.owner_session)
+		INTO v_state, v_session, v_owner
+		FROM pgcoord.permits p WHERE p.id = p_id;
+		IF FOUND AND v_owner IS DISTINCT FROM p_uid THEN
+			RETURN QUERY SELECT 'forbidden'::text, format('it belongs to uid %s; '
+				'resolving another uid''s permit needs admin',
+				coalesce(v_owner::text, 'none')), false, v_state,
+				v_session, pgcoord.ms(now());
+			RETURN;
+		END IF;
+	END IF;
+	RETURN QUERY SELECT * FROM pgcoord.permit_resolve(p_id, p_session, p_replica, p_outcome,
+		p_evidence, p_override, p_actor);
+END $$;
+
+CREATE FUNCTION pgcoord.permit_claim_group(p_uids bigint[], p_admins boolean[],
+	p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[], p_replicas text[],
+	p_on_owner_loss text[], p_intents bytea[], p_limits integer[], p_actors text[])
+RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
+	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
+	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
+	detail text, now_at bigint)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	i integer;
+BEGIN
+	IF cardinality(p_ids) = 1 THEN
+		RETURN QUERY SELECT 1, NULL::text, NULL::text, c.*
+		FROM pgcoord.permit_claim_as(p_uids[1], p_admins[1], p_ids[1],
+			p_keys[1]::text[], p_weights[1]::integer[], p_sessions[1], p_replicas[1],
+			p_on_owner_loss[1], p_intents[1], p_limits[1], p_actors[1]) c;
+		RETURN;
+	END IF;
+	FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+		BEGIN
+			RETURN QUERY SELECT i, NULL::text, NULL::text, c.*
+			FROM pgcoord.permit_claim_as(p_uids[i], p_admins[i], p_ids[i],
+				p_keys[i]::text[], p_weights[i]::integer[], p_sessions[i],
+				p_replicas[i], p_on_owner_loss[i], p_intents[i], p_limits[i],
+				p_actors[i]) c;
+		EXCEPTION WHEN OTHERS THEN
+			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
+				NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::text,
+				NULL::bigint, NULL::bigint, NULL::text, NULL::integer, NULL::bigint,
+				NULL::text, NULL::bigint;
+		END;
+	END LOOP;
+END $$;
+
+-- Releases lock every quota row their permits hold weight on, in key order,
+-- before any permit row (permits_lock_quotas, as each release does).
+CREATE FUNCTION pgcoord.permit_release_group(p_uids bigint[], p_ids text[],
+	p_sessions bigint[], p_overrides boolean[], p_actors text[], p_reasons text[])
+RETURNS TABLE (member integer, err_state text, err_message text, outcome text, detail text,
+	released boolean, state text, released_at bigint, now_at bigint)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	i integer;
+BEGIN
+	IF cardinality(p_ids) = 1 THEN
+		RETURN QUERY SELECT 1, NULL::text, NULL::text, r.*
+		FROM pgcoord.permit_release_as(p_uids[1], p_ids[1], p_sessions[1],
+			p_overrides[1], p_actors[1], p_reasons[1]) r;
+		RETURN;
+	END IF;
+	PERFORM pgcoord.permits_lock_quotas(p_ids);
+	FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+		BEGIN
+			RETURN QUERY SELECT i, NULL::text, NULL::text, r.*
+			FROM pgcoord.permit_release_as(p_uids[i], p_ids[i], p_sessions[i],
+				p_overrides[i], p_actors[i], p_reasons[i]) r;
+		EXCEPTION WHEN OTHERS THEN
+			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
+				NULL::text, NULL::boolean, NULL::text, NULL::bigint, NULL::bigint;
+		END;
+	END LOOP;
+END $$;
 
 -- The audit actor for the janitor's work: the agent holding the janitor
 -- lease ("pgcoord.janitor", agent/janitor.h) runs the sweeps that call this.
@@ -672,23 +865,6 @@ BEGIN
 	RETURN v_n;
 END $$;
 
--- The one hook where a session's end has consequences (see 0002): leases
--- are handed back as before, and now permits follow their owner.
-CREATE OR REPLACE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-	r record;
-BEGIN
-	FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
-		 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
-	LOOP
-		PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
-	END LOOP;
-	PERFORM pgcoord.permits_owner_lost(p_ids, p_reason,
-		CASE WHEN p_reason = 'owner session expired' THEN pgcoord.janitor_actor() END);
-END $$;
-
 -- The janitor's permit duty, bounded by p_limit per pass:
 -- 1. permits still held by a session that is no longer live get the
 --    owner-loss treatment. The hook normally did that already; this catches
@@ -700,8 +876,11 @@ END $$;
 --    one quota's policy never frees another quota's slot.
 -- Returns how many permits were released (through the shared, audited
 -- path, so a permit its owner released meanwhile is never decremented
--- twice).
-CREATE FUNCTION pgcoord.janitor_lapse_permits(p_limit integer, p_actor text DEFAULT NULL)
+-- twice). The liveness test of the safety net is NOT EXISTS over sessions,
+-- planned as one anti-join, not a call of session_is_live per permit (a
+-- SECURITY DEFINER function is never inlined).
+CREATE FUNCTION pgcoord.janitor_lapse_permits(p_limit integer,
+	p_actor text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -711,11 +890,14 @@ DECLARE
 	v_locked text[];
 	v_n integer := 0;
 BEGIN
+	-- session_is_live, written out so the planner can join (see above)
 	SELECT coalesce(array_agg(DISTINCT p.owner_session), '{}') INTO v_sessions
 	FROM (SELECT p.owner_session FROM pgcoord.permits p
 	      WHERE p.owner_session IS NOT NULL AND p.state <> 'released'
 		AND (p.state = 'held' OR (p.state = 'uncertain' AND p.on_owner_loss = 'release'))
-		AND NOT pgcoord.session_is_live(p.owner_session)
+		AND NOT EXISTS (SELECT 1 FROM pgcoord.sessions s
+				WHERE s.id = p.owner_session AND s.closed_at IS NULL
+				  AND s.expires_at > now())
 	      LIMIT p_limit) p;
 	IF cardinality(v_sessions) > 0 THEN
 		v_n := v_n + pgcoord.permits_owner_lost(v_sessions, 'found no longer live by the janitor',
@@ -752,37 +934,4 @@ BEGIN
 	RETURN v_n;
 END $$;
 
--- --- conservation check ----------------------------------------------------
-
--- Guarantee 2, verified in one statement (one snapshot): per quota,
--- in_flight against the weights of its permits that are not released and
--- against the sum of its audit deltas; and in_flight over the limit, which
--- is a violation only if a permit was admitted after the limit was last set
--- (lowering a limit below in_flight is allowed and admits nothing).
-CREATE FUNCTION pgcoord.permits_check()
-RETURNS TABLE (key text, "limit" integer, in_flight bigint, permit_weights bigint,
-	audit_sum bigint, problem text)
-LANGUAGE sql STABLE AS $$
-	SELECT q.key::text, q."limit", q.in_flight, coalesce(w.s, 0)::bigint,
-	       coalesce(e.s, 0)::bigint,
-	       concat_ws('; ',
-		CASE WHEN q.in_flight <> coalesce(w.s, 0)
-		     THEN 'in_flight differs from the weights of its open permits' END,
-		CASE WHEN q.in_flight <> coalesce(e.s, 0)
-		     THEN 'in_flight differs from the sum of its audit deltas' END,
-		CASE WHEN q.in_flight > q."limit"
-			  AND (e.last_set IS NULL OR coalesce(e.last_admit, 0) > e.last_set)
-		     THEN 'in_flight exceeds the limit and a permit was admitted since it was set'
-		END)
-	FROM pgcoord.quotas q
-	LEFT JOIN (SELECT pq.key, sum(pq.weight) AS s
-		   FROM pgcoord.permit_quotas pq
-		   JOIN pgcoord.permits p ON p.id = pq.permit_id
-		   WHERE p.state <> 'released' GROUP BY pq.key) w ON w.key = q.key
-	LEFT JOIN (SELECT ev.key, sum(ev.delta) AS s,
-			  max(ev.id) FILTER (WHERE ev.delta > 0) AS last_admit,
-			  max(ev.id) FILTER (WHERE ev.event = 'limit_set') AS last_set
-		   FROM pgcoord.permit_events ev
-		   WHERE ev.key IS NOT NULL GROUP BY ev.key) e ON e.key = q.key
-	ORDER BY q.key
-$$;
+SELECT pgcoord.secure_functions();

@@ -38,6 +38,7 @@ CREATE TABLE pgcoord.records (
 	PRIMARY KEY (kind, key),
 	CHECK (terminal = (settled_at IS NOT NULL))
 );
+
 CREATE INDEX records_open_by_owner ON pgcoord.records (owner_session) WHERE NOT terminal;
 
 -- Every change of a record, in the same transaction as the change.
@@ -53,6 +54,7 @@ CREATE TABLE pgcoord.record_events (
 	state        text NOT NULL,
 	at           timestamptz NOT NULL DEFAULT now()
 );
+
 CREATE INDEX record_events_by_record ON pgcoord.record_events (kind, key, id);
 
 -- A record as the wire shows it: instants in database milliseconds, data
@@ -67,12 +69,6 @@ CREATE VIEW pgcoord.record_status AS
 	       pgcoord.ms(r.settled_at) AS settled_at, r.adopted_from,
 	       pgcoord.ms(r.adopted_at) AS adopted_at
 	FROM pgcoord.records r;
-
--- An instant as UTC ISO 8601 with milliseconds, for messages people read.
-CREATE FUNCTION pgcoord.iso_ms(ts timestamptz) RETURNS text
-LANGUAGE sql STABLE AS $$
-	SELECT to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-$$;
 
 -- Raises why p_session's write (p_verb) of (kind, key) could not happen:
 -- the record is missing, was adopted away from this session (fenced: by
@@ -260,8 +256,6 @@ BEGIN
 	WHERE s.kind = p_kind AND s.key = p_key;
 END $$;
 
--- --- recovery --------------------------------------------------------------
-
 -- What record_recover and record_recover_preview answer: one row per
 -- record (adopted, or that would be), with its permit as it is after the
 -- call; one row with NULL record columns when there is none. Every row
@@ -281,11 +275,14 @@ CREATE TYPE pgcoord.record_recovery AS (
 	permit_reason  text
 );
 
--- Adopts, for p_session, up to p_limit open records (of p_kinds, NULL: all)
--- whose owner session is not live by the database clock (guarantee 8).
--- Fails as a whole — adopting nothing — when liveness cannot be read.
+-- record_recover and its dry run, for the caller p_uid (NULL: an admin,
+-- every uid): only records whose dead owner had the caller's uid are
+-- adopted; other uids' dead owners' records count in left_alone, and
+-- remaining counts only what the caller could still take. A call takes no
+-- more records than fit a reply of p_max_bytes (the agent's reply budget):
+-- the rest count in remaining.
 CREATE FUNCTION pgcoord.record_recover(p_session bigint, p_kinds text[], p_limit integer,
-	p_actor text)
+	p_actor text, p_uid bigint, p_max_bytes bigint)
 RETURNS SETOF pgcoord.record_recovery
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -319,9 +316,25 @@ BEGIN
 	FROM (SELECT r.kind, r.key, r.owner_session FROM pgcoord.records r
 	      WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds))
 		AND NOT pgcoord.session_is_live(r.owner_session)
+		AND (p_uid IS NULL
+		     OR pgcoord.session_owner_uid(r.owner_session) IS NOT DISTINCT FROM p_uid)
 	      ORDER BY r.kind, r.key
 	      LIMIT p_limit
 	      FOR UPDATE OF r SKIP LOCKED) c;
+
+	-- 1b. The reply stays within p_max_bytes: candidates stop once their
+	-- data (and an allowance for the other fields and the permit) would
+	-- pass it; the first always goes. The others are left, counted in
+	-- remaining, for the next call.
+	SELECT coalesce(array_agg(t.kind ORDER BY t.ord), '{}'),
+	       coalesce(array_agg(t.key ORDER BY t.ord), '{}'),
+	       coalesce(array_agg(t.owner ORDER BY t.ord), '{}')
+	INTO v_c_kinds, v_c_keys, v_c_owners
+	FROM (SELECT c.kind, c.key, c.owner, c.ord,
+		     sum(coalesce(octet_length(r.data), 0) + 1536) OVER (ORDER BY c.ord) AS upto
+	      FROM unnest(v_c_kinds, v_c_keys, v_c_owners) WITH ORDINALITY AS c(kind, key, owner, ord)
+	      JOIN pgcoord.records r ON r.kind = c.kind AND r.key = c.key) t
+	WHERE t.upto <= p_max_bytes OR t.ord = 1;
 
 	IF cardinality(v_c_kinds) > 0 THEN
 		-- 2. Make each owner's death final before taking its work. A
@@ -346,7 +359,7 @@ BEGIN
 			-- recovery as the actor; the hook's own pass finds them done.
 			PERFORM pgcoord.permits_owner_lost(v_closed,
 				'owner session expired (found by record recovery)', p_actor);
-			PERFORM pgcoord.on_sessions_ended(v_closed, 'owner session expired');
+			PERFORM pgcoord.on_sessions_ended(v_closed, 'owner session expired', 'lapsed');
 		END IF;
 		SELECT coalesce(array_agg(s.id), '{}') INTO v_dead FROM pgcoord.sessions s
 		WHERE s.id = ANY (v_owners) AND s.closed_at IS NOT NULL;
@@ -408,14 +421,18 @@ BEGIN
 		v_a_keys := '{}';
 	END IF;
 
-	-- 5. What was left: live owners' records, and dead owners' records
+	-- 5. What was left: live owners' records and other uids' dead ones
+	-- (not the caller's to take), and the dead owners' records of its uid
 	-- this call did not take (past the limit, or a concurrent recovery's).
-	SELECT count(*) FILTER (WHERE pgcoord.session_is_live(r.owner_session)
-				   AND r.owner_session <> p_session),
-	       count(*) FILTER (WHERE NOT pgcoord.session_is_live(r.owner_session))
+	SELECT count(*) FILTER (WHERE (o.live AND o.owner_session <> p_session)
+				   OR (NOT o.live AND NOT o.mine)),
+	       count(*) FILTER (WHERE NOT o.live AND o.mine)
 	INTO v_left, v_remaining
-	FROM pgcoord.records r
-	WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds));
+	FROM (SELECT r.owner_session, pgcoord.session_is_live(r.owner_session) AS live,
+		     p_uid IS NULL OR pgcoord.session_owner_uid(r.owner_session)
+			IS NOT DISTINCT FROM p_uid AS mine
+	      FROM pgcoord.records r
+	      WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds))) o;
 
 	RETURN QUERY
 	SELECT pgcoord.ms(now()), v_left, v_remaining, s.*, p.state, p.phase, p.token,
@@ -426,25 +443,31 @@ BEGIN
 	ORDER BY s.kind, s.key;
 END $$;
 
--- What record_recover would adopt right now, changing nothing (dry run):
--- open records of dead owners by the database clock, up to p_limit.
--- p_session (may be NULL) is left out of left_alone, as in a recovery.
 CREATE FUNCTION pgcoord.record_recover_preview(p_session bigint, p_kinds text[],
-	p_limit integer)
+	p_limit integer, p_uid bigint, p_max_bytes bigint)
 RETURNS SETOF pgcoord.record_recovery
 LANGUAGE sql STABLE AS $$
 	WITH open AS (
 		SELECT r.kind, r.key, r.owner_session,
-		       pgcoord.session_is_live(r.owner_session) AS live
+		       pgcoord.session_is_live(r.owner_session) AS live,
+		       p_uid IS NULL OR pgcoord.session_owner_uid(r.owner_session)
+			  IS NOT DISTINCT FROM p_uid AS mine,
+		       coalesce(octet_length(r.data), 0) + 1536 AS reply_bytes
 		FROM pgcoord.records r
 		WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds))),
 	cand AS (
-		SELECT o.kind, o.key FROM open o WHERE NOT o.live
-		ORDER BY o.kind, o.key LIMIT p_limit),
+		SELECT c.kind, c.key
+		FROM (SELECT o.kind, o.key, row_number() OVER w AS ord,
+			     sum(o.reply_bytes) OVER w AS upto
+		      FROM open o WHERE NOT o.live AND o.mine
+		      WINDOW w AS (ORDER BY o.kind, o.key)
+		      ORDER BY o.kind, o.key LIMIT p_limit) c
+		WHERE c.upto <= p_max_bytes OR c.ord = 1),
 	totals AS (
-		SELECT count(*) FILTER (WHERE o.live AND o.owner_session
-					IS DISTINCT FROM p_session) AS left_alone,
-		       count(*) FILTER (WHERE NOT o.live) - (SELECT count(*) FROM cand)
+		SELECT count(*) FILTER (WHERE (o.live AND o.owner_session
+					IS DISTINCT FROM p_session)
+				       OR (NOT o.live AND NOT o.mine)) AS left_alone,
+		       count(*) FILTER (WHERE NOT o.live AND o.mine) - (SELECT count(*) FROM cand)
 			AS remaining
 		FROM open o)
 	SELECT pgcoord.ms(now()), t.left_alone, t.remaining, s.*, p.state, p.phase, p.token,
@@ -454,3 +477,5 @@ LANGUAGE sql STABLE AS $$
 	  ON (s.kind, s.key) IN (SELECT c.kind, c.key FROM cand c)
 	ORDER BY s.kind, s.key
 $$;
+
+SELECT pgcoord.secure_functions();

@@ -1,6 +1,6 @@
--- Waiting claims (issue 13 item 1): a claim with wait_ms > 0 that finds no
--- room joins one fleet-wide FIFO queue instead of being denied, and is
--- admitted inside the transaction that frees room for it.
+-- Waiting claims: a claim with wait_ms > 0 that finds no room joins one
+-- fleet-wide FIFO queue instead of being denied, and is admitted inside the
+-- transaction that frees room for it.
 --
 -- Order: a waiter's seq is drawn after its quota rows are locked, so on
 -- each quota seq order is the order the waiters queued. Strict FIFO with
@@ -13,24 +13,24 @@
 -- Hand-over: quotas.waiting counts the queued waiters of each quota. A
 -- trigger on quotas fires only when waiting > 0 and room grew (in_flight
 -- fell: a release of any kind; limit rose: quota.set or a claim's limit)
--- and admits what now fits, at the commit of the same transaction. A waiter that leaves
--- the queue unadmitted (cancel, expiry, session end) re-runs the hand-over
--- itself, since the waiters behind it may now be first in line.
+-- and admits what now fits, at the commit of the same transaction. A waiter
+-- that leaves the queue unadmitted (cancel, expiry, session end) re-runs
+-- the hand-over itself, since the waiters behind it may now be first in
+-- line.
 --
 -- No overtaking: while a quota has waiters, a second trigger makes every
 -- admission that raises in_flight skip the row (the claim's UPDATE then
 -- finds nothing: `denied`), except the hand-over itself, which says so in
 -- the transaction-local setting pgcoord.handing_over.
 --
--- Lock order as in 0003 (session rows, then quota rows in key order, then
--- permit rows). The hand-over runs while the freeing statement holds the
--- quota rows it changed, and locks the quota rows of each waiter it admits
--- in key order; a waiter holding several quotas can thus lock a quota with
--- a lower key than one already held. Two such transactions can deadlock:
--- Postgres detects it and aborts one, whose caller gets a retryable error
--- and whose retry finds what committed. Single-quota waiters never do.
-
-ALTER TABLE pgcoord.quotas ADD COLUMN IF NOT EXISTS waiting integer NOT NULL DEFAULT 0;
+-- Lock order as for permits (session rows, then quota rows in key order,
+-- then permit rows). The hand-over runs while the freeing statement holds
+-- the quota rows it changed, and locks the quota rows of each waiter it
+-- admits in key order; a waiter holding several quotas can thus lock a
+-- quota with a lower key than one already held. Two such transactions can
+-- deadlock: Postgres detects it and aborts one, whose caller gets a
+-- retryable error and whose retry finds what committed. Single-quota
+-- waiters never do.
 
 CREATE SEQUENCE pgcoord.waiter_seq;
 
@@ -55,9 +55,13 @@ CREATE TABLE pgcoord.waiters (
 	reason        text, -- why it expired
 	left_at       timestamptz
 );
+
 CREATE UNIQUE INDEX waiters_queued_id ON pgcoord.waiters (id) WHERE state = 'queued';
+
 CREATE INDEX waiters_by_session ON pgcoord.waiters (session);
+
 CREATE INDEX waiters_to_report ON pgcoord.waiters (replica) WHERE state <> 'queued';
+
 CREATE INDEX waiters_deadline ON pgcoord.waiters (replica, deadline_at) WHERE state = 'queued';
 
 -- 1 + the queued waiters before this one that share one of its quotas.
@@ -175,7 +179,7 @@ CREATE CONSTRAINT TRIGGER quotas_hand_over AFTER UPDATE OF in_flight, "limit" ON
 	EXECUTE FUNCTION pgcoord.quotas_hand_over();
 
 -- WAITING CLAIMS: nobody overtakes a queue. An immediate claim's counter
--- UPDATE (permit_claim, 0003) skips a quota row that has waiters, so the
+-- UPDATE (permit_claim) skips a quota row that has waiters, so the
 -- claim is `denied` even when its weight would fit. A BEFORE ROW trigger
 -- sees the latest row version under the row lock, as the claim's predicate
 -- does; the hand-over alone may raise in_flight past a queue.
@@ -223,7 +227,7 @@ BEGIN
 END $$;
 
 -- permit.claim with wait_ms > 0 for the caller p_uid: an immediate claim
--- (permit_claim_as, 0006) first; when it is denied, the claim queues and
+-- (permit_claim_as) first; when it is denied, the claim queues and
 -- the hand-over runs at once (room may have come between the denial and
 -- the queue's lock). Columns: permit_claim's, then the queue's. Statuses:
 -- permit_claim's, plus queued (position, queued_at, deadline_at;
@@ -368,30 +372,6 @@ BEGIN
 	       pgcoord.ms(now())
 	FROM d LEFT JOIN pgcoord.permits p ON p.id = d.id AND d.state = 'admitted'
 	ORDER BY d.seq;
-END $$;
-
--- Session end (0003's hook) now first takes the session's waiters out of
--- the queue, before its permits follow their owner: a slot its permits
--- free must not be handed to a waiter of the same dead session.
-CREATE OR REPLACE FUNCTION pgcoord.on_sessions_ended(p_ids bigint[], p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-	r record;
-BEGIN
-	FOR r IN SELECT w.seq FROM pgcoord.waiters w
-		 WHERE w.session = ANY (p_ids) AND w.state = 'queued' ORDER BY w.seq
-	LOOP
-		PERFORM pgcoord.waiter_leave(r.seq, NULL, NULL);
-	END LOOP;
-	DELETE FROM pgcoord.waiters w WHERE w.session = ANY (p_ids);
-	FOR r IN SELECT l.name, l.holder_session FROM pgcoord.leases l
-		 WHERE l.holder_session = ANY (p_ids) ORDER BY l.name
-	LOOP
-		PERFORM pgcoord.lease_release(r.name, r.holder_session, p_reason);
-	END LOOP;
-	PERFORM pgcoord.permits_owner_lost(p_ids, p_reason,
-		CASE WHEN p_reason = 'owner session expired' THEN pgcoord.janitor_actor() END);
 END $$;
 
 SELECT pgcoord.secure_functions();

@@ -1,9 +1,22 @@
--- Agents, their incarnations, and client sessions.
+-- Schema basics, agents and client sessions.
 --
 -- Liveness is judged by the database clock only: a session is live while it
 -- is not closed and its expires_at lies ahead of now(). Agents renew their
 -- own row and all their sessions in one statement per heartbeat
 -- (agent_heartbeat), so the cost of liveness is per host, not per session.
+--
+-- Every session carries the uid of the client that opened it (SO_PEERCRED,
+-- taken by the agent from the connection; no parameter names it). The uid
+-- is the principal: a session is resumed only by its uid (or an admin), and
+-- what a session owns (permits, retirements, records) answers to its uid,
+-- also after the session died, so a restarted replica running as the same
+-- user can take its work back.
+--
+-- Every pgcoord function is SECURITY DEFINER with a pinned search_path (see
+-- the security migration), so Postgres never inlines a LANGUAGE sql one: it
+-- would parse and plan its body again for every statement that calls it.
+-- The small helpers the hot path calls are therefore PL/pgSQL, which keeps
+-- its plans for the life of the connection.
 
 -- One fleet-wide sequence for fencing numbers: lease epochs, permit tokens,
 -- record tokens. Strictly increasing across every agent.
@@ -12,10 +25,22 @@ CREATE SEQUENCE pgcoord.token_seq;
 -- Database time as integer milliseconds since the epoch, the unit the wire
 -- protocol uses for every *_at field.
 CREATE FUNCTION pgcoord.ms(ts timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$ SELECT (extract(epoch FROM ts) * 1000)::bigint $$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+	RETURN (extract(epoch FROM ts) * 1000)::bigint;
+END $$;
 
 CREATE FUNCTION pgcoord.ms_interval(ms bigint) RETURNS interval
-LANGUAGE sql IMMUTABLE AS $$ SELECT ms * interval '1 millisecond' $$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+	RETURN ms * interval '1 millisecond';
+END $$;
+
+-- An instant as UTC ISO 8601 with milliseconds, for messages people read.
+CREATE FUNCTION pgcoord.iso_ms(ts timestamptz) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+$$;
 
 -- One row per replica_id, holding its current incarnation. A replica_id can
 -- be taken only when the holder stopped or its heartbeat lapsed (guarantee 9).
@@ -43,10 +68,43 @@ CREATE TABLE pgcoord.sessions (
 	closed_at    timestamptz,
 	close_reason text,
 	-- the agent's own session (its janitor candidacy), never a client's
-	internal     boolean NOT NULL DEFAULT false
+	internal     boolean NOT NULL DEFAULT false,
+	-- the uid of the client that opened it; never changes
+	owner_uid    bigint
 );
+
 CREATE INDEX sessions_open_by_agent ON pgcoord.sessions (replica_id, incarnation)
 	WHERE closed_at IS NULL;
+
+-- The janitor's sweep, once a second, costs what is open, not the past,
+-- and little per open row.
+--
+-- 1. Session expiry reads open sessions only.
+--
+-- Session rows stay after they close (nothing deletes them), so the table
+-- grows with every session a fleet ever opened. janitor_expire_sessions
+-- looks for open sessions past their expiry in id order; once PL/pgSQL
+-- settles on its generic plan (from the sixth call of a backend on), that
+-- plan walked the primary key through every row, closed ones included: a
+-- sweep a second whose cost grew with the fleet's whole past (50,202 rows
+-- read for 201 open sessions after 50,000 closed ones; janitor-scan).
+--
+-- This index holds the open sessions in id order, so the same statement
+-- reads only them. Its column (id) and its predicate (closed_at) are never
+-- changed by the heartbeat, which renews expires_at alone: the heartbeat's
+-- updates stay HOT and the index costs liveness nothing.
+CREATE INDEX sessions_open_by_id ON pgcoord.sessions (id) WHERE closed_at IS NULL;
+
+-- How a session ended, for what follows from it (on_sessions_ended):
+-- 'ended'  its client or its agent ended it (close, grace, stop, replaced);
+-- 'lapsed' its expiry passed with nobody renewing it: its agent stopped
+--          heartbeating (crashed, frozen, cut off), so nobody told its client.
+-- The reason text beside it is for the audit only; no decision reads it.
+CREATE TYPE pgcoord.session_end AS ENUM ('ended', 'lapsed');
+
+CREATE VIEW pgcoord.live_sessions AS
+	SELECT s.* FROM pgcoord.sessions s
+	WHERE s.closed_at IS NULL AND s.expires_at > now();
 
 -- Registers an incarnation. Succeeds when the replica_id is free, stopped,
 -- lapsed, already ours, or held by p_takeover (an incarnation the caller
@@ -102,7 +160,7 @@ BEGIN
 	SELECT coalesce(array_agg(id), '{}') INTO v_dead FROM dead;
 	IF cardinality(v_dead) > 0 THEN
 		-- defined by a later migration; PL/pgSQL resolves it at run time
-		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced');
+		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced', 'ended');
 	END IF;
 	RETURN QUERY SELECT true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken;
 END $$;
@@ -110,6 +168,8 @@ END $$;
 -- The heartbeat: renews the agent row and every listed session in one
 -- statement. A session that already lapsed is never revived — another
 -- replica may have acted on its death — so it is reported lost instead.
+-- The sessions it could not renew are a set difference (hashed), O(n) in
+-- the sessions of the agent, not a test of each against every renewed one.
 CREATE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
 	p_ttl_ms bigint, p_sessions bigint[])
 RETURNS TABLE (agent_ok boolean, lost bigint[], now_ms bigint)
@@ -133,30 +193,50 @@ BEGIN
 		SELECT coalesce(array_agg(id), '{}') INTO v_renewed FROM r;
 	END IF;
 	RETURN QUERY SELECT v_ok,
-		ARRAY(SELECT x FROM unnest(p_sessions) AS x WHERE NOT (x = ANY (v_renewed))),
+		ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_renewed)),
 		pgcoord.ms(now());
 END $$;
 
--- Opens a session for a current incarnation; no row when the incarnation
--- was superseded.
+-- Opens a session owned by p_owner_uid for a current incarnation; no row
+-- when the incarnation was superseded.
 CREATE FUNCTION pgcoord.session_open(p_replica_id text, p_incarnation bigint, p_name text,
-	p_ttl_ms bigint, p_internal boolean DEFAULT false)
+	p_ttl_ms bigint, p_internal boolean, p_owner_uid bigint)
 RETURNS TABLE (session_id bigint)
 LANGUAGE sql AS $$
-	INSERT INTO pgcoord.sessions (replica_id, incarnation, name, expires_at, internal)
+	INSERT INTO pgcoord.sessions (replica_id, incarnation, name, expires_at, internal,
+		owner_uid)
 	SELECT p_replica_id, p_incarnation, p_name, now() + pgcoord.ms_interval(p_ttl_ms),
-	       p_internal
+	       p_internal, p_owner_uid
 	WHERE EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
 			AND a.stopped_at IS NULL)
 	RETURNING id
 $$;
 
--- Re-attaches a session that is still live and belongs to this replica_id.
+-- Re-attaches a live session of this replica_id, for a current incarnation,
+-- for its own uid or for an admin (p_admin). No row: not resumable here.
+-- resumed = false: it exists but belongs to another uid, and nothing
+-- changed.
 CREATE FUNCTION pgcoord.session_resume(p_id bigint, p_replica_id text, p_incarnation bigint,
-	p_ttl_ms bigint)
-RETURNS TABLE (session_id bigint, name text)
-LANGUAGE sql AS $$
+	p_ttl_ms bigint, p_uid bigint, p_admin boolean)
+RETURNS TABLE (session_id bigint, name text, owner_uid bigint, resumed boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_owner bigint;
+	v_name text;
+BEGIN
+	SELECT s.owner_uid, s.name INTO v_owner, v_name FROM pgcoord.sessions s
+	WHERE s.id = p_id AND s.replica_id = p_replica_id AND NOT s.internal
+	  AND s.closed_at IS NULL AND s.expires_at > now();
+	IF NOT FOUND THEN
+		RETURN;
+	END IF;
+	-- owner_uid never changes, so this check cannot go stale
+	IF NOT p_admin AND v_owner IS DISTINCT FROM p_uid THEN
+		RETURN QUERY SELECT p_id, v_name, v_owner, false;
+		RETURN;
+	END IF;
+	RETURN QUERY
 	UPDATE pgcoord.sessions s
 	SET incarnation = p_incarnation, expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
 	WHERE s.id = p_id AND s.replica_id = p_replica_id AND NOT s.internal
@@ -164,33 +244,42 @@ LANGUAGE sql AS $$
 	  AND EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
 			AND a.stopped_at IS NULL)
-	RETURNING s.id, s.name
-$$;
-
-CREATE FUNCTION pgcoord.session_close(p_ids bigint[], p_incarnation bigint, p_reason text)
-RETURNS TABLE (session_id bigint)
-LANGUAGE sql AS $$
-	UPDATE pgcoord.sessions s SET closed_at = now(), close_reason = p_reason
-	WHERE s.id = ANY (p_ids) AND s.incarnation = p_incarnation AND s.closed_at IS NULL
-	RETURNING s.id
-$$;
-
--- Clean shutdown: every session of this incarnation closes and the
--- replica_id is free for a successor at once.
-CREATE FUNCTION pgcoord.agent_stop(p_replica_id text, p_incarnation bigint)
-RETURNS TABLE (closed_sessions bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_n bigint;
-BEGIN
-	UPDATE pgcoord.sessions SET closed_at = now(), close_reason = 'agent stopped'
-	WHERE replica_id = p_replica_id AND incarnation = p_incarnation AND closed_at IS NULL;
-	GET DIAGNOSTICS v_n = ROW_COUNT;
-	UPDATE pgcoord.agents SET stopped_at = now()
-	WHERE replica_id = p_replica_id AND incarnation = p_incarnation;
-	RETURN QUERY SELECT v_n;
+	RETURNING s.id, s.name, v_owner, true;
 END $$;
 
-CREATE VIEW pgcoord.live_sessions AS
-	SELECT s.* FROM pgcoord.sessions s
-	WHERE s.closed_at IS NULL AND s.expires_at > now();
+CREATE FUNCTION pgcoord.session_owner_uid(p_session bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+	RETURN (SELECT s.owner_uid FROM pgcoord.sessions s WHERE s.id = p_session);
+END $$;
+
+CREATE FUNCTION pgcoord.session_is_live(p_session bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+	RETURN EXISTS (SELECT 1 FROM pgcoord.sessions s
+		       WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now());
+END $$;
+
+-- Liveness for a write on behalf of p_session: the row is read under FOR
+-- KEY SHARE, and every path that ends a session locks its row FOR UPDATE
+-- first, so a concurrent close (agent stop, session.close, grace end,
+-- expiry, recovery) either commits first and is seen here, or waits until
+-- this transaction committed and then applies its consequences to what it
+-- wrote. Without the lock a close could slip between the check and the
+-- write, leaving a lease, permit or record taken by a session already
+-- closed. KEY SHARE and not SHARE: the heartbeat's renewal (a plain UPDATE
+-- of expires_at, which only ever extends liveness) must not wait for a
+-- write that is itself waiting, say a claim queued on a quota row someone
+-- holds; with SHARE, one such claim stalled the agent's heartbeat until
+-- every session of the agent was declared lost. Session rows are always
+-- locked before lease, quota, permit or record rows.
+CREATE FUNCTION pgcoord.session_lock_live(p_session bigint) RETURNS boolean
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+BEGIN
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+	FOR KEY SHARE;
+	RETURN FOUND;
+END $$;
+
+SELECT pgcoord.secure_functions();

@@ -16,7 +16,9 @@
 
 CREATE INDEX permits_released_at ON pgcoord.permits (released_at)
 	WHERE state = 'released';
+
 CREATE INDEX records_settled_at ON pgcoord.records (settled_at) WHERE terminal;
+
 CREATE INDEX lease_events_at ON pgcoord.lease_events (at);
 
 -- Released permits released before the horizon, with their quota shares and
@@ -24,17 +26,23 @@ CREATE INDEX lease_events_at ON pgcoord.lease_events (at);
 -- A released permit's audit deltas sum to zero on each of its quotas, so
 -- every in_flight still equals the sum of its audit deltas (guarantee 2).
 -- SKIP LOCKED: a permit some call holds right now is left for a later sweep.
+-- Deleting an admission already folded into permit_audit_totals together
+-- with a release not yet folded would break the totals, so a permit is
+-- purged only once all of its audit rows are folded.
 CREATE FUNCTION pgcoord.janitor_purge_permits(p_limit integer, p_keep_s integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_ids text[];
+	v_upto bigint := (SELECT h.folded_upto FROM pgcoord.permit_audit_horizon h);
 BEGIN
 	SELECT coalesce(array_agg(d.id), '{}') INTO v_ids
 	FROM (SELECT p.id FROM pgcoord.permits p
 	      WHERE p.state = 'released'
 		AND p.released_at < now() - make_interval(secs => p_keep_s)
 		AND NOT EXISTS (SELECT 1 FROM pgcoord.records r WHERE r.permit_id = p.id)
+		AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_events e
+				WHERE e.permit_id = p.id AND e.id > v_upto)
 	      ORDER BY p.released_at
 	      LIMIT p_limit
 	      FOR UPDATE OF p SKIP LOCKED) d;
@@ -81,3 +89,5 @@ LANGUAGE sql AS $$
 		RETURNING 1)
 	SELECT count(*)::integer FROM gone
 $$;
+
+SELECT pgcoord.secure_functions();

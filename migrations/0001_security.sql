@@ -9,13 +9,13 @@
 -- pg_temp cannot stand in for ours or for pg_catalog's; and PUBLIC may not
 -- execute it.
 --
--- CREATE OR REPLACE FUNCTION in a later migration resets those attributes,
--- and new functions start without them: pgcoord.secure_functions() applies
--- them to every function in the schema, and the migration runner calls it
--- after every run (the migrate tests check the result). Likewise
--- pgcoord.grant_runtime(role) grants what exists when it is called, so it is
--- called again after each migration (`pgcoord-agent migrate --runtime-role`
--- does both).
+-- New functions start without those attributes: pgcoord.secure_functions()
+-- applies them to every function in the schema. Every migration calls it
+-- last, in its own transaction, so a later failing migration cannot leave
+-- its functions bare, and the migration runner calls it after every run.
+-- Likewise pgcoord.grant_runtime(role) grants what exists when it is
+-- called, so `pgcoord-agent migrate --runtime-role` calls it after every
+-- run.
 
 CREATE FUNCTION pgcoord.secure_functions()
 RETURNS integer
@@ -67,5 +67,3 @@ BEGIN
 		       'pgcoord.permit_quotas, pgcoord.permit_events, pgcoord.permit_status, '
 		       'pgcoord.quota_status, pgcoord.record_status TO %I', p_role);
 END $$;
-
-SELECT pgcoord.secure_functions();

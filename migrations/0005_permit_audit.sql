@@ -1,12 +1,9 @@
--- permit.check costs what is open, not the past (issue 10).
+-- permit.check costs what is open, not the past.
 --
--- permits_check() (0003) summed every audit row of every quota and joined
--- every permit ever claimed, so with 1 M released permits it outlived
--- query_timeout_ms. It now reads the quotas, the permits that are not
--- released (through the partial index permits_open_by_owner), per-quota
--- audit totals folded by the janitor, and the audit rows after the fold.
--- It checks the same three things; no audit row is deleted by folding, so
--- permit.history answers as before.
+-- permits_check() reads the quotas, the permits that are not released
+-- (through the partial index permits_open_by_owner), per-quota audit totals
+-- folded by the janitor, and the audit rows after the fold. No audit row is
+-- deleted by folding, so permit.history sees the whole trail.
 --
 -- Folding is safe only behind a horizon no transaction can still write
 -- before. An audit row's id comes from a sequence when it is inserted, and
@@ -30,6 +27,7 @@ CREATE TABLE pgcoord.permit_audit_horizon (
 	pending_xmax xid8,
 	folded_at    timestamptz
 );
+
 INSERT INTO pgcoord.permit_audit_horizon DEFAULT VALUES;
 
 -- Per quota, over its audit rows with id <= folded_upto: the sum of the
@@ -42,11 +40,11 @@ CREATE TABLE pgcoord.permit_audit_totals (
 );
 
 -- Folds at most p_limit * 100 audit ids per call, so that a backlog (the
--- whole history, at the first sweeps after this migration) goes in short
--- transactions, well within the janitor's query timeout. Returns how many audit rows it folded.
+-- whole history of a large table) goes in short transactions, well within
+-- the janitor's query timeout. Returns how many audit rows it folded.
 CREATE FUNCTION pgcoord.janitor_fold_audit(p_limit integer)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
 	v_h pgcoord.permit_audit_horizon;
 	v_to bigint;
@@ -91,18 +89,19 @@ BEGIN
 	WHERE one;
 	RETURN v_n;
 END $$;
--- (the cost a disabled sequential scan adds must not make a small query
--- worth compiling: JIT took 0.4 s of a 1 ms check)
-ALTER FUNCTION pgcoord.janitor_fold_audit(integer) SET enable_seqscan = off SET jit = off;
 
--- 0003's check with the audit side read from the totals plus the rows
--- after folded_upto (one statement: one snapshot, which sees a fold whole
--- or not at all). Sequential scans are off: the planner cannot know that
+-- Guarantee 2, verified in one statement (one snapshot, which sees a fold
+-- whole or not at all): per quota, in_flight against the weights of its
+-- permits that are not released and against the sum of its audit deltas
+-- (the folded totals plus the rows after folded_upto); and in_flight over
+-- the limit, which is a violation only if a permit was admitted after the
+-- limit was last set (lowering a limit below in_flight is allowed and
+-- admits nothing). Sequential scans are off: the planner cannot know that
 -- folded_upto is near the end of the audit, nor may it read every permit.
-CREATE OR REPLACE FUNCTION pgcoord.permits_check()
+CREATE FUNCTION pgcoord.permits_check()
 RETURNS TABLE (key text, "limit" integer, in_flight bigint, permit_weights bigint,
 	audit_sum bigint, problem text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET enable_seqscan = off SET jit = off AS $$
 	SELECT q.key::text, q."limit", q.in_flight, coalesce(w.s, 0)::bigint,
 	       (coalesce(f.delta_sum, 0) + coalesce(e.s, 0))::bigint,
 	       concat_ws('; ',
@@ -132,37 +131,5 @@ LANGUAGE sql STABLE AS $$
 		   GROUP BY ev.key) e ON e.key = q.key
 	ORDER BY q.key
 $$;
-ALTER FUNCTION pgcoord.permits_check() SET enable_seqscan = off SET jit = off;
-
--- Retention (0005) deletes a released permit with its audit rows. Its
--- deltas sum to zero on each quota, so deleting them all keeps both the
--- totals and the unfolded rows right, but deleting an admission already
--- folded together with a release not yet folded would not: a permit is
--- purged only once all of its audit rows are folded.
-CREATE OR REPLACE FUNCTION pgcoord.janitor_purge_permits(p_limit integer, p_keep_s integer)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_ids text[];
-	v_upto bigint := (SELECT h.folded_upto FROM pgcoord.permit_audit_horizon h);
-BEGIN
-	SELECT coalesce(array_agg(d.id), '{}') INTO v_ids
-	FROM (SELECT p.id FROM pgcoord.permits p
-	      WHERE p.state = 'released'
-		AND p.released_at < now() - make_interval(secs => p_keep_s)
-		AND NOT EXISTS (SELECT 1 FROM pgcoord.records r WHERE r.permit_id = p.id)
-		AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_events e
-				WHERE e.permit_id = p.id AND e.id > v_upto)
-	      ORDER BY p.released_at
-	      LIMIT p_limit
-	      FOR UPDATE OF p SKIP LOCKED) d;
-	IF cardinality(v_ids) = 0 THEN
-		RETURN 0;
-	END IF;
-	DELETE FROM pgcoord.permit_events e WHERE e.permit_id = ANY (v_ids);
-	DELETE FROM pgcoord.permit_quotas pq WHERE pq.permit_id = ANY (v_ids);
-	DELETE FROM pgcoord.permits p WHERE p.id = ANY (v_ids);
-	RETURN cardinality(v_ids);
-END $$;
 
 SELECT pgcoord.secure_functions();
