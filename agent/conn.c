@@ -16,6 +16,7 @@
 
 #include "agent/agent.h"
 #include "agent/dispatch.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 #include "proto/codec.h"
 
@@ -140,7 +141,7 @@ void conn_notify(struct conn *c, const char *method,
 	if (fill)
 		fill(&pk, arg);
 	else
-		msgpack_pack_map(&pk, 0);
+		reply_pack_empty(&pk);
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 }

@@ -14,6 +14,8 @@
 #include "agent/lease_belief.h"
 #include "agent/lease_registry.h"
 #include "agent/leases.h"
+#include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/sessions.h"
 
@@ -72,27 +74,39 @@ void fill_change(msgpack_packer *pk, void *arg)
 	const struct change_note *n = arg;
 	uint64_t now = mono_ms();
 	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
-	msgpack_pack_map(pk, n->renewed ? 5 : 8);
-	pgc_pack_kv_str(pk, "name", n->l->name);
-	pgc_pack_kv_int(pk, "epoch", n->l->epoch);
-	pgc_pack_kv_bool(pk, "leader", n->leader);
-	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_str(&m, "name", n->l->name);
+	reply_kv_int(&m, "epoch", n->l->epoch);
+	reply_kv_bool(&m, "leader", n->leader);
+	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
 	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
 	 * this host shares: it bounds the client's belief even when this
 	 * message waited in our output after valid_ms was computed */
-	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
-	if (n->renewed)
+	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
+	if (n->renewed) {
+		reply_map_end(&m);
 		return;
-	pgc_pack_kv_int(pk, "session", n->l->session_id);
-	pgc_pack_cstr(pk, "holder");
-	if (n->holder_session) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", n->holder_session);
-		pgc_pack_kv_str(pk, "replica_id", n->holder_replica);
-	} else {
-		msgpack_pack_nil(pk);
 	}
-	pgc_pack_kv_str(pk, "reason", n->reason);
+	reply_kv_int(&m, "session", n->l->session_id);
+	lease_pack_holder(reply_key(&m, "holder"), n->holder_session, n->holder_replica);
+	reply_kv_str(&m, "reason", n->reason);
+	reply_map_end(&m);
+}
+
+void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
+{
+	struct reply_map m;
+
+	if (!session) {
+		msgpack_pack_nil(pk);
+		return;
+	}
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "session", session);
+	reply_kv_str(&m, "replica_id", replica);
+	reply_map_end(&m);
 }
 
 static void tell(struct lease *l, const char *method, struct change_note *note)
@@ -172,34 +186,32 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	attempt(l);
 }
 
+/* The columns of the lease_acquire statement (attempt). */
+enum { LA_LEADER, LA_EPOCH, LA_HOLDER_SESSION, LA_HOLDER_REPLICA, LA_EXPIRES_IN_MS, LA__COUNT };
+
 void reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
 {
 	uint64_t now = mono_ms();
-	msgpack_packer *pk = req_result(req);
 	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
-	msgpack_pack_map(pk, 9);
-	pgc_pack_kv_str(pk, "name", l->name);
-	pgc_pack_kv_bool(pk, "leader", l->leader);
-	pgc_pack_kv_int(pk, "epoch", l->epoch);
-	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
-	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
-	pgc_pack_kv_bool(pk, "campaigning", !l->leader && l->wait);
-	pgc_pack_kv_int(pk, "ttl_ms", l->ttl_ms);
-	pgc_pack_cstr(pk, "holder");
-	if (r && r->ok && !PQgetisnull(r->res, 0, 2)) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", strtoll(PQgetvalue(r->res, 0, 2), NULL, 10));
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, 0, 3));
-	} else if (l->leader) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", l->session_id);
-		pgc_pack_kv_str(pk, "replica_id", l->ag->cfg.replica_id);
-	} else {
-		msgpack_pack_nil(pk);
-	}
-	pgc_pack_kv_int(
-	    pk, "expires_in_ms",
-	    r && r->ok && PQntuples(r->res) ? strtoll(PQgetvalue(r->res, 0, 4), NULL, 10) : 0);
+	bool answered = r && r->ok && PQntuples(r->res);
+	struct reply_map m;
+
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "name", l->name);
+	reply_kv_bool(&m, "leader", l->leader);
+	reply_kv_int(&m, "epoch", l->epoch);
+	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
+	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
+	reply_kv_bool(&m, "campaigning", !l->leader && l->wait);
+	reply_kv_int(&m, "ttl_ms", l->ttl_ms);
+	if (answered && !pgrow_null(r->res, 0, LA_HOLDER_SESSION))
+		lease_pack_holder(reply_key(&m, "holder"), pgrow_int(r->res, 0, LA_HOLDER_SESSION),
+				  pgrow_text(r->res, 0, LA_HOLDER_REPLICA));
+	else
+		lease_pack_holder(reply_key(&m, "holder"), l->leader ? l->session_id : 0,
+				  l->ag->cfg.replica_id);
+	reply_kv_int(&m, "expires_in_ms", answered ? pgrow_int(r->res, 0, LA_EXPIRES_IN_MS) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -218,10 +230,12 @@ static void attempt_done(const struct db_result *r, void *arg)
 		lease_settled(l);
 		return;
 	}
-	if (!r->ok || PQntuples(r->res) != 1) {
+	if (!r->ok || PQntuples(r->res) != 1 || !pgrow_has_cols(r->res, LA__COUNT)) {
 		if (req) {
 			if (r->ok)
-				req_fail(req, PGC_E_INTERNAL, "lease_acquire returned no row");
+				req_fail(req, PGC_E_INTERNAL,
+					 "lease_acquire returned %d rows of %d columns",
+					 PQntuples(r->res), PQnfields(r->res));
 			else
 				req_fail_db(req, r);
 		}
@@ -235,8 +249,8 @@ static void attempt_done(const struct db_result *r, void *arg)
 			 (uint64_t)(l->leader ? l->renew_ms / 3 : ag->cfg.lease_retry_ms));
 		return;
 	}
-	bool won = strcmp(PQgetvalue(r->res, 0, 0), "t") == 0;
-	int64_t epoch = strtoll(PQgetvalue(r->res, 0, 1), NULL, 10);
+	bool won = pgrow_bool(r->res, 0, LA_LEADER);
+	int64_t epoch = pgrow_int(r->res, 0, LA_EPOCH);
 	if (won) {
 		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
 		bool was = l->leader;
@@ -258,9 +272,8 @@ static void attempt_done(const struct db_result *r, void *arg)
 		}
 		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
 	} else {
-		const char *holder_replica = PQgetvalue(r->res, 0, 3);
-		int64_t holder =
-		    PQgetisnull(r->res, 0, 2) ? 0 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+		const char *holder_replica = pgrow_text(r->res, 0, LA_HOLDER_REPLICA);
+		int64_t holder = pgrow_int(r->res, 0, LA_HOLDER_SESSION);
 		if (l->leader)
 			belief_end(l, LOG_LEVEL_WARN, "the lease is held by another session",
 				   holder, holder_replica);

@@ -89,11 +89,27 @@ struct change_note {
 #define LEASE_COLUMNS                                                                              \
 	"SELECT name, epoch, holder_session, holder_replica, "                                     \
 	"greatest(pgcoord.ms(expires_at) - pgcoord.ms(now()), 0), ttl_ms, "                        \
-	"pgcoord.ms(acquired_at), pgcoord.ms(renewed_at), "                                        \
+	"coalesce(pgcoord.ms(acquired_at), 0), coalesce(pgcoord.ms(renewed_at), 0), "              \
 	"holder_session IS NOT NULL AND expires_at > now() "                                       \
 	"FROM pgcoord.leases "
 
+/* The columns of LEASE_COLUMNS, for reading them by name. */
+enum {
+	LC_NAME,
+	LC_EPOCH,
+	LC_HOLDER_SESSION,
+	LC_HOLDER_REPLICA,
+	LC_EXPIRES_IN_MS,
+	LC_TTL_MS,
+	LC_ACQUIRED_AT,
+	LC_RENEWED_AT,
+	LC_HELD,
+};
+
 /* lease_campaign.c */
+/* A lease's holder as the wire spells it: {session, replica_id}, or nil
+ * when session is 0 (nobody holds it). */
+void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
 struct lease_registry *reg(struct agent *ag);
 struct lease *find(struct agent *ag, const char *name, int64_t session_id);
 void lease_free(struct lease *l);

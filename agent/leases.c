@@ -14,6 +14,8 @@
 #include "agent/dispatch.h"
 #include "agent/lease_registry.h"
 #include "agent/methods.h"
+#include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/sessions.h"
 
@@ -111,16 +113,23 @@ void rpc_lease_acquire(struct request *req)
 
 /* --- lease.release --------------------------------------------------- */
 
+/* What lease.release keeps for its callback. */
+struct release_call {
+	struct lease *tomb; /* holds the name while the release runs, or NULL */
+};
+
 static void released(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct lease *tomb = req->ctx;
+	/* settled after the answer, which frees the request's context */
+	struct lease *tomb = ((const struct release_call *)req->ctx)->tomb;
 	if (!r->ok) {
 		req_fail_db(req, r);
 	} else {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 1);
-		pgc_pack_kv_bool(pk, "released", strcmp(PQgetvalue(r->res, 0, 0), "t") == 0);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_bool(&m, "released", pgrow_bool(r->res, 0, 0));
+		reply_map_end(&m);
 		req_done(req);
 	}
 	if (tomb)
@@ -147,6 +156,11 @@ void rpc_lease_release(struct request *req)
 		free(name);
 		return;
 	}
+	struct release_call *call = req_ctx_alloc(req, sizeof(*call), NULL);
+	if (!call) {
+		free(name);
+		return;
+	}
 	/* a dying lease of its own holds the name while the release runs */
 	struct lease *tomb = calloc(1, sizeof(*tomb));
 	if (tomb && (tomb->name = strdup(name)) != NULL) {
@@ -159,7 +173,7 @@ void rpc_lease_release(struct request *req)
 		free(tomb);
 		tomb = NULL;
 	}
-	req->ctx = tomb;
+	call->tomb = tomb;
 	snprintf(session, sizeof(session), "%" PRId64, session_id);
 	const char *params[3] = {name, session, "released by holder"};
 	if (!req_query(req, "SELECT released FROM pgcoord.lease_release($1, $2, $3)", 3, params,
@@ -171,11 +185,26 @@ void rpc_lease_release(struct request *req)
 
 /* --- lease.status / lease.list --------------------------------------- */
 
+/* The cells of a lease row as they go on the wire; the holder and the
+ * belief are added around them by pack_lease_row. */
+static const struct reply_col lease_cols[] = {
+    {"name", REPLY_STR, LC_NAME, 0},
+    {"epoch", REPLY_INT, LC_EPOCH, 0},
+    {"holder_session", REPLY_HIDDEN, LC_HOLDER_SESSION, 0},
+    {"holder_replica", REPLY_HIDDEN, LC_HOLDER_REPLICA, 0},
+    {"expires_in_ms", REPLY_INT, LC_EXPIRES_IN_MS, 0},
+    {"ttl_ms", REPLY_INT, LC_TTL_MS, 0},
+    {"acquired_at", REPLY_INT, LC_ACQUIRED_AT, 0},
+    {"renewed_at", REPLY_INT, LC_RENEWED_AT, 0},
+    {"held", REPLY_HIDDEN, LC_HELD, 0},
+};
+static const struct reply_kind lease_row = REPLY_KIND(lease_cols);
+
 static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresult *res, int i)
 {
 	uint64_t now = mono_ms();
-	int64_t holder = PQgetisnull(res, i, 2) ? 0 : strtoll(PQgetvalue(res, i, 2), NULL, 10);
-	bool held = strcmp(PQgetvalue(res, i, 8), "t") == 0;
+	int64_t holder = pgrow_int(res, i, LC_HOLDER_SESSION);
+	bool held = pgrow_bool(res, i, LC_HELD);
 	/*
 	 * A caller with a session hears its own belief. One without (an
 	 * operator's pgcoordctl) hears this agent's belief for the holding
@@ -183,26 +212,17 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	 * otherwise it would read "leader false" for a lease this host leads.
 	 */
 	int64_t believer = req->conn->session ? req->conn->session->id : held ? holder : 0;
-	struct lease *mine = believer ? find(req->ag, PQgetvalue(res, i, 0), believer) : NULL;
+	struct lease *mine = believer ? find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
+	struct reply_map m;
 
-	msgpack_pack_map(pk, 9);
-	pgc_pack_kv_str(pk, "name", PQgetvalue(res, i, 0));
-	pgc_pack_kv_int(pk, "epoch", strtoll(PQgetvalue(res, i, 1), NULL, 10));
-	pgc_pack_cstr(pk, "holder");
-	if (held) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", holder);
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(res, i, 3));
-	} else {
-		msgpack_pack_nil(pk);
-	}
-	pgc_pack_kv_int(pk, "expires_in_ms", strtoll(PQgetvalue(res, i, 4), NULL, 10));
-	pgc_pack_kv_int(pk, "ttl_ms", strtoll(PQgetvalue(res, i, 5), NULL, 10));
-	pgc_pack_kv_int(pk, "acquired_at", strtoll(PQgetvalue(res, i, 6), NULL, 10));
-	pgc_pack_kv_int(pk, "renewed_at", strtoll(PQgetvalue(res, i, 7), NULL, 10));
-	pgc_pack_kv_bool(pk, "leader", believe);
-	pgc_pack_kv_int(pk, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
+	reply_map_begin(&m, pk);
+	reply_kv_row(&m, &lease_row, res, i, 0);
+	lease_pack_holder(reply_key(&m, "holder"), held ? holder : 0,
+			  pgrow_text(res, i, LC_HOLDER_REPLICA));
+	reply_kv_bool(&m, "leader", believe);
+	reply_kv_int(&m, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
+	reply_map_end(&m);
 }
 
 static void status_done(const struct db_result *r, void *arg)
@@ -212,6 +232,8 @@ static void status_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_are(req, &lease_row, r->res, 0))
+		return;
 	if (PQntuples(r->res) == 0) {
 		char *name = NULL;
 		const msgpack_object *o = pgc_map_get(req->params, "name");
@@ -281,15 +303,17 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
+	if (!req_rows_are(req, &lease_row, r->res, 0) ||
+	    !req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
 		return;
 	int n = PQntuples(r->res);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_cstr(pk, "leases");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, "leases");
 	msgpack_pack_array(pk, (size_t)n);
 	for (int i = 0; i < n; i++)
 		pack_lease_row(req, pk, r->res, i);
+	reply_map_end(&m);
 	req_done(req);
 }
 

@@ -70,6 +70,14 @@ void reply_pack_row(msgpack_packer *pk, const struct reply_kind *kind, const PGr
 		pack_cell(pk, &kind->cols[i], res, row, offset);
 }
 
+void reply_pack_empty(msgpack_packer *pk)
+{
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_map_end(&m);
+}
+
 /* The nested buffer's writer: remembers a failed write so that the map
  * is not sent with a count its bytes do not have. */
 static int map_write(void *data, const char *buf, size_t len)
@@ -146,6 +154,13 @@ void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGre
 	m->n += reply_kind_entries(kind);
 	for (size_t i = 0; i < kind->n; i++)
 		pack_cell(&m->pk, &kind->cols[i], res, row, offset);
+}
+
+void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind)
+{
+	for (size_t i = 0; i < kind->n; i++)
+		if (kind->cols[i].type != REPLY_HIDDEN)
+			reply_kv_nil(m, kind->cols[i].name);
 }
 
 void reply_map_end(struct reply_map *m)

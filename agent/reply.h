@@ -84,8 +84,13 @@ void reply_kv_nil(struct reply_map *m, const char *key);
 /* The entries of one row of a kind, its columns shifted by offset. */
 void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGresult *res, int row,
 		  int offset);
+/* The keys of a kind, each nil: the row does not exist. */
+void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind);
 /* Writes the map header with the count and the entries to out. */
 void reply_map_end(struct reply_map *m);
+
+/* {} (no entries), e.g. a notification without params. */
+void reply_pack_empty(msgpack_packer *pk);
 
 /* One row of a kind as a map of its own (no builder needed: the table
  * knows its size). */
