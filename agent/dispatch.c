@@ -13,7 +13,7 @@
 #include "agent/methods.h"
 #include "agent/reply.h"
 #include "agent/metrics.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 /*
  * Every method and its authorisation class (PROTOCOL.md, "Who may call

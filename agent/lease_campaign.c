@@ -17,16 +17,16 @@
 #include "agent/pgrow.h"
 #include "agent/reply.h"
 #include "agent/session_order.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
-struct lease_registry *reg(struct agent *ag)
+struct lease_registry *lease_reg(struct agent *ag)
 {
 	return ag->leases;
 }
 
-struct lease *find(struct agent *ag, const char *name, int64_t session_id)
+struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id)
 {
-	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+	for (struct lease *l = lease_reg(ag)->leases; l; l = l->next)
 		if (!l->dead && l->session_id == session_id && strcmp(l->name, name) == 0)
 			return l;
 	return NULL;
@@ -46,7 +46,7 @@ void lease_free(struct lease *l)
  * statement returns. */
 void lease_drop(struct lease *l)
 {
-	struct lease_registry *rg = reg(l->ag);
+	struct lease_registry *rg = lease_reg(l->ag);
 	struct lease **pp = &rg->leases;
 	while (*pp && *pp != l)
 		pp = &(*pp)->next;
@@ -69,7 +69,7 @@ static void after_ms(struct event *ev, uint64_t ms)
 	evtimer_add(ev, &tv);
 }
 
-void fill_change(msgpack_packer *pk, void *arg)
+void lease_fill_change(msgpack_packer *pk, void *arg)
 {
 	const struct change_note *n = arg;
 	uint64_t now = mono_ms();
@@ -113,7 +113,7 @@ static void tell(struct lease *l, const char *method, struct change_note *note)
 {
 	struct session *s = sessions_find(l->ag, l->session_id);
 	if (s && s->conn)
-		conn_notify(s->conn, method, fill_change, note);
+		conn_notify(s->conn, method, lease_fill_change, note);
 }
 
 /* The lease name is the client's: escaped, so it cannot forge a line. */
@@ -139,8 +139,8 @@ static void belief_start(struct lease *l)
 }
 
 /* level: warn when leadership was lost, info when it was given up. */
-void belief_end(struct lease *l, enum log_level level, const char *reason, int64_t holder_session,
-		const char *holder_replica)
+void lease_end_belief(struct lease *l, enum log_level level, const char *reason,
+		      int64_t holder_session, const char *holder_replica)
 {
 	struct change_note note = {l, false, reason, holder_session, holder_replica, false};
 	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
@@ -165,8 +165,9 @@ static void belief_timer_cb(evutil_socket_t fd, short what, void *arg)
 			after_ms(l->belief_timer, l->belief_until - mono_ms());
 		return;
 	}
-	belief_end(l, LOG_LEVEL_WARN,
-		   "renewal overdue: the database did not confirm the lease in time", 0, NULL);
+	lease_end_belief(l, LOG_LEVEL_WARN,
+			 "renewal overdue: the database did not confirm the lease in time", 0,
+			 NULL);
 	if (!l->wait) {
 		lease_drop(l);
 		return;
@@ -183,13 +184,13 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	struct lease *l = arg;
 	(void)fd;
 	(void)what;
-	attempt(l);
+	lease_attempt(l);
 }
 
-/* The columns of the lease_acquire statement (attempt). */
+/* The columns of the lease_acquire statement (lease_attempt). */
 enum { LA_LEADER, LA_EPOCH, LA_HOLDER_SESSION, LA_HOLDER_REPLICA, LA_EXPIRES_IN_MS, LA__COUNT };
 
-void reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
+void lease_reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
 {
 	uint64_t now = mono_ms();
 	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
@@ -255,9 +256,9 @@ static void attempt_done(const struct db_result *r, void *arg)
 		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
 		bool was = l->leader;
 		if (was && epoch != l->epoch)
-			belief_end(l, LOG_LEVEL_WARN,
-				   "the lease lapsed and was re-acquired under a new epoch", 0,
-				   NULL);
+			lease_end_belief(l, LOG_LEVEL_WARN,
+					 "the lease lapsed and was re-acquired under a new epoch",
+					 0, NULL);
 		l->epoch = epoch;
 		if (until > now) {
 			l->belief_until = until;
@@ -275,21 +276,21 @@ static void attempt_done(const struct db_result *r, void *arg)
 		const char *holder_replica = pgrow_text(r->res, 0, LA_HOLDER_REPLICA);
 		int64_t holder = pgrow_int(r->res, 0, LA_HOLDER_SESSION);
 		if (l->leader)
-			belief_end(l, LOG_LEVEL_WARN, "the lease is held by another session",
-				   holder, holder_replica);
+			lease_end_belief(l, LOG_LEVEL_WARN, "the lease is held by another session",
+					 holder, holder_replica);
 		l->epoch = epoch;
 		if (l->wait)
 			after_ms(l->timer, (uint64_t)ag->cfg.lease_retry_ms);
 	}
 	if (req)
-		reply_acquire(req, l, r);
+		lease_reply_acquire(req, l, r);
 	if (!l->leader && !l->wait && !l->dead)
 		lease_drop(l);
 }
 
 /* One acquire-or-renew statement. Renewals of a held lease go on the
  * heartbeat connection so they never queue behind client traffic. */
-void attempt(struct lease *l)
+void lease_attempt(struct lease *l)
 {
 	struct agent *ag = l->ag;
 	char session[24], inc[24], ttl[24];
@@ -338,8 +339,8 @@ struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, 
 		lease_free(l);
 		return NULL;
 	}
-	l->next = reg(ag)->leases;
-	reg(ag)->leases = l;
+	l->next = lease_reg(ag)->leases;
+	lease_reg(ag)->leases = l;
 	return l;
 }
 
@@ -353,27 +354,27 @@ bool leases_campaign_internal(struct agent *ag, const char *name, int64_t sessio
 		return false;
 	l->wait = true;
 	l->on_change = on_change;
-	attempt(l);
+	lease_attempt(l);
 	return true;
 }
 
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
 {
-	struct lease *l = find(ag, name, session_id);
+	struct lease *l = lease_find(ag, name, session_id);
 	return l && lease_belief_holds(l->leader, l->belief_until, mono_ms());
 }
 
 void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,
 			   enum log_level level)
 {
-	struct lease_registry *r = reg(ag);
+	struct lease_registry *r = lease_reg(ag);
 	if (!r)
 		return;
 	for (struct lease *l = r->leases, *next; l; l = next) {
 		next = l->next;
 		if (l->session_id != session_id)
 			continue;
-		belief_end(l, level, reason, 0, NULL);
+		lease_end_belief(l, level, reason, 0, NULL);
 		lease_drop(l);
 	}
 	for (struct lease_watch **pp = &r->watches; *pp;) {
@@ -390,11 +391,11 @@ void leases_session_ending(struct agent *ag, int64_t session_id, const char *rea
 
 void leases_end_all(struct agent *ag, const char *reason)
 {
-	struct lease_registry *r = reg(ag);
+	struct lease_registry *r = lease_reg(ag);
 	if (!r)
 		return;
 	while (r->leases) {
-		belief_end(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
+		lease_end_belief(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
 		lease_drop(r->leases);
 	}
 }
@@ -430,7 +431,7 @@ bool leases_start(struct agent *ag)
 
 void leases_finish(struct agent *ag)
 {
-	struct lease_registry *rg = reg(ag);
+	struct lease_registry *rg = lease_reg(ag);
 	if (!rg)
 		return;
 	while (rg->leases) {

@@ -17,7 +17,7 @@
 #include "agent/pgrow.h"
 #include "agent/reply.h"
 #include "agent/session_order.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 #define LEASE_TTL_MIN 1000
 #define LEASE_TTL_MAX 600000
@@ -33,7 +33,7 @@ static bool read_name(struct request *req, char **name)
 static int campaigns_of(struct agent *ag, int64_t session_id)
 {
 	int n = 0;
-	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+	for (struct lease *l = lease_reg(ag)->leases; l; l = l->next)
 		n += !l->dead && l->session_id == session_id && l->wait && !l->leader;
 	return n;
 }
@@ -76,7 +76,7 @@ void rpc_lease_acquire(struct request *req)
 		free(name);
 		return;
 	}
-	l = find(ag, name, session_id);
+	l = lease_find(ag, name, session_id);
 	/* each waiting campaign polls the database until won: a session may
 	 * keep only so many */
 	if (wait && !(l && (l->wait || l->leader)) &&
@@ -92,12 +92,12 @@ void rpc_lease_acquire(struct request *req)
 		free(name);
 		l->wait = wait;
 		if (l->leader || l->in_flight || l->pending) {
-			reply_acquire(req, l, NULL);
+			lease_reply_acquire(req, l, NULL);
 			return;
 		}
 		evtimer_del(l->timer);
 		l->pending = req;
-		attempt(l);
+		lease_attempt(l);
 		return;
 	}
 	l = lease_new(ag, name, session_id, (int)ttl, (int)renew);
@@ -108,7 +108,7 @@ void rpc_lease_acquire(struct request *req)
 	}
 	l->wait = wait;
 	l->pending = req;
-	attempt(l);
+	lease_attempt(l);
 }
 
 /* --- lease.release --------------------------------------------------- */
@@ -146,9 +146,9 @@ void rpc_lease_release(struct request *req)
 	if (!read_name(req, &name))
 		return;
 	/* belief ends before the hand-back is even sent */
-	l = find(ag, name, session_id);
+	l = lease_find(ag, name, session_id);
 	if (l) {
-		belief_end(l, LOG_LEVEL_INFO, "released by its holder", 0, NULL);
+		lease_end_belief(l, LOG_LEVEL_INFO, "released by its holder", 0, NULL);
 		lease_drop(l);
 	}
 	/* ...which goes after the lease's statement still running */
@@ -167,8 +167,8 @@ void rpc_lease_release(struct request *req)
 		tomb->ag = ag;
 		tomb->session_id = session_id;
 		tomb->dead = tomb->in_flight = true;
-		tomb->next = reg(ag)->dying;
-		reg(ag)->dying = tomb;
+		tomb->next = lease_reg(ag)->dying;
+		lease_reg(ag)->dying = tomb;
 	} else {
 		free(tomb);
 		tomb = NULL;
@@ -212,7 +212,8 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	 * otherwise it would read "leader false" for a lease this host leads.
 	 */
 	int64_t believer = req->conn->session ? req->conn->session->id : held ? holder : 0;
-	struct lease *mine = believer ? find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
+	struct lease *mine =
+	    believer ? lease_find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
 	struct reply_map m;
 
@@ -267,7 +268,7 @@ void rpc_lease_status(struct request *req)
 		}
 		bool known = false;
 		int watched = 0;
-		for (struct lease_watch *w = reg(ag)->watches; w; w = w->next) {
+		for (struct lease_watch *w = lease_reg(ag)->watches; w; w = w->next) {
 			if (w->session_id != req->conn->session->id)
 				continue;
 			watched++;
@@ -285,8 +286,8 @@ void rpc_lease_status(struct request *req)
 		struct lease_watch *w = known ? NULL : calloc(1, sizeof(*w));
 		if (w && (w->name = strdup(name)) != NULL) {
 			w->session_id = req->conn->session->id;
-			w->next = reg(ag)->watches;
-			reg(ag)->watches = w;
+			w->next = lease_reg(ag)->watches;
+			lease_reg(ag)->watches = w;
 		} else {
 			free(w);
 		}

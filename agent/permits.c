@@ -58,7 +58,7 @@ struct claim_quota {
 };
 
 /* Frees what a call points to; the request frees the call. */
-static void call_free(void *ctx)
+static void permit_call_free(void *ctx)
 {
 	struct permit_call *call = ctx;
 
@@ -450,7 +450,7 @@ const struct group_kind permit_claim_group_kind = {
 void rpc_permit_claim(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	const char *intent = NULL;
 	size_t intent_len = 0;
 	bool has_intent = false, has_limit = false;
@@ -561,7 +561,7 @@ static void updated(const struct db_result *r, void *arg)
 
 void rpc_permit_update(struct request *req)
 {
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	int phase = 0;
 	char session[24], actor[256];
 
@@ -600,7 +600,7 @@ static void marked(const struct db_result *r, void *arg)
 
 void rpc_permit_mark_uncertain(struct request *req)
 {
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *reason = NULL;
 	char session[24], actor[256];
 
@@ -648,7 +648,7 @@ static void resolved(const struct db_result *r, void *arg)
 void rpc_permit_resolve(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *evidence = NULL;
 	int outcome = 0;
 	char session[24], actor[256], uid[24];
@@ -739,7 +739,7 @@ const struct group_kind permit_release_group_kind = {
 
 void rpc_permit_release(struct request *req)
 {
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *reason = NULL;
 	char session[24] = "", actor[256], uid[24];
 
@@ -890,7 +890,7 @@ static void got(const struct db_result *r, void *arg)
 
 void rpc_permit_get(struct request *req)
 {
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	if (!call)
 		return;
 	if (!param_id(req, &call->id))
@@ -966,7 +966,7 @@ void rpc_permit_list(struct request *req)
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	if (!call) {
 		free(quota);
 		return;
@@ -1049,7 +1049,7 @@ static void history_done(const struct db_result *r, void *arg)
 
 void rpc_permit_history(struct request *req)
 {
-	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	if (!call)
 		return;
 	if (!param_id(req, &call->id))

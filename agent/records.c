@@ -67,7 +67,7 @@ struct record_call {
 };
 
 /* Frees what a call points to; the request frees the call. */
-static void call_free(void *ctx)
+static void record_call_free(void *ctx)
 {
 	struct record_call *call = ctx;
 
@@ -75,9 +75,9 @@ static void call_free(void *ctx)
 	free(call->key);
 }
 
-static struct record_call *call_new(struct request *req)
+static struct record_call *record_call_new(struct request *req)
 {
-	return req_ctx_alloc(req, sizeof(struct record_call), call_free);
+	return req_ctx_alloc(req, sizeof(struct record_call), record_call_free);
 }
 
 /* The audit trail's actor for a call made through a session. */
@@ -201,7 +201,7 @@ static void put_done(const struct db_result *r, void *arg)
 
 void rpc_record_put(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL, *permit = NULL, *data_hex = NULL;
 	const char *data = NULL;
 	size_t data_len = 0;
@@ -249,7 +249,7 @@ static void written(const struct db_result *r, void *arg)
 
 void rpc_record_update(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL, *data_hex = NULL;
 	const char *data = NULL;
 	size_t data_len = 0;
@@ -297,7 +297,7 @@ fail:
 
 void rpc_record_settle(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL;
 	bool has_token = false, lost = false;
 	int64_t token = 0, sid = 0;
@@ -341,7 +341,7 @@ static void got(const struct db_result *r, void *arg)
 
 void rpc_record_get(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	if (!call)
 		return;
 	if (!param_kind_key(req, call))
@@ -427,7 +427,7 @@ void rpc_record_list(struct request *req)
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
-	struct record_call *call = req_ctx_alloc(req, sizeof(*call), call_free);
+	struct record_call *call = req_ctx_alloc(req, sizeof(*call), record_call_free);
 	if (!call) {
 		free(kind);
 		return;
@@ -670,7 +670,7 @@ static void recovered(const struct db_result *r, void *arg)
 void rpc_record_recover(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *kinds = NULL;
 	int64_t limit = RECORD_RECOVER_DEFAULT;
 	bool dry_run = false;

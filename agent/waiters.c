@@ -33,24 +33,24 @@ struct waiter_registry {
 	uint64_t admitted, expired; /* notifications pushed */
 };
 
-static struct waiter_registry *reg(const struct agent *ag)
+static struct waiter_registry *waiter_reg(const struct agent *ag)
 {
 	return ag->waiters;
 }
 
 int waiters_count(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->count : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->count : 0;
 }
 
 uint64_t waiters_admitted_total(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->admitted : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->admitted : 0;
 }
 
 uint64_t waiters_expired_total(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->expired : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->expired : 0;
 }
 
 /* Forgets id of session_id; false when it was not tracked. */
@@ -71,7 +71,7 @@ static bool forget(struct waiter_registry *rg, const char *id, int64_t session_i
 
 void waiters_track(struct agent *ag, const char *id, int64_t session_id)
 {
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	if (!rg)
 		return;
 	for (struct waiter *w = rg->list; w; w = w->next)
@@ -135,8 +135,8 @@ static void cancelled(const struct db_result *r, void *arg)
 				 outcome);
 		} else {
 			bool gone = pgrow_bool(res, 0, PC_GONE);
-			if (gone && reg(req->ag))
-				forget(reg(req->ag), call->id, call->session_id);
+			if (gone && waiter_reg(req->ag))
+				forget(waiter_reg(req->ag), call->id, call->session_id);
 			struct reply_map m;
 			reply_map_begin(&m, req_result(req));
 			reply_kv_str(&m, "id", call->id);
@@ -221,7 +221,7 @@ static void fill_expired(msgpack_packer *pk, void *arg)
 static void poll_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 
 	if (!rg)
 		return; /* the agent is exiting */
@@ -274,7 +274,7 @@ static void prune(struct agent *ag, struct waiter_registry *rg)
 static void poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct agent *ag = arg;
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	(void)fd;
 	(void)what;
 
@@ -306,7 +306,7 @@ bool waiters_start(struct agent *ag)
 
 void waiters_finish(struct agent *ag)
 {
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	if (!rg)
 		return;
 	while (rg->list) {

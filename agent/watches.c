@@ -59,7 +59,7 @@ struct watch_registry {
 	uint64_t polls; /* statements sent */
 };
 
-static struct watch_registry *reg(const struct agent *ag)
+static struct watch_registry *watch_reg(const struct agent *ag)
 {
 	return ag->watches;
 }
@@ -84,12 +84,12 @@ static void watch_free(struct watch *w)
 
 int watches_count(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->count : 0;
+	return watch_reg(ag) ? watch_reg(ag)->count : 0;
 }
 
 uint64_t watches_polls(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->polls : 0;
+	return watch_reg(ag) ? watch_reg(ag)->polls : 0;
 }
 
 /* --- the methods ------------------------------------------------------ */
@@ -97,7 +97,7 @@ uint64_t watches_polls(const struct agent *ag)
 static void watch_method(struct request *req, enum watch_kind kind, const char *param)
 {
 	struct agent *ag = req->ag;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	int64_t session_id = req->conn->session->id;
 	struct watch *found = NULL;
 	char *target = NULL;
@@ -170,7 +170,7 @@ void rpc_record_watch(struct request *req)
 
 void rpc_watch_cancel(struct request *req)
 {
-	struct watch_registry *rg = reg(req->ag);
+	struct watch_registry *rg = watch_reg(req->ag);
 	int64_t id = 0;
 	bool cancelled = false;
 
@@ -455,7 +455,7 @@ static void poll_record(struct watch *w, struct conn *c, const PGresult *res,
 static void poll_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	struct rowref *rows = NULL;
 	size_t n;
 
@@ -574,7 +574,7 @@ static void prune(struct agent *ag, struct watch_registry *rg)
 static void poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct agent *ag = arg;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	char *lits[WATCH__COUNT] = {NULL};
 	bool ok = true;
 	(void)fd;
@@ -600,7 +600,7 @@ static void poll_cb(evutil_socket_t fd, short what, void *arg)
 
 void watches_each_quota(const struct agent *ag, watches_quota_fn fn, void *arg)
 {
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	if (!rg)
 		return;
 	for (struct watch *w = rg->list; w; w = w->next) {
@@ -649,7 +649,7 @@ bool watches_start(struct agent *ag)
 
 void watches_finish(struct agent *ag)
 {
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	if (!rg)
 		return;
 	while (rg->list) {
