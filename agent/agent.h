@@ -23,6 +23,7 @@ struct lease_registry;
 struct janitor;
 struct metrics;
 struct heartbeat_hooks;
+struct conn_hooks;
 struct http;
 struct watch_registry;
 struct waiter_registry;
@@ -58,7 +59,8 @@ struct agent {
 	struct logger log;
 	struct db *db;
 	struct listener *listener;
-	struct conn *conns; /* every open client connection */
+	struct conn *conns;		     /* every open client connection */
+	const struct conn_hooks *conn_hooks; /* main.c's: frames to dispatch, closes to sessions */
 	int nconns;
 	uint64_t next_conn_id;	  /* for log correlation */
 	struct session *sessions; /* every session this incarnation holds */

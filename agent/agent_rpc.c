@@ -14,6 +14,7 @@
 #include "agent/leases.h"
 #include "agent/methods.h"
 #include "agent/migrate.h"
+#include "agent/reply.h"
 
 void rpc_agent_hello(struct request *req)
 {
@@ -22,22 +23,24 @@ void rpc_agent_hello(struct request *req)
 	if (!req_param_str(req, "client", false, 200, &client))
 		return;
 	free(client);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 6);
-	pgc_pack_kv_str(pk, "agent", "pgcoord-agent");
-	pgc_pack_kv_str(pk, "version", PGCOORD_VERSION_STRING);
-	pgc_pack_kv_int(pk, "protocol", PGC_PROTOCOL_VERSION);
-	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
-	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
-	pgc_pack_kv_int(pk, "max_message_bytes", ag->cfg.max_message_bytes);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "agent", "pgcoord-agent");
+	reply_kv_str(&m, "version", PGCOORD_VERSION_STRING);
+	reply_kv_int(&m, "protocol", PGC_PROTOCOL_VERSION);
+	reply_kv_str(&m, "replica_id", ag->cfg.replica_id);
+	reply_kv_int(&m, "incarnation", ag->id.incarnation);
+	reply_kv_int(&m, "max_message_bytes", ag->cfg.max_message_bytes);
+	reply_map_end(&m);
 	req_done(req);
 }
 
 void rpc_agent_ping(struct request *req)
 {
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_kv_bool(pk, "pong", true);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "pong", true);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -58,26 +61,27 @@ static const char *state_name(enum agent_state st)
 
 /* What the database server said about failover (replication.h): known
  * fields are nil until a connection was checked. */
-static void pack_replication(msgpack_packer *pk, const struct replication_view *v)
+static void pack_replication(msgpack_packer *out, const struct replication_view *v)
 {
 	char detail[512];
+	struct reply_map m;
 
 	replication_describe(v, detail, sizeof(detail));
-	pgc_pack_cstr(pk, "replication");
-	msgpack_pack_map(pk, 6);
-	pgc_pack_kv_str(pk, "failover", replication_failover_word(v));
-	pgc_pack_kv_str(pk, "detail", detail);
+	reply_map_begin(&m, out);
+	reply_kv_str(&m, "failover", replication_failover_word(v));
+	reply_kv_str(&m, "detail", detail);
 	if (v->checked) {
-		pgc_pack_kv_str(pk, "server", v->server);
-		pgc_pack_kv_str(pk, "synchronous_standby_names", v->standby_names);
-		pgc_pack_kv_str(pk, "synchronous_commit", v->synchronous_commit);
-		pgc_pack_kv_int(pk, "sync_standbys", v->sync_standbys);
+		reply_kv_str(&m, "server", v->server);
+		reply_kv_str(&m, "synchronous_standby_names", v->standby_names);
+		reply_kv_str(&m, "synchronous_commit", v->synchronous_commit);
+		reply_kv_int(&m, "sync_standbys", v->sync_standbys);
 	} else {
-		pgc_pack_kv_nil(pk, "server");
-		pgc_pack_kv_nil(pk, "synchronous_standby_names");
-		pgc_pack_kv_nil(pk, "synchronous_commit");
-		pgc_pack_kv_nil(pk, "sync_standbys");
+		reply_kv_nil(&m, "server");
+		reply_kv_nil(&m, "synchronous_standby_names");
+		reply_kv_nil(&m, "synchronous_commit");
+		reply_kv_nil(&m, "sync_standbys");
 	}
+	reply_map_end(&m);
 }
 
 void rpc_agent_status(struct request *req)
@@ -87,33 +91,34 @@ void rpc_agent_status(struct request *req)
 	struct db_stats st;
 
 	db_get_stats(ag->db, &st);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 25);
-	pgc_pack_kv_str(pk, "replica_id", ag->cfg.replica_id);
-	pgc_pack_kv_int(pk, "incarnation", ag->id.incarnation);
-	pgc_pack_kv_str(pk, "host", ag->id.host);
-	pgc_pack_kv_int(pk, "pid", getpid());
-	pgc_pack_kv_str(pk, "version", PGCOORD_VERSION_STRING);
-	pgc_pack_kv_str(pk, "state", state_name(ag->state));
-	pgc_pack_kv_str(pk, "db", db_lane_up(ag->db, DB_LANE_REQUESTS) ? "up" : "down");
-	pgc_pack_kv_bool(pk, "registered", ag->id.registered);
-	pgc_pack_kv_int(pk, "schema_version", ag->id.schema_version);
-	pgc_pack_kv_int(pk, "schema_required", migrate_latest_version());
-	pgc_pack_kv_int(pk, "sessions", ag->nsessions);
-	pgc_pack_kv_int(pk, "connections", ag->nconns);
-	pgc_pack_kv_int(pk, "leases_held", leases_held_count(ag));
-	pgc_pack_kv_bool(pk, "janitor", janitor_active(ag));
-	pgc_pack_kv_int(pk, "uptime_ms", (int64_t)(now - ag->started_ms));
-	pgc_pack_kv_int(pk, "last_heartbeat_ms_ago",
-			ag->id.registered ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
-	pgc_pack_kv_int(pk, "db_reconnects", (int64_t)st.reconnects);
-	pgc_pack_kv_int(pk, "db_queries", (int64_t)st.queries);
-	pgc_pack_kv_int(pk, "db_failures", (int64_t)st.failures);
-	pgc_pack_kv_int(pk, "watches", watches_count(ag));
-	pgc_pack_kv_int(pk, "watch_polls", (int64_t)watches_polls(ag));
-	pgc_pack_kv_int(pk, "waiters", waiters_count(ag));
-	pgc_pack_kv_int(pk, "db_standby_refusals", (int64_t)st.standby_refusals);
-	pgc_pack_kv_int(pk, "db_sync_waits_cancelled", (int64_t)st.sync_waits_cancelled);
-	pack_replication(pk, db_replication(ag->db));
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "replica_id", ag->cfg.replica_id);
+	reply_kv_int(&m, "incarnation", ag->id.incarnation);
+	reply_kv_str(&m, "host", ag->id.host);
+	reply_kv_int(&m, "pid", getpid());
+	reply_kv_str(&m, "version", PGCOORD_VERSION_STRING);
+	reply_kv_str(&m, "state", state_name(ag->state));
+	reply_kv_str(&m, "db", db_lane_up(ag->db, DB_LANE_REQUESTS) ? "up" : "down");
+	reply_kv_bool(&m, "registered", ag->id.registered);
+	reply_kv_int(&m, "schema_version", ag->id.schema_version);
+	reply_kv_int(&m, "schema_required", migrate_latest_version());
+	reply_kv_int(&m, "sessions", ag->nsessions);
+	reply_kv_int(&m, "connections", ag->nconns);
+	reply_kv_int(&m, "leases_held", leases_held_count(ag));
+	reply_kv_bool(&m, "janitor", janitor_active(ag));
+	reply_kv_int(&m, "uptime_ms", (int64_t)(now - ag->started_ms));
+	reply_kv_int(&m, "last_heartbeat_ms_ago",
+		     ag->id.registered ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
+	reply_kv_int(&m, "db_reconnects", (int64_t)st.reconnects);
+	reply_kv_int(&m, "db_queries", (int64_t)st.queries);
+	reply_kv_int(&m, "db_failures", (int64_t)st.failures);
+	reply_kv_int(&m, "watches", watches_count(ag));
+	reply_kv_int(&m, "watch_polls", (int64_t)watches_polls(ag));
+	reply_kv_int(&m, "waiters", waiters_count(ag));
+	reply_kv_int(&m, "db_standby_refusals", (int64_t)st.standby_refusals);
+	reply_kv_int(&m, "db_sync_waits_cancelled", (int64_t)st.sync_waits_cancelled);
+	pack_replication(reply_key(&m, "replication"), db_replication(ag->db));
+	reply_map_end(&m);
 	req_done(req);
 }

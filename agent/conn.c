@@ -15,8 +15,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
-#include "agent/dispatch.h"
-#include "agent/sessions.h"
+#include "agent/reply.h"
 #include "proto/codec.h"
 
 /* Below this a drained read buffer is kept for the next frame. */
@@ -57,7 +56,8 @@ void conn_close(struct conn *c, const char *why)
 	c->closed = true;
 	snprintf(kv, sizeof(kv), "conn=%llu", (unsigned long long)c->id);
 	log_write(&ag->log, LOG_LEVEL_DEBUG, "conn", kv, "closed: %s", why);
-	sessions_detach(ag, c);
+	if (ag->conn_hooks)
+		ag->conn_hooks->closing(ag, c);
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	event_free(c->deadline_timer);
@@ -140,7 +140,7 @@ void conn_notify(struct conn *c, const char *method,
 	if (fill)
 		fill(&pk, arg);
 	else
-		msgpack_pack_map(&pk, 0);
+		reply_pack_empty(&pk);
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 }
@@ -344,7 +344,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 			break;
 		}
 		c->frame_started_ms = 0;
-		dispatch_frame(c, (const char *)c->rbuf + c->rpos, frame_len);
+		c->ag->conn_hooks->frame(c, (const char *)c->rbuf + c->rpos, frame_len);
 		if (c->closed)
 			break;
 		c->rpos += frame_len;

@@ -52,6 +52,17 @@ struct conn {
  * admin_group. */
 bool conn_peer_is_admin(const struct agent *ag, uid_t uid, gid_t gid);
 
+/*
+ * What a connection hands upward, set by main.c in struct agent: each
+ * complete frame to dispatch, and a closing connection to the session
+ * registry (its session enters its grace period). conn.c includes
+ * neither, so the request path's dependencies point one way.
+ */
+struct conn_hooks {
+	void (*frame)(struct conn *c, const char *data, size_t len);
+	void (*closing)(struct agent *ag, struct conn *c);
+};
+
 /* Takes ownership of fd. NULL (fd not closed) on failure. */
 struct conn *conn_create(struct agent *ag, int fd);
 

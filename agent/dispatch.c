@@ -11,8 +11,9 @@
 #include "agent/agent.h"
 #include "agent/conn.h"
 #include "agent/methods.h"
+#include "agent/reply.h"
 #include "agent/metrics.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 /*
  * Every method and its authorisation class (PROTOCOL.md, "Who may call
@@ -192,6 +193,9 @@ static void req_count(struct request *req, int outcome)
 static void req_free(struct request *req)
 {
 	struct conn *c = req->conn;
+	if (req->ctx && req->ctx_free)
+		req->ctx_free(req->ctx);
+	free(req->ctx);
 	msgpack_unpacked_destroy(&req->unpacked);
 	msgpack_sbuffer_destroy(&req->out);
 	free(req->frame);
@@ -308,6 +312,32 @@ bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_p
 		 "less headroom); %s",
 		 req->method->name, budget, how_to_page);
 	return false;
+}
+
+bool req_rows_are(struct request *req, const struct reply_kind *kind, const PGresult *res,
+		  int offset)
+{
+	if (reply_kind_fits(kind, res, offset))
+		return true;
+	req_fail(req, PGC_E_INTERNAL, "%s: a statement answered %d columns where %d were expected",
+		 req->method->name, res ? PQnfields(res) : -1, offset + reply_kind_width(kind));
+	return false;
+}
+
+void *req_ctx_alloc(struct request *req, size_t size, void (*free_fn)(void *ctx))
+{
+	/* one context per request: a second would leak the first */
+	if (req->ctx) {
+		req_fail(req, PGC_E_INTERNAL, "%s: a second request context", req->method->name);
+		return NULL;
+	}
+	req->ctx = calloc(1, size);
+	if (!req->ctx) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return NULL;
+	}
+	req->ctx_free = free_fn;
+	return req->ctx;
 }
 
 bool req_need_session(struct request *req)
@@ -660,16 +690,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 			 req->method->name, (unsigned)c->uid);
 		return;
 	}
-	if ((req->method->flags & M_SESSION) && !c->session) {
-		if (c->lost_session)
-			req_fail(req, PGC_E_SESSION_EXPIRED,
-				 "session %lld is no longer live; open a new one",
-				 (long long)c->lost_session);
-		else
-			req_fail(req, PGC_E_NO_SESSION,
-				 "%s needs a session: call session.open first", req->method->name);
+	if ((req->method->flags & M_SESSION) && !req_need_session(req))
 		return;
-	}
 	if ((req->method->flags & M_DB) && !(req->method->flags & M_DB_DOWN_OK) &&
 	    (!ag->id.registered || !db_lane_up(ag->db, DB_LANE_REQUESTS))) {
 		req_fail(req, PGC_E_UNAVAILABLE, "the database is unreachable; retry");

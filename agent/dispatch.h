@@ -33,8 +33,10 @@ struct request {
 	msgpack_sbuffer out;
 	msgpack_packer pk;
 	bool result_started;
-	int64_t target_id; /* the object a handler works on, for its db callback */
-	void *ctx;	   /* handler state for its db callbacks; the handler frees it */
+	/* the handler's state for its callbacks (req_ctx_alloc), freed with
+	 * the request */
+	void *ctx;
+	void (*ctx_free)(void *ctx);
 	uint64_t started_ms;
 	struct timespec started_ts; /* CLOCK_MONOTONIC arrival, for the latency metrics */
 };
@@ -82,6 +84,15 @@ bool dispatch_key_listed(const char *list, const char *key, size_t len);
  * method=lease.acquire session=42" (session only when the connection has
  * one). */
 void req_log_kv(const struct request *req, char *buf, size_t len);
+
+/*
+ * The handler's state for its callbacks, the one way a handler carries
+ * anything to them: size bytes, zeroed, owned by the request and freed
+ * when it ends (req_done/req_fail), after free_fn (may be NULL) has freed
+ * what the state points to. Read it back as req->ctx; do not use it after
+ * answering. NULL after answering `internal` when out of memory.
+ */
+void *req_ctx_alloc(struct request *req, size_t size, void (*free_fn)(void *ctx));
 
 /* Starts the success reply and returns the packer for the result object. */
 msgpack_packer *req_result(struct request *req);
@@ -134,8 +145,16 @@ size_t req_reply_budget(const struct request *req);
  */
 bool req_rows_fit(struct request *req, const PGresult *res, const char *how_to_page);
 
-/* For calls that need a session only sometimes: true when the connection
- * has one, else answers `no_session`/`session_expired` like dispatch does. */
+/* True when res has the columns of its row kind (after offset leading
+ * ones); otherwise answers `internal` and returns false. Checked before
+ * any packing, so a reply is never built from a misread statement. */
+struct reply_kind;
+bool req_rows_are(struct request *req, const struct reply_kind *kind, const PGresult *res,
+		  int offset);
+
+/* True when the connection has a session, else answers `no_session` or
+ * `session_expired`: the one session check, for M_SESSION methods (by
+ * dispatch) and for calls that need a session only sometimes. */
 bool req_need_session(struct request *req);
 
 /* True when s[0..len) is well-formed UTF-8 (what Postgres accepts as text). */

@@ -9,14 +9,34 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 
-static void pack_nullable_ms(msgpack_packer *pk, const char *key, const PGresult *res, int row,
-			     int col)
+static const struct reply_col agent_cols[] = {
+    {"replica_id", REPLY_STR, 0, 0},   {"incarnation", REPLY_INT, 1, 0},
+    {"host", REPLY_STR, 2, 0},	       {"pid", REPLY_INT, 3, 0},
+    {"version", REPLY_STR, 4, 0},      {"started_at", REPLY_INT, 5, 0},
+    {"heartbeat_at", REPLY_INT, 6, 0}, {"expires_at", REPLY_INT, 7, 0},
+    {"stopped_at", REPLY_INT, 8, 0},   {"live", REPLY_BOOL, 9, 0},
+    {"now_at", REPLY_HIDDEN, 10, 0},
+};
+static const struct reply_kind agent_row = REPLY_KIND(agent_cols);
+
+/* A fleet list: {<key>: [rows], now_at}, now_at read from column now_col
+ * so that a client can show ages by the database clock. */
+static void pack_rows(struct request *req, const char *key, const struct reply_kind *kind,
+		      const PGresult *res, int now_col)
 {
-	if (PQgetisnull(res, row, col))
-		pgc_pack_kv_nil(pk, key);
-	else
-		pgc_pack_kv_int(pk, key, pgrow_int(res, row, col));
+	int n = PQntuples(res);
+	struct reply_map m;
+
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, key);
+	msgpack_pack_array(pk, (size_t)n);
+	for (int i = 0; i < n; i++)
+		reply_pack_row(pk, kind, res, i, 0);
+	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, now_col) : 0);
+	reply_map_end(&m);
+	req_done(req);
 }
 
 static void agents_done(const struct db_result *r, void *arg)
@@ -26,26 +46,8 @@ static void agents_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	int n = PQntuples(r->res);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_cstr(pk, "agents");
-	msgpack_pack_array(pk, (size_t)n);
-	for (int i = 0; i < n; i++) {
-		msgpack_pack_map(pk, 10);
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, i, 0));
-		pgc_pack_kv_int(pk, "incarnation", pgrow_int(r->res, i, 1));
-		pgc_pack_kv_str(pk, "host", PQgetvalue(r->res, i, 2));
-		pgc_pack_kv_int(pk, "pid", pgrow_int(r->res, i, 3));
-		pgc_pack_kv_str(pk, "version", PQgetvalue(r->res, i, 4));
-		pgc_pack_kv_int(pk, "started_at", pgrow_int(r->res, i, 5));
-		pgc_pack_kv_int(pk, "heartbeat_at", pgrow_int(r->res, i, 6));
-		pgc_pack_kv_int(pk, "expires_at", pgrow_int(r->res, i, 7));
-		pack_nullable_ms(pk, "stopped_at", r->res, i, 8);
-		pgc_pack_kv_bool(pk, "live", strcmp(PQgetvalue(r->res, i, 9), "t") == 0);
-	}
-	pgc_pack_kv_int(pk, "now_at", PQntuples(r->res) ? pgrow_int(r->res, 0, 10) : 0);
-	req_done(req);
+	if (req_rows_are(req, &agent_row, r->res, 0))
+		pack_rows(req, "agents", &agent_row, r->res, 10);
 }
 
 void rpc_fleet_agents(struct request *req)
@@ -58,6 +60,19 @@ void rpc_fleet_agents(struct request *req)
 		  0, NULL, agents_done);
 }
 
+static const struct reply_col session_cols[] = {
+    {"session", REPLY_INT, 0, 0},
+    {"name", REPLY_STR, 1, 0},
+    {"replica_id", REPLY_STR, 2, 0},
+    {"incarnation", REPLY_INT, 3, 0},
+    {"opened_at", REPLY_INT, 4, 0},
+    {"expires_at", REPLY_INT, 5, 0},
+    {"now_at", REPLY_HIDDEN, 6, 0},
+    /* nil: opened before owners were recorded */
+    {"owner_uid", REPLY_INT, 7, 0},
+};
+static const struct reply_kind session_row = REPLY_KIND(session_cols);
+
 static void sessions_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -65,25 +80,8 @@ static void sessions_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	int n = PQntuples(r->res);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_cstr(pk, "sessions");
-	msgpack_pack_array(pk, (size_t)n);
-	for (int i = 0; i < n; i++) {
-		msgpack_pack_map(pk, 7);
-		pgc_pack_kv_int(pk, "session", pgrow_int(r->res, i, 0));
-		pgc_pack_kv_str(pk, "name", PQgetvalue(r->res, i, 1));
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, i, 2));
-		pgc_pack_kv_int(pk, "incarnation", pgrow_int(r->res, i, 3));
-		pgc_pack_kv_int(pk, "opened_at", pgrow_int(r->res, i, 4));
-		pgc_pack_kv_int(pk, "expires_at", pgrow_int(r->res, i, 5));
-		/* nil: opened before owners were recorded */
-		pgrow_kv_int(pk, "owner_uid", r->res, i, 7);
-	}
-	/* now_at lets a client show ages by the database clock */
-	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(r->res, 0, 6) : 0);
-	req_done(req);
+	if (req_rows_are(req, &session_row, r->res, 0))
+		pack_rows(req, "sessions", &session_row, r->res, 6);
 }
 
 void rpc_fleet_sessions(struct request *req)

@@ -22,6 +22,7 @@
 #include "agent/leases.h"
 #include "agent/migrate.h"
 #include "agent/notify.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 
 #define REGISTER_RETRY_MS 250
@@ -101,9 +102,11 @@ static void arm_fence(struct agent *ag, uint64_t at)
 static void fill_session_event(msgpack_packer *pk, void *arg)
 {
 	const int64_t *v = arg; /* session id, safe_ms */
-	msgpack_pack_map(pk, 2);
-	pgc_pack_kv_int(pk, "session", v[0]);
-	pgc_pack_kv_int(pk, "safe_ms", v[1]);
+	struct reply_map m;
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "session", v[0]);
+	reply_kv_int(&m, "safe_ms", v[1]);
+	reply_map_end(&m);
 }
 
 static void tell_sessions(struct agent *ag, const char *method, int64_t safe_ms)

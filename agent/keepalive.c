@@ -8,7 +8,7 @@
 
 #include "agent/agent.h"
 #include "agent/metrics.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 static void arm(struct session *s)
 {

@@ -14,17 +14,19 @@
 #include "agent/lease_belief.h"
 #include "agent/lease_registry.h"
 #include "agent/leases.h"
+#include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/session_order.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
-struct lease_registry *reg(struct agent *ag)
+struct lease_registry *lease_reg(struct agent *ag)
 {
 	return ag->leases;
 }
 
-struct lease *find(struct agent *ag, const char *name, int64_t session_id)
+struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id)
 {
-	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+	for (struct lease *l = lease_reg(ag)->leases; l; l = l->next)
 		if (!l->dead && l->session_id == session_id && strcmp(l->name, name) == 0)
 			return l;
 	return NULL;
@@ -44,7 +46,7 @@ void lease_free(struct lease *l)
  * statement returns. */
 void lease_drop(struct lease *l)
 {
-	struct lease_registry *rg = reg(l->ag);
+	struct lease_registry *rg = lease_reg(l->ag);
 	struct lease **pp = &rg->leases;
 	while (*pp && *pp != l)
 		pp = &(*pp)->next;
@@ -67,39 +69,51 @@ static void after_ms(struct event *ev, uint64_t ms)
 	evtimer_add(ev, &tv);
 }
 
-void fill_change(msgpack_packer *pk, void *arg)
+void lease_fill_change(msgpack_packer *pk, void *arg)
 {
 	const struct change_note *n = arg;
 	uint64_t now = mono_ms();
 	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
-	msgpack_pack_map(pk, n->renewed ? 5 : 8);
-	pgc_pack_kv_str(pk, "name", n->l->name);
-	pgc_pack_kv_int(pk, "epoch", n->l->epoch);
-	pgc_pack_kv_bool(pk, "leader", n->leader);
-	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_str(&m, "name", n->l->name);
+	reply_kv_int(&m, "epoch", n->l->epoch);
+	reply_kv_bool(&m, "leader", n->leader);
+	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
 	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
 	 * this host shares: it bounds the client's belief even when this
 	 * message waited in our output after valid_ms was computed */
-	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
-	if (n->renewed)
+	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
+	if (n->renewed) {
+		reply_map_end(&m);
 		return;
-	pgc_pack_kv_int(pk, "session", n->l->session_id);
-	pgc_pack_cstr(pk, "holder");
-	if (n->holder_session) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", n->holder_session);
-		pgc_pack_kv_str(pk, "replica_id", n->holder_replica);
-	} else {
-		msgpack_pack_nil(pk);
 	}
-	pgc_pack_kv_str(pk, "reason", n->reason);
+	reply_kv_int(&m, "session", n->l->session_id);
+	lease_pack_holder(reply_key(&m, "holder"), n->holder_session, n->holder_replica);
+	reply_kv_str(&m, "reason", n->reason);
+	reply_map_end(&m);
+}
+
+void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
+{
+	struct reply_map m;
+
+	if (!session) {
+		msgpack_pack_nil(pk);
+		return;
+	}
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "session", session);
+	reply_kv_str(&m, "replica_id", replica);
+	reply_map_end(&m);
 }
 
 static void tell(struct lease *l, const char *method, struct change_note *note)
 {
 	struct session *s = sessions_find(l->ag, l->session_id);
 	if (s && s->conn)
-		conn_notify(s->conn, method, fill_change, note);
+		conn_notify(s->conn, method, lease_fill_change, note);
 }
 
 /* The lease name is the client's: escaped, so it cannot forge a line. */
@@ -125,8 +139,8 @@ static void belief_start(struct lease *l)
 }
 
 /* level: warn when leadership was lost, info when it was given up. */
-void belief_end(struct lease *l, enum log_level level, const char *reason, int64_t holder_session,
-		const char *holder_replica)
+void lease_end_belief(struct lease *l, enum log_level level, const char *reason,
+		      int64_t holder_session, const char *holder_replica)
 {
 	struct change_note note = {l, false, reason, holder_session, holder_replica, false};
 	char kv[4 * LEASE_NAME_MAX + 80]; /* room for a fully escaped name */
@@ -151,8 +165,9 @@ static void belief_timer_cb(evutil_socket_t fd, short what, void *arg)
 			after_ms(l->belief_timer, l->belief_until - mono_ms());
 		return;
 	}
-	belief_end(l, LOG_LEVEL_WARN,
-		   "renewal overdue: the database did not confirm the lease in time", 0, NULL);
+	lease_end_belief(l, LOG_LEVEL_WARN,
+			 "renewal overdue: the database did not confirm the lease in time", 0,
+			 NULL);
 	if (!l->wait) {
 		lease_drop(l);
 		return;
@@ -169,37 +184,35 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	struct lease *l = arg;
 	(void)fd;
 	(void)what;
-	attempt(l);
+	lease_attempt(l);
 }
 
-void reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
+/* The columns of the lease_acquire statement (lease_attempt). */
+enum { LA_LEADER, LA_EPOCH, LA_HOLDER_SESSION, LA_HOLDER_REPLICA, LA_EXPIRES_IN_MS, LA__COUNT };
+
+void lease_reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
 {
 	uint64_t now = mono_ms();
-	msgpack_packer *pk = req_result(req);
 	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
-	msgpack_pack_map(pk, 9);
-	pgc_pack_kv_str(pk, "name", l->name);
-	pgc_pack_kv_bool(pk, "leader", l->leader);
-	pgc_pack_kv_int(pk, "epoch", l->epoch);
-	pgc_pack_kv_int(pk, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
-	pgc_pack_kv_int(pk, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
-	pgc_pack_kv_bool(pk, "campaigning", !l->leader && l->wait);
-	pgc_pack_kv_int(pk, "ttl_ms", l->ttl_ms);
-	pgc_pack_cstr(pk, "holder");
-	if (r && r->ok && !PQgetisnull(r->res, 0, 2)) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", strtoll(PQgetvalue(r->res, 0, 2), NULL, 10));
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(r->res, 0, 3));
-	} else if (l->leader) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", l->session_id);
-		pgc_pack_kv_str(pk, "replica_id", l->ag->cfg.replica_id);
-	} else {
-		msgpack_pack_nil(pk);
-	}
-	pgc_pack_kv_int(
-	    pk, "expires_in_ms",
-	    r && r->ok && PQntuples(r->res) ? strtoll(PQgetvalue(r->res, 0, 4), NULL, 10) : 0);
+	bool answered = r && r->ok && PQntuples(r->res);
+	struct reply_map m;
+
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "name", l->name);
+	reply_kv_bool(&m, "leader", l->leader);
+	reply_kv_int(&m, "epoch", l->epoch);
+	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
+	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
+	reply_kv_bool(&m, "campaigning", !l->leader && l->wait);
+	reply_kv_int(&m, "ttl_ms", l->ttl_ms);
+	if (answered && !pgrow_null(r->res, 0, LA_HOLDER_SESSION))
+		lease_pack_holder(reply_key(&m, "holder"), pgrow_int(r->res, 0, LA_HOLDER_SESSION),
+				  pgrow_text(r->res, 0, LA_HOLDER_REPLICA));
+	else
+		lease_pack_holder(reply_key(&m, "holder"), l->leader ? l->session_id : 0,
+				  l->ag->cfg.replica_id);
+	reply_kv_int(&m, "expires_in_ms", answered ? pgrow_int(r->res, 0, LA_EXPIRES_IN_MS) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -218,10 +231,12 @@ static void attempt_done(const struct db_result *r, void *arg)
 		lease_settled(l);
 		return;
 	}
-	if (!r->ok || PQntuples(r->res) != 1) {
+	if (!r->ok || PQntuples(r->res) != 1 || !pgrow_has_cols(r->res, LA__COUNT)) {
 		if (req) {
 			if (r->ok)
-				req_fail(req, PGC_E_INTERNAL, "lease_acquire returned no row");
+				req_fail(req, PGC_E_INTERNAL,
+					 "lease_acquire returned %d rows of %d columns",
+					 PQntuples(r->res), PQnfields(r->res));
 			else
 				req_fail_db(req, r);
 		}
@@ -235,15 +250,15 @@ static void attempt_done(const struct db_result *r, void *arg)
 			 (uint64_t)(l->leader ? l->renew_ms / 3 : ag->cfg.lease_retry_ms));
 		return;
 	}
-	bool won = strcmp(PQgetvalue(r->res, 0, 0), "t") == 0;
-	int64_t epoch = strtoll(PQgetvalue(r->res, 0, 1), NULL, 10);
+	bool won = pgrow_bool(r->res, 0, LA_LEADER);
+	int64_t epoch = pgrow_int(r->res, 0, LA_EPOCH);
 	if (won) {
 		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
 		bool was = l->leader;
 		if (was && epoch != l->epoch)
-			belief_end(l, LOG_LEVEL_WARN,
-				   "the lease lapsed and was re-acquired under a new epoch", 0,
-				   NULL);
+			lease_end_belief(l, LOG_LEVEL_WARN,
+					 "the lease lapsed and was re-acquired under a new epoch",
+					 0, NULL);
 		l->epoch = epoch;
 		if (until > now) {
 			l->belief_until = until;
@@ -258,25 +273,24 @@ static void attempt_done(const struct db_result *r, void *arg)
 		}
 		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
 	} else {
-		const char *holder_replica = PQgetvalue(r->res, 0, 3);
-		int64_t holder =
-		    PQgetisnull(r->res, 0, 2) ? 0 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
+		const char *holder_replica = pgrow_text(r->res, 0, LA_HOLDER_REPLICA);
+		int64_t holder = pgrow_int(r->res, 0, LA_HOLDER_SESSION);
 		if (l->leader)
-			belief_end(l, LOG_LEVEL_WARN, "the lease is held by another session",
-				   holder, holder_replica);
+			lease_end_belief(l, LOG_LEVEL_WARN, "the lease is held by another session",
+					 holder, holder_replica);
 		l->epoch = epoch;
 		if (l->wait)
 			after_ms(l->timer, (uint64_t)ag->cfg.lease_retry_ms);
 	}
 	if (req)
-		reply_acquire(req, l, r);
+		lease_reply_acquire(req, l, r);
 	if (!l->leader && !l->wait && !l->dead)
 		lease_drop(l);
 }
 
 /* One acquire-or-renew statement. Renewals of a held lease go on the
  * heartbeat connection so they never queue behind client traffic. */
-void attempt(struct lease *l)
+void lease_attempt(struct lease *l)
 {
 	struct agent *ag = l->ag;
 	char session[24], inc[24], ttl[24];
@@ -325,8 +339,8 @@ struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, 
 		lease_free(l);
 		return NULL;
 	}
-	l->next = reg(ag)->leases;
-	reg(ag)->leases = l;
+	l->next = lease_reg(ag)->leases;
+	lease_reg(ag)->leases = l;
 	return l;
 }
 
@@ -340,27 +354,27 @@ bool leases_campaign_internal(struct agent *ag, const char *name, int64_t sessio
 		return false;
 	l->wait = true;
 	l->on_change = on_change;
-	attempt(l);
+	lease_attempt(l);
 	return true;
 }
 
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
 {
-	struct lease *l = find(ag, name, session_id);
+	struct lease *l = lease_find(ag, name, session_id);
 	return l && lease_belief_holds(l->leader, l->belief_until, mono_ms());
 }
 
 void leases_session_ending(struct agent *ag, int64_t session_id, const char *reason,
 			   enum log_level level)
 {
-	struct lease_registry *r = reg(ag);
+	struct lease_registry *r = lease_reg(ag);
 	if (!r)
 		return;
 	for (struct lease *l = r->leases, *next; l; l = next) {
 		next = l->next;
 		if (l->session_id != session_id)
 			continue;
-		belief_end(l, level, reason, 0, NULL);
+		lease_end_belief(l, level, reason, 0, NULL);
 		lease_drop(l);
 	}
 	for (struct lease_watch **pp = &r->watches; *pp;) {
@@ -377,11 +391,11 @@ void leases_session_ending(struct agent *ag, int64_t session_id, const char *rea
 
 void leases_end_all(struct agent *ag, const char *reason)
 {
-	struct lease_registry *r = reg(ag);
+	struct lease_registry *r = lease_reg(ag);
 	if (!r)
 		return;
 	while (r->leases) {
-		belief_end(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
+		lease_end_belief(r->leases, LOG_LEVEL_INFO, reason, 0, NULL); /* a shutdown */
 		lease_drop(r->leases);
 	}
 }
@@ -417,7 +431,7 @@ bool leases_start(struct agent *ag)
 
 void leases_finish(struct agent *ag)
 {
-	struct lease_registry *rg = reg(ag);
+	struct lease_registry *rg = lease_reg(ag);
 	if (!rg)
 		return;
 	while (rg->leases) {

@@ -89,20 +89,36 @@ struct change_note {
 #define LEASE_COLUMNS                                                                              \
 	"SELECT name, epoch, holder_session, holder_replica, "                                     \
 	"greatest(pgcoord.ms(expires_at) - pgcoord.ms(now()), 0), ttl_ms, "                        \
-	"pgcoord.ms(acquired_at), pgcoord.ms(renewed_at), "                                        \
+	"coalesce(pgcoord.ms(acquired_at), 0), coalesce(pgcoord.ms(renewed_at), 0), "              \
 	"holder_session IS NOT NULL AND expires_at > now() "                                       \
 	"FROM pgcoord.leases "
 
+/* The columns of LEASE_COLUMNS, for reading them by name. */
+enum {
+	LC_NAME,
+	LC_EPOCH,
+	LC_HOLDER_SESSION,
+	LC_HOLDER_REPLICA,
+	LC_EXPIRES_IN_MS,
+	LC_TTL_MS,
+	LC_ACQUIRED_AT,
+	LC_RENEWED_AT,
+	LC_HELD,
+};
+
 /* lease_campaign.c */
-struct lease_registry *reg(struct agent *ag);
-struct lease *find(struct agent *ag, const char *name, int64_t session_id);
+/* A lease's holder as the wire spells it: {session, replica_id}, or nil
+ * when session is 0 (nobody holds it). */
+void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
+struct lease_registry *lease_reg(struct agent *ag);
+struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id);
 void lease_free(struct lease *l);
 void lease_drop(struct lease *l);
-void fill_change(msgpack_packer *pk, void *arg);
-void belief_end(struct lease *l, enum log_level level, const char *reason, int64_t holder_session,
-		const char *holder_replica);
-void attempt(struct lease *l);
-void reply_acquire(struct request *req, struct lease *l, const struct db_result *r);
+void lease_fill_change(msgpack_packer *pk, void *arg);
+void lease_end_belief(struct lease *l, enum log_level level, const char *reason,
+		      int64_t holder_session, const char *holder_replica);
+void lease_attempt(struct lease *l);
+void lease_reply_acquire(struct request *req, struct lease *l, const struct db_result *r);
 struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,
 			int renew_ms);
 

@@ -10,12 +10,12 @@
 #include "agent/db.h"
 #include "agent/lease_registry.h"
 #include "agent/leases.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 static void poll_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
-	struct lease_registry *rg = reg(ag);
+	struct lease_registry *rg = lease_reg(ag);
 	rg->poll_in_flight = false;
 	if (!r->ok)
 		return;
@@ -33,7 +33,7 @@ static void poll_done(const struct db_result *r, void *arg)
 			w->holder = holder;
 			struct session *s = sessions_find(ag, w->session_id);
 			/* a watcher that holds the lease hears of its own belief
-			 * from belief_start/belief_end; this is for the others
+			 * from belief_start/lease_end_belief; this is for the others
 			 * (tmp has no deadline: it would say leader, valid_ms 0) */
 			if (!changed || !s || !s->conn || leases_believes(ag, name, w->session_id))
 				continue;
@@ -47,7 +47,7 @@ static void poll_done(const struct db_result *r, void *arg)
 						   holder,
 						   held ? PQgetvalue(r->res, i, 3) : NULL,
 						   false};
-			conn_notify(s->conn, "lease.changed", fill_change, &note);
+			conn_notify(s->conn, "lease.changed", lease_fill_change, &note);
 		}
 	}
 }
@@ -55,7 +55,7 @@ static void poll_done(const struct db_result *r, void *arg)
 void lease_watch_poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct agent *ag = arg;
-	struct lease_registry *rg = reg(ag);
+	struct lease_registry *rg = lease_reg(ag);
 	size_t cap = 3, n = 0;
 	(void)fd;
 	(void)what;

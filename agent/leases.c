@@ -14,8 +14,10 @@
 #include "agent/dispatch.h"
 #include "agent/lease_registry.h"
 #include "agent/methods.h"
+#include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/session_order.h"
-#include "agent/sessions.h"
+#include "agent/session_registry.h"
 
 #define LEASE_TTL_MIN 1000
 #define LEASE_TTL_MAX 600000
@@ -31,7 +33,7 @@ static bool read_name(struct request *req, char **name)
 static int campaigns_of(struct agent *ag, int64_t session_id)
 {
 	int n = 0;
-	for (struct lease *l = reg(ag)->leases; l; l = l->next)
+	for (struct lease *l = lease_reg(ag)->leases; l; l = l->next)
 		n += !l->dead && l->session_id == session_id && l->wait && !l->leader;
 	return n;
 }
@@ -74,7 +76,7 @@ void rpc_lease_acquire(struct request *req)
 		free(name);
 		return;
 	}
-	l = find(ag, name, session_id);
+	l = lease_find(ag, name, session_id);
 	/* each waiting campaign polls the database until won: a session may
 	 * keep only so many */
 	if (wait && !(l && (l->wait || l->leader)) &&
@@ -90,12 +92,12 @@ void rpc_lease_acquire(struct request *req)
 		free(name);
 		l->wait = wait;
 		if (l->leader || l->in_flight || l->pending) {
-			reply_acquire(req, l, NULL);
+			lease_reply_acquire(req, l, NULL);
 			return;
 		}
 		evtimer_del(l->timer);
 		l->pending = req;
-		attempt(l);
+		lease_attempt(l);
 		return;
 	}
 	l = lease_new(ag, name, session_id, (int)ttl, (int)renew);
@@ -106,21 +108,28 @@ void rpc_lease_acquire(struct request *req)
 	}
 	l->wait = wait;
 	l->pending = req;
-	attempt(l);
+	lease_attempt(l);
 }
 
 /* --- lease.release --------------------------------------------------- */
 
+/* What lease.release keeps for its callback. */
+struct release_call {
+	struct lease *tomb; /* holds the name while the release runs, or NULL */
+};
+
 static void released(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct lease *tomb = req->ctx;
+	/* settled after the answer, which frees the request's context */
+	struct lease *tomb = ((const struct release_call *)req->ctx)->tomb;
 	if (!r->ok) {
 		req_fail_db(req, r);
 	} else {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 1);
-		pgc_pack_kv_bool(pk, "released", strcmp(PQgetvalue(r->res, 0, 0), "t") == 0);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_bool(&m, "released", pgrow_bool(r->res, 0, 0));
+		reply_map_end(&m);
 		req_done(req);
 	}
 	if (tomb)
@@ -137,13 +146,18 @@ void rpc_lease_release(struct request *req)
 	if (!read_name(req, &name))
 		return;
 	/* belief ends before the hand-back is even sent */
-	l = find(ag, name, session_id);
+	l = lease_find(ag, name, session_id);
 	if (l) {
-		belief_end(l, LOG_LEVEL_INFO, "released by its holder", 0, NULL);
+		lease_end_belief(l, LOG_LEVEL_INFO, "released by its holder", 0, NULL);
 		lease_drop(l);
 	}
 	/* ...which goes after the lease's statement still running */
 	if (leases_park_if_busy(ag, session_id, name, req)) {
+		free(name);
+		return;
+	}
+	struct release_call *call = req_ctx_alloc(req, sizeof(*call), NULL);
+	if (!call) {
 		free(name);
 		return;
 	}
@@ -153,13 +167,13 @@ void rpc_lease_release(struct request *req)
 		tomb->ag = ag;
 		tomb->session_id = session_id;
 		tomb->dead = tomb->in_flight = true;
-		tomb->next = reg(ag)->dying;
-		reg(ag)->dying = tomb;
+		tomb->next = lease_reg(ag)->dying;
+		lease_reg(ag)->dying = tomb;
 	} else {
 		free(tomb);
 		tomb = NULL;
 	}
-	req->ctx = tomb;
+	call->tomb = tomb;
 	snprintf(session, sizeof(session), "%" PRId64, session_id);
 	const char *params[3] = {name, session, "released by holder"};
 	if (!req_query(req, "SELECT released FROM pgcoord.lease_release($1, $2, $3)", 3, params,
@@ -171,11 +185,26 @@ void rpc_lease_release(struct request *req)
 
 /* --- lease.status / lease.list --------------------------------------- */
 
+/* The cells of a lease row as they go on the wire; the holder and the
+ * belief are added around them by pack_lease_row. */
+static const struct reply_col lease_cols[] = {
+    {"name", REPLY_STR, LC_NAME, 0},
+    {"epoch", REPLY_INT, LC_EPOCH, 0},
+    {"holder_session", REPLY_HIDDEN, LC_HOLDER_SESSION, 0},
+    {"holder_replica", REPLY_HIDDEN, LC_HOLDER_REPLICA, 0},
+    {"expires_in_ms", REPLY_INT, LC_EXPIRES_IN_MS, 0},
+    {"ttl_ms", REPLY_INT, LC_TTL_MS, 0},
+    {"acquired_at", REPLY_INT, LC_ACQUIRED_AT, 0},
+    {"renewed_at", REPLY_INT, LC_RENEWED_AT, 0},
+    {"held", REPLY_HIDDEN, LC_HELD, 0},
+};
+static const struct reply_kind lease_row = REPLY_KIND(lease_cols);
+
 static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresult *res, int i)
 {
 	uint64_t now = mono_ms();
-	int64_t holder = PQgetisnull(res, i, 2) ? 0 : strtoll(PQgetvalue(res, i, 2), NULL, 10);
-	bool held = strcmp(PQgetvalue(res, i, 8), "t") == 0;
+	int64_t holder = pgrow_int(res, i, LC_HOLDER_SESSION);
+	bool held = pgrow_bool(res, i, LC_HELD);
 	/*
 	 * A caller with a session hears its own belief. One without (an
 	 * operator's pgcoordctl) hears this agent's belief for the holding
@@ -183,26 +212,18 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	 * otherwise it would read "leader false" for a lease this host leads.
 	 */
 	int64_t believer = req->conn->session ? req->conn->session->id : held ? holder : 0;
-	struct lease *mine = believer ? find(req->ag, PQgetvalue(res, i, 0), believer) : NULL;
+	struct lease *mine =
+	    believer ? lease_find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
+	struct reply_map m;
 
-	msgpack_pack_map(pk, 9);
-	pgc_pack_kv_str(pk, "name", PQgetvalue(res, i, 0));
-	pgc_pack_kv_int(pk, "epoch", strtoll(PQgetvalue(res, i, 1), NULL, 10));
-	pgc_pack_cstr(pk, "holder");
-	if (held) {
-		msgpack_pack_map(pk, 2);
-		pgc_pack_kv_int(pk, "session", holder);
-		pgc_pack_kv_str(pk, "replica_id", PQgetvalue(res, i, 3));
-	} else {
-		msgpack_pack_nil(pk);
-	}
-	pgc_pack_kv_int(pk, "expires_in_ms", strtoll(PQgetvalue(res, i, 4), NULL, 10));
-	pgc_pack_kv_int(pk, "ttl_ms", strtoll(PQgetvalue(res, i, 5), NULL, 10));
-	pgc_pack_kv_int(pk, "acquired_at", strtoll(PQgetvalue(res, i, 6), NULL, 10));
-	pgc_pack_kv_int(pk, "renewed_at", strtoll(PQgetvalue(res, i, 7), NULL, 10));
-	pgc_pack_kv_bool(pk, "leader", believe);
-	pgc_pack_kv_int(pk, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
+	reply_map_begin(&m, pk);
+	reply_kv_row(&m, &lease_row, res, i, 0);
+	lease_pack_holder(reply_key(&m, "holder"), held ? holder : 0,
+			  pgrow_text(res, i, LC_HOLDER_REPLICA));
+	reply_kv_bool(&m, "leader", believe);
+	reply_kv_int(&m, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
+	reply_map_end(&m);
 }
 
 static void status_done(const struct db_result *r, void *arg)
@@ -212,6 +233,8 @@ static void status_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_are(req, &lease_row, r->res, 0))
+		return;
 	if (PQntuples(r->res) == 0) {
 		char *name = NULL;
 		const msgpack_object *o = pgc_map_get(req->params, "name");
@@ -245,7 +268,7 @@ void rpc_lease_status(struct request *req)
 		}
 		bool known = false;
 		int watched = 0;
-		for (struct lease_watch *w = reg(ag)->watches; w; w = w->next) {
+		for (struct lease_watch *w = lease_reg(ag)->watches; w; w = w->next) {
 			if (w->session_id != req->conn->session->id)
 				continue;
 			watched++;
@@ -263,8 +286,8 @@ void rpc_lease_status(struct request *req)
 		struct lease_watch *w = known ? NULL : calloc(1, sizeof(*w));
 		if (w && (w->name = strdup(name)) != NULL) {
 			w->session_id = req->conn->session->id;
-			w->next = reg(ag)->watches;
-			reg(ag)->watches = w;
+			w->next = lease_reg(ag)->watches;
+			lease_reg(ag)->watches = w;
 		} else {
 			free(w);
 		}
@@ -281,15 +304,17 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
+	if (!req_rows_are(req, &lease_row, r->res, 0) ||
+	    !req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
 		return;
 	int n = PQntuples(r->res);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_cstr(pk, "leases");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, "leases");
 	msgpack_pack_array(pk, (size_t)n);
 	for (int i = 0; i < n; i++)
 		pack_lease_row(req, pk, r->res, i);
+	reply_map_end(&m);
 	req_done(req);
 }
 

@@ -166,6 +166,13 @@ static int run_migrate(const struct config *cfg, const char *runtime_role)
 	return 0;
 }
 
+/* conn.c hands frames to dispatch and closes to the session registry
+ * through these, so that it includes neither. */
+static const struct conn_hooks conn_hooks = {
+    .frame = dispatch_frame,
+    .closing = sessions_detach,
+};
+
 static int serve(struct agent *ag)
 {
 	char err[512];
@@ -183,6 +190,7 @@ static int serve(struct agent *ag)
 		return 1;
 	}
 	ag->started_ms = mono_ms();
+	ag->conn_hooks = &conn_hooks;
 	ag->state = AGENT_STARTING;
 	ag->listener = listener_create(ag, err, sizeof(err));
 	if (!ag->listener) {

@@ -23,6 +23,7 @@
 #include "agent/methods.h"
 #include "agent/metrics.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 #include "agent/waiters.h"
 
@@ -40,13 +41,14 @@ static const char *const owner_loss_names[] = {"uncertain", "release", NULL};
 static const char *const outcome_names[] = {"running", "gone", NULL};
 static const char *const state_names[] = {"held", "uncertain", "released", NULL};
 
-/* What a handler keeps for its database callback (req->ctx). */
+/* What a handler keeps for its database callback (req_ctx_alloc). */
 struct permit_call {
 	char *id;
 	bool override;
 	/* permit.claim: the requested quotas, sorted by key */
 	struct claim_quota *quotas;
 	size_t nquotas;
+	int64_t limit; /* permit.list */
 };
 
 struct claim_quota {
@@ -55,31 +57,13 @@ struct claim_quota {
 	int64_t weight;
 };
 
-static void call_free(struct permit_call *call)
+/* Frees what a call points to; the request frees the call. */
+static void permit_call_free(void *ctx)
 {
-	if (!call)
-		return;
+	struct permit_call *call = ctx;
+
 	free(call->id);
 	free(call->quotas);
-	free(call);
-}
-
-/* Takes the call back from req for the callback's use; the caller frees it. */
-static struct permit_call *take_call(struct request *req)
-{
-	struct permit_call *call = req->ctx;
-	req->ctx = NULL;
-	return call;
-}
-
-/* Runs sql for req with call as its context; frees call when the query
- * could not even be queued (req was answered `unavailable`). */
-static void call_query(struct request *req, struct permit_call *call, const char *sql, int nparams,
-		       const char *const *params, db_done_fn done)
-{
-	req->ctx = call;
-	if (!req_query(req, sql, nparams, params, done))
-		call_free(call);
 }
 
 /* The audit trail's actor for a call made through a session. */
@@ -323,6 +307,35 @@ enum {
 	CL_DEADLINE_AT
 };
 
+/* What each claim status sends of permit_claim's row (after `status`, `id`
+ * and, where it says, `mine`). */
+static const struct reply_col claim_granted_cols[] = {
+    {"token", REPLY_INT, CL_TOKEN, 0},
+    {"state", REPLY_STR, CL_STATE, 0},
+    {"phase", REPLY_STR, CL_PHASE, 0},
+    {"owner_session", REPLY_INT, CL_OWNER, 0},
+    {"owner_replica", REPLY_STR, CL_REPLICA, 0},
+    {"created_at", REPLY_INT, CL_CREATED, 0},
+    {"now_at", REPLY_INT, CL_NOW, 0},
+};
+static const struct reply_kind claim_granted_row = REPLY_KIND(claim_granted_cols);
+
+static const struct reply_col claim_queued_cols[] = {
+    {"position", REPLY_INT, CL_POSITION, 0},
+    {"queued_at", REPLY_INT, CL_QUEUED_AT, 0},
+    {"deadline_at", REPLY_INT, CL_DEADLINE_AT, 0},
+    {"now_at", REPLY_INT, CL_NOW, 0},
+};
+static const struct reply_kind claim_queued_row = REPLY_KIND(claim_queued_cols);
+
+static const struct reply_col claim_denied_cols[] = {
+    {"quota", REPLY_STR, CL_DKEY, 0},
+    {"limit", REPLY_INT, CL_DLIMIT, 0},
+    {"in_flight", REPLY_INT, CL_DINFLIGHT, 0},
+    {"now_at", REPLY_INT, CL_NOW, 0},
+};
+static const struct reply_kind claim_denied_row = REPLY_KIND(claim_denied_cols);
+
 /* Answers a claim from its row of permit_claim_group: its columns from
  * `col` on are permit_claim's. */
 static void claim_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
@@ -332,22 +345,17 @@ static void claim_answer(struct request *req, void *ctx, const PGresult *res, in
 
 	metrics_claim_result(req->ag, status);
 	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 10);
-		pgc_pack_kv_str(pk, "status", status);
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_int(pk, "token", res, row, col + CL_TOKEN);
-		pgrow_kv_str(pk, "state", res, row, col + CL_STATE);
-		pgrow_kv_str(pk, "phase", res, row, col + CL_PHASE);
-		pgrow_kv_int(pk, "owner_session", res, row, col + CL_OWNER);
-		pgrow_kv_str(pk, "owner_replica", res, row, col + CL_REPLICA);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_str(&m, "status", status);
+		reply_kv_str(&m, "id", call->id);
+		reply_kv_row(&m, &claim_granted_row, res, row, col);
 		/* a retry through another session finds the grant owned by the
 		 * first one; it says so rather than moving ownership silently */
-		pgc_pack_kv_bool(pk, "mine",
-				 !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
-				     pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
-		pgrow_kv_int(pk, "created_at", res, row, col + CL_CREATED);
-		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
+		reply_kv_bool(&m, "mine",
+			      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
+				  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
+		reply_map_end(&m);
 		req_done(req);
 	} else if (strcmp(status, "queued") == 0 && PQnfields(res) > col + CL_DEADLINE_AT) {
 		/* a waiting claim: permit.admitted or permit.expired follows on
@@ -356,27 +364,23 @@ static void claim_answer(struct request *req, void *ctx, const PGresult *res, in
 		bool mine = req->conn->session && owner == req->conn->session->id;
 		if (mine)
 			waiters_track(req->ag, call->id, owner);
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 7);
-		pgc_pack_kv_str(pk, "status", "queued");
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_int(pk, "position", res, row, col + CL_POSITION);
-		pgrow_kv_int(pk, "queued_at", res, row, col + CL_QUEUED_AT);
-		pgrow_kv_int(pk, "deadline_at", res, row, col + CL_DEADLINE_AT);
-		pgc_pack_kv_bool(pk, "mine", mine);
-		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_str(&m, "status", "queued");
+		reply_kv_str(&m, "id", call->id);
+		reply_kv_row(&m, &claim_queued_row, res, row, col);
+		reply_kv_bool(&m, "mine", mine);
+		reply_map_end(&m);
 		req_done(req);
 	} else if (strcmp(status, "denied") == 0) {
 		const char *key = PQgetvalue(res, row, col + CL_DKEY);
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 7);
-		pgc_pack_kv_str(pk, "status", "denied");
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgc_pack_kv_str(pk, "quota", key);
-		pgrow_kv_int(pk, "limit", res, row, col + CL_DLIMIT);
-		pgrow_kv_int(pk, "in_flight", res, row, col + CL_DINFLIGHT);
-		pgc_pack_kv_int(pk, "weight", claimed_weight(call, key));
-		pgrow_kv_int(pk, "now_at", res, row, col + CL_NOW);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_str(&m, "status", "denied");
+		reply_kv_str(&m, "id", call->id);
+		reply_kv_row(&m, &claim_denied_row, res, row, col);
+		reply_kv_int(&m, "weight", claimed_weight(call, key));
+		reply_map_end(&m);
 		req_done(req);
 	} else if (strcmp(status, "unknown_quota") == 0) {
 		req_fail(req, PGC_E_NOT_FOUND,
@@ -409,7 +413,6 @@ static void claim_answer(struct request *req, void *ctx, const PGresult *res, in
 	} else {
 		req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
 	}
-	call_free(call);
 }
 
 /* A claim's part of its group, or the whole group, failed: fail closed, a
@@ -418,14 +421,13 @@ static void claim_answer(struct request *req, void *ctx, const PGresult *res, in
 static void claim_failed(struct request *req, void *ctx, const struct db_result *r)
 {
 	req_fail_db(req, r);
-	call_free(ctx);
 }
 
 /* A waiting claim's own statement (permit_wait, 0006_waiting_claims.sql). */
 static void waited(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 
 	if (!r->ok || PQntuples(r->res) != 1)
 		claim_failed(req, call, r);
@@ -448,7 +450,7 @@ const struct group_kind permit_claim_group_kind = {
 void rpc_permit_claim(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct permit_call *call = calloc(1, sizeof(*call));
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	const char *intent = NULL;
 	size_t intent_len = 0;
 	bool has_intent = false, has_limit = false;
@@ -457,10 +459,8 @@ void rpc_permit_claim(struct request *req)
 	char *keys = NULL, *weights = NULL, *intent_hex = NULL;
 	char session[24], limit_s[24], actor[256], uid[24], wait_s[24];
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call)
 		return;
-	}
 	if (!param_id(req, &call->id) || !parse_claim_quotas(req, call) ||
 	    !req_param_bytes(req, "intent", false, PERMIT_INTENT_MAX, &intent, &intent_len,
 			     &has_intent) ||
@@ -508,19 +508,16 @@ void rpc_permit_claim(struct request *req)
 		memcpy(wparams, params, sizeof(params));
 		snprintf(wait_s, sizeof(wait_s), "%" PRId64, wait_ms);
 		wparams[11] = wait_s;
-		call_query(req, call,
-			   "SELECT * FROM pgcoord.permit_wait($1, $2, $3, $4::text[], "
-			   "$5::integer[], $6, $7, $8, $9::bytea, $10::integer, $11, $12)",
-			   12, wparams, waited);
-		call = NULL;
+		req_query(req,
+			  "SELECT * FROM pgcoord.permit_wait($1, $2, $3, $4::text[], "
+			  "$5::integer[], $6, $7, $8, $9::bytea, $10::integer, $11, $12)",
+			  12, wparams, waited);
 		goto fail;
 	}
 	/* guarantees 1, 3, 4: the whole admission is one function call, in
 	 * the one statement of its group */
 	group_add(ag->claim_group, req, call, params);
-	call = NULL;
 fail:
-	call_free(call);
 	free(keys);
 	free(weights);
 	free(intent_hex);
@@ -528,103 +525,111 @@ fail:
 
 /* --- permit.update ----------------------------------------------------- */
 
+/* Answers {id, the row's cells} for a call on one permit. */
+static void reply_permit_row(struct request *req, const struct permit_call *call,
+			     const struct reply_kind *kind, const PGresult *res)
+{
+	struct reply_map m;
+
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, kind, res, 0, 0);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+/* pgcoord.permit_update's row: outcome and detail are read by refused() */
+static const struct reply_col update_cols[] = {
+    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"phase", REPLY_STR, 4, 0},
+    {"state", REPLY_STR, 3, 0},	     {"changed", REPLY_BOOL, 2, 0},  {"phase_at", REPLY_INT, 5, 0},
+    {"now_at", REPLY_INT, 6, 0},
+};
+static const struct reply_kind update_row = REPLY_KIND(update_cols);
+
 static void updated(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "update", "its owner")) {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 6);
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_str(pk, "phase", res, 0, 4);
-		pgrow_kv_str(pk, "state", res, 0, 3);
-		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
-		pgrow_kv_int(pk, "phase_at", res, 0, 5);
-		pgrow_kv_int(pk, "now_at", res, 0, 6);
-		req_done(req);
-	}
-	call_free(call);
+	else if (!refused(req, call, res, "update", "its owner") &&
+		 req_rows_are(req, &update_row, res, 0))
+		reply_permit_row(req, call, &update_row, res);
 }
 
 void rpc_permit_update(struct request *req)
 {
-	struct permit_call *call = calloc(1, sizeof(*call));
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	int phase = 0;
 	char session[24], actor[256];
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call)
 		return;
-	}
 	if (!param_id(req, &call->id) ||
-	    !req_param_enum(req, "phase", true, phase_names, &phase, NULL)) {
-		call_free(call);
+	    !req_param_enum(req, "phase", true, phase_names, &phase, NULL))
 		return;
-	}
 	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
 	session_actor(req, actor, sizeof(actor));
 	const char *params[4] = {call->id, session, phase_names[phase], actor};
 	/* guarantee 6: phase moves forward only, audited in the same transaction */
-	call_query(req, call, "SELECT * FROM pgcoord.permit_update($1, $2, $3, $4)", 4, params,
-		   updated);
+	req_query(req, "SELECT * FROM pgcoord.permit_update($1, $2, $3, $4)", 4, params, updated);
 }
 
 /* --- permit.mark_uncertain ----------------------------------------------- */
 
+static const struct reply_col marked_cols[] = {
+    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"state", REPLY_STR, 3, 0},
+    {"changed", REPLY_BOOL, 2, 0},   {"state_at", REPLY_INT, 4, 0},  {"now_at", REPLY_INT, 5, 0},
+};
+static const struct reply_kind marked_row = REPLY_KIND(marked_cols);
+
 static void marked(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "mark uncertain", "its owner")) {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 5);
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_str(pk, "state", res, 0, 3);
-		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
-		pgrow_kv_int(pk, "state_at", res, 0, 4);
-		pgrow_kv_int(pk, "now_at", res, 0, 5);
-		req_done(req);
-	}
-	call_free(call);
+	else if (!refused(req, call, res, "mark uncertain", "its owner") &&
+		 req_rows_are(req, &marked_row, res, 0))
+		reply_permit_row(req, call, &marked_row, res);
 }
 
 void rpc_permit_mark_uncertain(struct request *req)
 {
-	struct permit_call *call = calloc(1, sizeof(*call));
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *reason = NULL;
 	char session[24], actor[256];
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call)
 		return;
-	}
-	if (!param_id(req, &call->id) || !param_text(req, "reason", true, &reason)) {
-		call_free(call);
+	if (!param_id(req, &call->id) || !param_text(req, "reason", true, &reason))
 		return;
-	}
 	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
 	session_actor(req, actor, sizeof(actor));
 	const char *params[4] = {call->id, session, reason, actor};
 	/* guarantee 5: the permit keeps counting, now visibly uncertain */
-	call_query(req, call, "SELECT * FROM pgcoord.permit_mark_uncertain($1, $2, $3, $4)", 4,
-		   params, marked);
+	req_query(req, "SELECT * FROM pgcoord.permit_mark_uncertain($1, $2, $3, $4)", 4, params,
+		  marked);
 	free(reason);
 }
 
 /* --- permit.resolve ------------------------------------------------------ */
 
+static const struct reply_col resolved_cols[] = {
+    {"outcome", REPLY_HIDDEN, 0, 0},	{"state", REPLY_STR, 3, 0},
+    {"owner_session", REPLY_INT, 4, 0}, {"changed", REPLY_BOOL, 2, 0},
+    {"detail", REPLY_STR, 1, 0},	{"now_at", REPLY_INT, 5, 0},
+};
+static const struct reply_kind resolved_row = REPLY_KIND(resolved_cols);
+
 static void resolved(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
 	if (!r->ok)
@@ -635,32 +640,22 @@ static void resolved(const struct db_result *r, void *arg)
 		if (call->override)
 			log_override(req, call->id, "resolved by operator override",
 				     PQgetvalue(res, 0, 3));
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 6);
-		pgc_pack_kv_str(pk, "id", call->id);
-		pgrow_kv_str(pk, "state", res, 0, 3);
-		pgrow_kv_int(pk, "owner_session", res, 0, 4);
-		pgc_pack_kv_bool(pk, "changed", pgrow_bool(res, 0, 2));
-		pgrow_kv_str(pk, "detail", res, 0, 1);
-		pgrow_kv_int(pk, "now_at", res, 0, 5);
-		req_done(req);
+		if (req_rows_are(req, &resolved_row, res, 0))
+			reply_permit_row(req, call, &resolved_row, res);
 	}
-	call_free(call);
 }
 
 void rpc_permit_resolve(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct permit_call *call = calloc(1, sizeof(*call));
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *evidence = NULL;
 	int outcome = 0;
 	char session[24], actor[256], uid[24];
 	bool has_session;
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call)
 		return;
-	}
 	if (!param_id(req, &call->id) ||
 	    !req_param_enum(req, "outcome", true, outcome_names, &outcome, NULL) ||
 	    !param_override(req, &call->override) ||
@@ -689,16 +684,24 @@ void rpc_permit_resolve(struct request *req)
 				 evidence,
 				 call->override ? "true" : "false",
 				 actor};
-	call_query(req, call,
-		   "SELECT * FROM pgcoord.permit_resolve_as($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9,
-		   params, resolved);
-	call = NULL;
+	req_query(req,
+		  "SELECT * FROM pgcoord.permit_resolve_as($1, $2, $3, $4, $5, $6, $7, $8, $9)", 9,
+		  params, resolved);
 fail:
-	call_free(call);
 	free(evidence);
 }
 
 /* --- permit.release ------------------------------------------------------ */
+
+/* What a release sends of permit_release's row; `released` false: it was
+ * released before (release is idempotent). */
+static const struct reply_col released_cols[] = {
+    {"released", REPLY_BOOL, 2, 0},
+    {"state", REPLY_STR, 3, 0},
+    {"released_at", REPLY_INT, 4, 0},
+    {"now_at", REPLY_INT, 5, 0},
+};
+static const struct reply_kind released_row = REPLY_KIND(released_cols);
 
 /* Answers a release from its row of permit_release_group: its columns from
  * `col` on are permit_release's. */
@@ -710,23 +713,18 @@ static void release_answer(struct request *req, void *ctx, const PGresult *res, 
 			"its owner, or an admin with override: true")) {
 		if (call->override && pgrow_bool(res, row, col + 2))
 			log_override(req, call->id, "released by operator override", NULL);
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 5);
-		pgc_pack_kv_str(pk, "id", call->id);
-		/* false: it was released before (release is idempotent) */
-		pgc_pack_kv_bool(pk, "released", pgrow_bool(res, row, col + 2));
-		pgrow_kv_str(pk, "state", res, row, col + 3);
-		pgrow_kv_int(pk, "released_at", res, row, col + 4);
-		pgrow_kv_int(pk, "now_at", res, row, col + 5);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		reply_kv_str(&m, "id", call->id);
+		reply_kv_row(&m, &released_row, res, row, col);
+		reply_map_end(&m);
 		req_done(req);
 	}
-	call_free(call);
 }
 
 static void release_failed(struct request *req, void *ctx, const struct db_result *r)
 {
 	req_fail_db(req, r);
-	call_free(ctx);
 }
 
 /* Releases waiting at the same moment go as one statement, like claims. */
@@ -741,14 +739,12 @@ const struct group_kind permit_release_group_kind = {
 
 void rpc_permit_release(struct request *req)
 {
-	struct permit_call *call = calloc(1, sizeof(*call));
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
 	char *reason = NULL;
 	char session[24] = "", actor[256], uid[24];
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call)
 		return;
-	}
 	if (!param_id(req, &call->id) || !param_override(req, &call->override) ||
 	    !param_text(req, "reason", false, &reason))
 		goto fail;
@@ -770,9 +766,7 @@ void rpc_permit_release(struct request *req)
 	/* guarantees 2 and 3: released exactly once, counters and audit rows in
 	 * the same transaction (its group's) */
 	group_add(req->ag->release_group, req, call, params);
-	call = NULL;
 fail:
-	call_free(call);
 	free(reason);
 }
 
@@ -812,102 +806,116 @@ enum {
 	PC_REDACTED /* permit.get only: the intent was withheld (another uid's) */
 };
 
+/* A permit as permit.get and permit.list send it, around its quotas
+ * (one row each: PC_KEY, PC_WEIGHT); permit.get adds the intent. */
+static const struct reply_col permit_cols[] = {
+    {"now_at", REPLY_HIDDEN, PC_NOW, 0},
+    {"id", REPLY_STR, PC_ID, 0},
+    {"token", REPLY_INT, PC_TOKEN, 0},
+    {"state", REPLY_STR, PC_STATE, 0},
+    {"phase", REPLY_STR, PC_PHASE, 0},
+    {"owner_session", REPLY_INT, PC_OWNER, 0},
+    {"owner_replica", REPLY_STR, PC_REPLICA, 0},
+    {"owner_live", REPLY_BOOL, PC_OWNER_LIVE, 0},
+    {"on_owner_loss", REPLY_STR, PC_ON_LOSS, 0},
+    {"uncertain_reason", REPLY_STR, PC_REASON, 0},
+    {"intent_bytes", REPLY_INT, PC_INTENT_LEN, 0},
+    {"created_at", REPLY_INT, PC_CREATED, 0},
+    {"phase_at", REPLY_INT, PC_PHASE_AT, 0},
+    {"state_at", REPLY_INT, PC_STATE_AT, 0},
+    {"released_at", REPLY_INT, PC_RELEASED, 0},
+    /* ages by the database clock, so they mean the same on every host */
+    {"age_ms", REPLY_AGE, PC_CREATED, PC_NOW},
+    {"phase_age_ms", REPLY_AGE, PC_PHASE_AT, PC_NOW},
+    {"state_age_ms", REPLY_AGE, PC_STATE_AT, PC_NOW},
+    {"key", REPLY_HIDDEN, PC_KEY, 0},
+    {"weight", REPLY_HIDDEN, PC_WEIGHT, 0},
+    /* permit.get only; the intent in whichever format bytea_output says */
+    {"intent", REPLY_BYTEA, PC_INTENT, 0},
+    {"redacted", REPLY_BOOL, PC_REDACTED, 0},
+};
+/* permit.list: the same without the last two */
+static const struct reply_kind permit_row = {permit_cols,
+					     sizeof(permit_cols) / sizeof(permit_cols[0]) - 2};
+static const struct reply_kind permit_get_row = REPLY_KIND(permit_cols);
+
+static const struct reply_col permit_quota_cols[] = {
+    {"key", REPLY_STR, PC_KEY, 0},
+    {"weight", REPLY_INT, PC_WEIGHT, 0},
+};
+static const struct reply_kind permit_quota_row = REPLY_KIND(permit_quota_cols);
+
 /* Packs the permit whose rows start at `row`; returns the first row of the
  * next permit. */
-static int pack_permit(msgpack_packer *pk, const PGresult *res, int row, bool with_intent)
+static int pack_permit(msgpack_packer *pk, const PGresult *res, int row,
+		       const struct reply_kind *kind)
 {
 	int n = PQntuples(res), end = row;
-	int64_t now_at = pgrow_int(res, row, PC_NOW);
 	const char *id = PQgetvalue(res, row, PC_ID);
+	struct reply_map m;
 
 	while (end < n && strcmp(PQgetvalue(res, end, PC_ID), id) == 0)
 		end++;
-	msgpack_pack_map(pk, with_intent ? 20 : 18);
-	pgrow_kv_str(pk, "id", res, row, PC_ID);
-	pgrow_kv_int(pk, "token", res, row, PC_TOKEN);
-	pgrow_kv_str(pk, "state", res, row, PC_STATE);
-	pgrow_kv_str(pk, "phase", res, row, PC_PHASE);
-	pgrow_kv_int(pk, "owner_session", res, row, PC_OWNER);
-	pgrow_kv_str(pk, "owner_replica", res, row, PC_REPLICA);
-	pgc_pack_kv_bool(pk, "owner_live", pgrow_bool(res, row, PC_OWNER_LIVE));
-	pgrow_kv_str(pk, "on_owner_loss", res, row, PC_ON_LOSS);
-	pgrow_kv_str(pk, "uncertain_reason", res, row, PC_REASON);
-	pgc_pack_cstr(pk, "quotas");
-	msgpack_pack_array(pk, (size_t)(end - row));
-	for (int i = row; i < end; i++) {
-		msgpack_pack_map(pk, 2);
-		pgrow_kv_str(pk, "key", res, i, PC_KEY);
-		pgrow_kv_int(pk, "weight", res, i, PC_WEIGHT);
-	}
-	pgc_pack_kv_int(pk, "intent_bytes", pgrow_int(res, row, PC_INTENT_LEN));
-	if (with_intent) {
-		/* in whichever format the server's bytea_output says */
-		pgrow_kv_bytea(pk, "intent", res, row, PC_INTENT);
-		pgc_pack_kv_bool(pk, "redacted", pgrow_bool(res, row, PC_REDACTED));
-	}
-	pgrow_kv_int(pk, "created_at", res, row, PC_CREATED);
-	pgrow_kv_int(pk, "phase_at", res, row, PC_PHASE_AT);
-	pgrow_kv_int(pk, "state_at", res, row, PC_STATE_AT);
-	pgrow_kv_int(pk, "released_at", res, row, PC_RELEASED);
-	/* ages by the database clock, so they mean the same on every host */
-	pgrow_kv_age(pk, "age_ms", now_at, res, row, PC_CREATED);
-	pgrow_kv_age(pk, "phase_age_ms", now_at, res, row, PC_PHASE_AT);
-	pgrow_kv_age(pk, "state_age_ms", now_at, res, row, PC_STATE_AT);
+	reply_map_begin(&m, pk);
+	reply_kv_row(&m, kind, res, row, 0);
+	msgpack_packer *quotas = reply_key(&m, "quotas");
+	msgpack_pack_array(quotas, (size_t)(end - row));
+	for (int i = row; i < end; i++)
+		reply_pack_row(quotas, &permit_quota_row, res, i, 0);
+	reply_map_end(&m);
 	return end;
 }
 
 static void got(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
+	} else if (!req_rows_are(req, &permit_get_row, res, 0)) {
+		/* answered */
 	} else if (PQntuples(res) < 1 || pgrow_null(res, 0, PC_ID)) {
 		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
 	} else {
-		msgpack_packer *pk = req_result(req);
-		msgpack_pack_map(pk, 2);
-		pgc_pack_cstr(pk, "permit");
-		pack_permit(pk, res, 0, true);
-		pgrow_kv_int(pk, "now_at", res, 0, PC_NOW);
+		struct reply_map m;
+		reply_map_begin(&m, req_result(req));
+		pack_permit(reply_key(&m, "permit"), res, 0, &permit_get_row);
+		reply_kv_int(&m, "now_at", pgrow_int(res, 0, PC_NOW));
+		reply_map_end(&m);
 		req_done(req);
 	}
-	call_free(call);
 }
 
 void rpc_permit_get(struct request *req)
 {
-	struct permit_call *call = calloc(1, sizeof(*call));
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
+	if (!call)
 		return;
-	}
-	if (!param_id(req, &call->id)) {
-		call_free(call);
+	if (!param_id(req, &call->id))
 		return;
-	}
 	char uid[24];
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	const char *params[3] = {call->id, uid, req_is_admin(req) ? "true" : "false"};
 	/* another uid's intent never leaves the database for a non-admin */
-	call_query(req, call,
-		   "SELECT " PERMIT_COLS ", CASE WHEN NOT r.redacted THEN s.intent END, r.redacted "
-		   "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		   "LEFT JOIN (pgcoord.permit_status s "
-		   "  JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id "
-		   "  CROSS JOIN LATERAL (SELECT NOT $3::boolean AND "
-		   "    pgcoord.session_owner_uid(s.owner_session) IS DISTINCT FROM $2::bigint "
-		   "    AS redacted) r) ON s.id = $1 "
-		   "ORDER BY pq.key",
-		   3, params, got);
+	req_query(req,
+		  "SELECT " PERMIT_COLS ", CASE WHEN NOT r.redacted THEN s.intent END, r.redacted "
+		  "FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		  "LEFT JOIN (pgcoord.permit_status s "
+		  "  JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id "
+		  "  CROSS JOIN LATERAL (SELECT NOT $3::boolean AND "
+		  "    pgcoord.session_owner_uid(s.owner_session) IS DISTINCT FROM $2::bigint "
+		  "    AS redacted) r) ON s.id = $1 "
+		  "ORDER BY pq.key",
+		  3, params, got);
 }
 
 static void listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	int64_t limit = req->target_id;
+	const struct permit_call *call = req->ctx;
+	int64_t limit = call->limit;
 	const PGresult *res = r->res;
 	int n, count = 0;
 
@@ -915,7 +923,8 @@ static void listed(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_fit(req, res, "page with a smaller limit or narrower filters"))
+	if (!req_rows_are(req, &permit_row, res, 0) ||
+	    !req_rows_fit(req, res, "page with a smaller limit or narrower filters"))
 		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
@@ -926,14 +935,15 @@ static void listed(const struct db_result *r, void *arg)
 	bool truncated = count > limit;
 	if (truncated)
 		count = (int)limit;
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 3);
-	pgc_pack_cstr(pk, "permits");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, "permits");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0, done = 0; i < n && done < count; done++)
-		i = pack_permit(pk, res, i, false);
-	pgc_pack_kv_bool(pk, "truncated", truncated);
-	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
+		i = pack_permit(pk, res, i, &permit_row);
+	reply_kv_bool(&m, "truncated", truncated);
+	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -956,7 +966,12 @@ void rpc_permit_list(struct request *req)
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
-	req->target_id = limit;
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
+	if (!call) {
+		free(quota);
+		return;
+	}
+	call->limit = limit; /* the statement asks for one more */
 	const char *params[5] = {quota, has_state ? state_names[state] : NULL,
 				 has_phase ? phase_names[phase] : NULL, has_owner ? owner_s : NULL,
 				 limit_s};
@@ -982,71 +997,98 @@ void rpc_permit_list(struct request *req)
 
 /* --- permit.history -------------------------------------------------------- */
 
+enum { PE_NOW, PE_FOUND, PE_SEQ };
+
+static const struct reply_col permit_event_cols[] = {
+    {"now_at", REPLY_HIDDEN, PE_NOW, 0},
+    {"found", REPLY_HIDDEN, PE_FOUND, 0},
+    {"seq", REPLY_INT, PE_SEQ, 0},
+    {"event", REPLY_STR, 3, 0},
+    {"quota", REPLY_STR, 4, 0},
+    {"delta", REPLY_INT, 5, 0},
+    {"actor", REPLY_STR, 6, 0},
+    {"reason", REPLY_STR, 7, 0},
+    {"state", REPLY_STR, 8, 0},
+    {"phase", REPLY_STR, 9, 0},
+    {"at", REPLY_INT, 10, 0},
+};
+static const struct reply_kind permit_event_row = REPLY_KIND(permit_event_cols);
+
 static void history_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct permit_call *call = take_call(req);
+	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 	int n;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
-		goto out;
+		return;
 	}
+	if (!req_rows_are(req, &permit_event_row, res, 0))
+		return;
 	n = PQntuples(res);
-	if (n < 1 || !pgrow_bool(res, 0, 1)) {
+	if (n < 1 || !pgrow_bool(res, 0, PE_FOUND)) {
 		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
-		goto out;
+		return;
 	}
 	if (!req_rows_fit(req, res, "read the permit's audit rows in the database"))
-		goto out;
-	int count = pgrow_null(res, 0, 2) ? 0 : n;
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 3);
-	pgc_pack_kv_str(pk, "id", call->id);
-	pgc_pack_cstr(pk, "events");
+		return;
+	int count = pgrow_null(res, 0, PE_SEQ) ? 0 : n;
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	msgpack_packer *pk = reply_key(&m, "events");
 	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < count; i++) {
-		msgpack_pack_map(pk, 9);
-		pgrow_kv_int(pk, "seq", res, i, 2);
-		pgrow_kv_str(pk, "event", res, i, 3);
-		pgrow_kv_str(pk, "quota", res, i, 4);
-		pgrow_kv_int(pk, "delta", res, i, 5);
-		pgrow_kv_str(pk, "actor", res, i, 6);
-		pgrow_kv_str(pk, "reason", res, i, 7);
-		pgrow_kv_str(pk, "state", res, i, 8);
-		pgrow_kv_str(pk, "phase", res, i, 9);
-		pgrow_kv_int(pk, "at", res, i, 10);
-	}
-	pgrow_kv_int(pk, "now_at", res, 0, 0);
+	for (int i = 0; i < count; i++)
+		reply_pack_row(pk, &permit_event_row, res, i, 0);
+	reply_kv_int(&m, "now_at", pgrow_int(res, 0, PE_NOW));
+	reply_map_end(&m);
 	req_done(req);
-out:
-	call_free(call);
 }
 
 void rpc_permit_history(struct request *req)
 {
-	struct permit_call *call = calloc(1, sizeof(*call));
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
+	if (!call)
 		return;
-	}
-	if (!param_id(req, &call->id)) {
-		call_free(call);
+	if (!param_id(req, &call->id))
 		return;
-	}
 	const char *params[1] = {call->id};
-	call_query(req, call,
-		   "SELECT n.now_at, n.found, e.id, e.event, e.key, e.delta, e.actor, e.reason, "
-		   "e.state, e.phase, pgcoord.ms(e.at) "
-		   "FROM (SELECT pgcoord.ms(now()) AS now_at, "
-		   "  EXISTS (SELECT 1 FROM pgcoord.permits WHERE id = $1) AS found) n "
-		   "LEFT JOIN pgcoord.permit_events e ON e.permit_id = $1 "
-		   "ORDER BY e.id",
-		   1, params, history_done);
+	req_query(req,
+		  "SELECT n.now_at, n.found, e.id, e.event, e.key, e.delta, e.actor, e.reason, "
+		  "e.state, e.phase, pgcoord.ms(e.at) "
+		  "FROM (SELECT pgcoord.ms(now()) AS now_at, "
+		  "  EXISTS (SELECT 1 FROM pgcoord.permits WHERE id = $1) AS found) n "
+		  "LEFT JOIN pgcoord.permit_events e ON e.permit_id = $1 "
+		  "ORDER BY e.id",
+		  1, params, history_done);
 }
 
 /* --- permit.check ------------------------------------------------------------ */
+
+/* permit.check's rows: a quota's conservation, or a stalled queue. */
+enum { CK_NOW, CK_KEY, CK_PROBLEM = 6, CK_HEAD_ID, CK_HEAD_AGE };
+
+static const struct reply_col violation_cols[] = {
+    {"now_at", REPLY_HIDDEN, CK_NOW, 0},
+    {"key", REPLY_STR, CK_KEY, 0},
+    {"limit", REPLY_INT, 2, 0},
+    {"in_flight", REPLY_INT, 3, 0},
+    {"permit_weights", REPLY_INT, 4, 0},
+    {"audit_sum", REPLY_INT, 5, 0},
+    {"problem", REPLY_STR, CK_PROBLEM, 0},
+    {"head_id", REPLY_HIDDEN, CK_HEAD_ID, 0},
+    {"head_age_ms", REPLY_HIDDEN, CK_HEAD_AGE, 0},
+};
+static const struct reply_kind violation_row = REPLY_KIND(violation_cols);
+
+static const struct reply_col stalled_cols[] = {
+    {"key", REPLY_STR, CK_KEY, 0},
+    {"head_id", REPLY_STR, CK_HEAD_ID, 0},
+    {"head_age_ms", REPLY_INT, CK_HEAD_AGE, 0},
+};
+static const struct reply_kind stalled_row = REPLY_KIND(stalled_cols);
 
 static void checked(const struct db_result *r, void *arg)
 {
@@ -1058,16 +1100,18 @@ static void checked(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
+	if (!req_rows_are(req, &violation_row, res, 0))
+		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, 1))
+		if (pgrow_null(res, i, CK_KEY))
 			continue;
-		if (!pgrow_null(res, i, 7)) {
+		if (!pgrow_null(res, i, CK_HEAD_ID)) {
 			stalled++;
 			continue;
 		}
 		quotas++;
-		bad += PQgetlength(res, i, 6) > 0;
+		bad += PQgetlength(res, i, CK_PROBLEM) > 0;
 	}
 	if (bad)
 		log_error(&req->ag->log, "permits",
@@ -1077,35 +1121,28 @@ static void checked(const struct db_result *r, void *arg)
 			  "%d waiting queue(s) have a head that fits but was not admitted; see "
 			  "permit.check",
 			  stalled);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 5);
-	pgc_pack_kv_bool(pk, "ok", bad == 0);
-	pgc_pack_kv_int(pk, "quotas", quotas);
-	pgc_pack_cstr(pk, "violations");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "ok", bad == 0);
+	reply_kv_int(&m, "quotas", quotas);
+	msgpack_packer *pk = reply_key(&m, "violations");
 	msgpack_pack_array(pk, (size_t)bad);
 	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, 1) || !pgrow_null(res, i, 7) || PQgetlength(res, i, 6) == 0)
+		if (pgrow_null(res, i, CK_KEY) || !pgrow_null(res, i, CK_HEAD_ID) ||
+		    PQgetlength(res, i, CK_PROBLEM) == 0)
 			continue;
-		msgpack_pack_map(pk, 6);
-		pgrow_kv_str(pk, "key", res, i, 1);
-		pgrow_kv_int(pk, "limit", res, i, 2);
-		pgrow_kv_int(pk, "in_flight", res, i, 3);
-		pgrow_kv_int(pk, "permit_weights", res, i, 4);
-		pgrow_kv_int(pk, "audit_sum", res, i, 5);
-		pgrow_kv_str(pk, "problem", res, i, 6);
+		reply_pack_row(pk, &violation_row, res, i, 0);
 	}
 	/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
-	pgc_pack_cstr(pk, "stalled_queues");
+	pk = reply_key(&m, "stalled_queues");
 	msgpack_pack_array(pk, (size_t)stalled);
 	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, 1) || pgrow_null(res, i, 7))
+		if (pgrow_null(res, i, CK_KEY) || pgrow_null(res, i, CK_HEAD_ID))
 			continue;
-		msgpack_pack_map(pk, 3);
-		pgrow_kv_str(pk, "key", res, i, 1);
-		pgrow_kv_str(pk, "head_id", res, i, 7);
-		pgrow_kv_int(pk, "head_age_ms", res, i, 8);
+		reply_pack_row(pk, &stalled_row, res, i, 0);
 	}
-	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, CK_NOW) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 

@@ -13,8 +13,20 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 
 #define QUOTA_KEY_MAX 200
+
+static const struct reply_col quota_set_cols[] = {
+    {"key", REPLY_STR, 0, 0},
+    {"limit", REPLY_INT, 1, 0},
+    {"in_flight", REPLY_INT, 2, 0},
+    {"lapse_after_s", REPLY_INT, 3, 0},
+    {"previous_limit", REPLY_INT, 4, 0},
+    {"created", REPLY_BOOL, 5, 0},
+    {"now_at", REPLY_INT, 6, 0},
+};
+static const struct reply_kind quota_set_row = REPLY_KIND(quota_set_cols);
 
 /* quota.set: admin only (M_ADMIN), audited with the caller's uid. */
 static void quota_was_set(const struct db_result *r, void *arg)
@@ -30,21 +42,15 @@ static void quota_was_set(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_INTERNAL, "quota_set returned %d rows", PQntuples(res));
 		return;
 	}
+	if (!req_rows_are(req, &quota_set_row, res, 0))
+		return;
 	char kv[4 * 200 + 128] = ""; /* room for a fully escaped key */
 	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
 	log_kv_str(kv, sizeof(kv), "quota", PQgetvalue(res, 0, 0));
 	log_kv_str(kv, sizeof(kv), "limit", PQgetvalue(res, 0, 1));
 	log_kv_str(kv, sizeof(kv), "was", pgrow_null(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4));
 	log_write(&req->ag->log, LOG_LEVEL_INFO, "quotas", kv, "quota limit set");
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 7);
-	pgrow_kv_str(pk, "key", res, 0, 0);
-	pgrow_kv_int(pk, "limit", res, 0, 1);
-	pgrow_kv_int(pk, "in_flight", res, 0, 2);
-	pgrow_kv_int(pk, "lapse_after_s", res, 0, 3);
-	pgrow_kv_int(pk, "previous_limit", res, 0, 4);
-	pgc_pack_kv_bool(pk, "created", pgrow_bool(res, 0, 5));
-	pgrow_kv_int(pk, "now_at", res, 0, 6);
+	reply_pack_row(req_result(req), &quota_set_row, res, 0, 0);
 	req_done(req);
 }
 
@@ -85,58 +91,72 @@ void rpc_quota_set(struct request *req)
 	"q.lapse_after_s, pgcoord.ms(q.created_at), pgcoord.ms(q.updated_at) "                     \
 	"FROM (SELECT pgcoord.ms(now()) AS now_at) n LEFT JOIN pgcoord.quota_status q "
 
+enum { QS_NOW, QS_KEY, QS_LIMIT, QS_IN_FLIGHT };
+
+static const struct reply_col quota_status_cols[] = {
+    {"now_at", REPLY_HIDDEN, QS_NOW, 0}, {"key", REPLY_STR, QS_KEY, 0},
+    {"limit", REPLY_INT, QS_LIMIT, 0},	 {"in_flight", REPLY_INT, QS_IN_FLIGHT, 0},
+    {"held", REPLY_INT, 4, 0},		 {"uncertain", REPLY_INT, 5, 0},
+    {"permits", REPLY_INT, 6, 0},	 {"lapse_after_s", REPLY_INT, 7, 0},
+    {"created_at", REPLY_INT, 8, 0},	 {"updated_at", REPLY_INT, 9, 0},
+};
+static const struct reply_kind quota_status_row = REPLY_KIND(quota_status_cols);
+
 static void pack_quota(msgpack_packer *pk, const PGresult *res, int row)
 {
-	int64_t limit = pgrow_int(res, row, 2), in_flight = pgrow_int(res, row, 3);
-	msgpack_pack_map(pk, 10);
-	pgrow_kv_str(pk, "key", res, row, 1);
-	pgc_pack_kv_int(pk, "limit", limit);
-	pgc_pack_kv_int(pk, "in_flight", in_flight);
-	pgrow_kv_int(pk, "held", res, row, 4);
-	pgrow_kv_int(pk, "uncertain", res, row, 5);
+	int64_t limit = pgrow_int(res, row, QS_LIMIT),
+		in_flight = pgrow_int(res, row, QS_IN_FLIGHT);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_row(&m, &quota_status_row, res, row, 0);
 	/* a limit lowered below in_flight leaves no room, not negative room */
-	pgc_pack_kv_int(pk, "available", limit > in_flight ? limit - in_flight : 0);
-	pgrow_kv_int(pk, "permits", res, row, 6);
-	pgrow_kv_int(pk, "lapse_after_s", res, row, 7);
-	pgrow_kv_int(pk, "created_at", res, row, 8);
-	pgrow_kv_int(pk, "updated_at", res, row, 9);
+	reply_kv_int(&m, "available", limit > in_flight ? limit - in_flight : 0);
+	reply_map_end(&m);
+}
+
+/* What quota.get keeps for its callback: the key, for a not_found. */
+struct quota_call {
+	char *key;
+};
+
+static void quota_call_free(void *ctx)
+{
+	free(((struct quota_call *)ctx)->key);
 }
 
 static void quota_got(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const PGresult *res = r->res;
-	char *key = req->ctx; /* req is gone once answered: keep the key */
+	const struct quota_call *call = req->ctx;
 
-	req->ctx = NULL;
 	if (!r->ok) {
 		req_fail_db(req, r);
-		free(key);
 		return;
 	}
-	if (PQntuples(res) != 1 || pgrow_null(res, 0, 1)) {
-		req_fail(req, PGC_E_NOT_FOUND, "no quota \"%s\" (quota.set creates one)", key);
-		free(key);
+	if (!req_rows_are(req, &quota_status_row, res, 0))
+		return;
+	if (PQntuples(res) != 1 || pgrow_null(res, 0, QS_KEY)) {
+		req_fail(req, PGC_E_NOT_FOUND, "no quota \"%s\" (quota.set creates one)",
+			 call->key);
 		return;
 	}
-	free(key);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_cstr(pk, "quota");
-	pack_quota(pk, res, 0);
-	pgrow_kv_int(pk, "now_at", res, 0, 0);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	pack_quota(reply_key(&m, "quota"), res, 0);
+	reply_kv_int(&m, "now_at", pgrow_int(res, 0, QS_NOW));
+	reply_map_end(&m);
 	req_done(req);
 }
 
 void rpc_quota_get(struct request *req)
 {
-	char *key = NULL;
-	if (!req_param_str(req, "key", true, QUOTA_KEY_MAX, &key))
+	struct quota_call *call = req_ctx_alloc(req, sizeof(*call), quota_call_free);
+	if (!call || !req_param_str(req, "key", true, QUOTA_KEY_MAX, &call->key))
 		return;
-	const char *params[1] = {key};
-	req->ctx = key;
-	if (!req_query(req, QUOTA_STATUS_SELECT "ON q.key = $1", 1, params, quota_got))
-		free(key);
+	const char *params[1] = {call->key};
+	req_query(req, QUOTA_STATUS_SELECT "ON q.key = $1", 1, params, quota_got);
 }
 
 static void quotas_listed(const struct db_result *r, void *arg)
@@ -149,19 +169,21 @@ static void quotas_listed(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_fit(req, res, "read the quotas one at a time with quota.get"))
+	if (!req_rows_are(req, &quota_status_row, res, 0) ||
+	    !req_rows_fit(req, res, "read the quotas one at a time with quota.get"))
 		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
-		count += !pgrow_null(res, i, 1);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_cstr(pk, "quotas");
+		count += !pgrow_null(res, i, QS_KEY);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, "quotas");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0; i < n; i++)
-		if (!pgrow_null(res, i, 1))
+		if (!pgrow_null(res, i, QS_KEY))
 			pack_quota(pk, res, i);
-	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, QS_NOW) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 

@@ -22,6 +22,7 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 
 #define RECORD_KIND_MAX 200
@@ -56,47 +57,27 @@ enum {
 	RS__COUNT
 };
 
-/* What a handler keeps for its database callback (req->ctx). */
+/* What a handler keeps for its database callback (req_ctx_alloc). */
 struct record_call {
 	char *kind;
 	char *key;
 	int64_t session;
 	bool dry_run;
+	int64_t limit; /* record.list */
 };
 
-static void call_free(struct record_call *call)
+/* Frees what a call points to; the request frees the call. */
+static void record_call_free(void *ctx)
 {
-	if (!call)
-		return;
+	struct record_call *call = ctx;
+
 	free(call->kind);
 	free(call->key);
-	free(call);
 }
 
-static struct record_call *call_new(struct request *req)
+static struct record_call *record_call_new(struct request *req)
 {
-	struct record_call *call = calloc(1, sizeof(*call));
-	if (!call)
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
-	return call;
-}
-
-/* Takes the call back from req for the callback's use; the caller frees it. */
-static struct record_call *take_call(struct request *req)
-{
-	struct record_call *call = req->ctx;
-	req->ctx = NULL;
-	return call;
-}
-
-/* Runs sql for req with call as its context; frees call when the query
- * could not even be queued (req was answered `unavailable`). */
-static void call_query(struct request *req, struct record_call *call, const char *sql, int nparams,
-		       const char *const *params, db_done_fn done)
-{
-	req->ctx = call;
-	if (!req_query(req, sql, nparams, params, done))
-		call_free(call);
+	return req_ctx_alloc(req, sizeof(struct record_call), record_call_free);
 }
 
 /* The audit trail's actor for a call made through a session. */
@@ -160,30 +141,28 @@ static bool caller_session(struct request *req, int64_t *session, bool *lost)
 #define RECORD_REPLY_BYTES "coalesce(length(l.data_hex), 0) / 2 + 1280"
 #define RECORD_REPLY_BYTES_B "coalesce(length(b.data_hex), 0) / 2 + 1280"
 
-/* The record whose columns start at col, as a map; with_redacted: a
- * `redacted` column follows them (RECORD_READ_COLS). */
-static void pack_record(msgpack_packer *pk, const PGresult *res, int row, int col,
-			bool with_redacted)
-{
-	msgpack_pack_map(pk, RS__COUNT + (with_redacted ? 1 : 0));
-	pgrow_kv_str(pk, "kind", res, row, col + RS_KIND);
-	pgrow_kv_str(pk, "key", res, row, col + RS_KEY);
-	pgrow_kv_str(pk, "state", res, row, col + RS_STATE);
-	pgc_pack_kv_bool(pk, "terminal", pgrow_bool(res, row, col + RS_TERMINAL));
-	pgrow_kv_hex_bin(pk, "data", res, row, col + RS_DATA);
-	pgrow_kv_str(pk, "permit", res, row, col + RS_PERMIT);
-	pgrow_kv_int(pk, "owner_session", res, row, col + RS_OWNER);
-	pgrow_kv_str(pk, "owner_replica", res, row, col + RS_REPLICA);
-	pgc_pack_kv_bool(pk, "owner_live", pgrow_bool(res, row, col + RS_LIVE));
-	pgrow_kv_int(pk, "token", res, row, col + RS_TOKEN);
-	pgrow_kv_int(pk, "created_at", res, row, col + RS_CREATED);
-	pgrow_kv_int(pk, "updated_at", res, row, col + RS_UPDATED);
-	pgrow_kv_int(pk, "settled_at", res, row, col + RS_SETTLED);
-	pgrow_kv_int(pk, "adopted_from", res, row, col + RS_ADOPTED_FROM);
-	pgrow_kv_int(pk, "adopted_at", res, row, col + RS_ADOPTED_AT);
-	if (with_redacted)
-		pgc_pack_kv_bool(pk, "redacted", pgrow_bool(res, row, col + RS__COUNT));
-}
+/* A record_status row as the wire sends it; reads add `redacted` after
+ * it (RECORD_READ_COLS), which only record_read_row includes. */
+static const struct reply_col record_read_cols[] = {
+    {"kind", REPLY_STR, RS_KIND, 0},
+    {"key", REPLY_STR, RS_KEY, 0},
+    {"state", REPLY_STR, RS_STATE, 0},
+    {"terminal", REPLY_BOOL, RS_TERMINAL, 0},
+    {"data", REPLY_HEX_BIN, RS_DATA, 0},
+    {"permit", REPLY_STR, RS_PERMIT, 0},
+    {"owner_session", REPLY_INT, RS_OWNER, 0},
+    {"owner_replica", REPLY_STR, RS_REPLICA, 0},
+    {"owner_live", REPLY_BOOL, RS_LIVE, 0},
+    {"token", REPLY_INT, RS_TOKEN, 0},
+    {"created_at", REPLY_INT, RS_CREATED, 0},
+    {"updated_at", REPLY_INT, RS_UPDATED, 0},
+    {"settled_at", REPLY_INT, RS_SETTLED, 0},
+    {"adopted_from", REPLY_INT, RS_ADOPTED_FROM, 0},
+    {"adopted_at", REPLY_INT, RS_ADOPTED_AT, 0},
+    {"redacted", REPLY_BOOL, RS__COUNT, 0},
+};
+static const struct reply_kind record_row = {record_read_cols, RS__COUNT};
+static const struct reply_kind record_read_row = REPLY_KIND(record_read_cols);
 
 /* Replies {[created,] record, now_at} from a one-row result: now_at in
  * column 0, then `created` when has_created, then the record. */
@@ -191,18 +170,21 @@ static void reply_record(struct request *req, const PGresult *res, bool has_crea
 			 bool with_redacted)
 {
 	int col = has_created ? 2 : 1;
-	if (PQntuples(res) != 1 || PQnfields(res) != col + RS__COUNT + (with_redacted ? 1 : 0)) {
-		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows of %d columns",
-			 req->method->name, PQntuples(res), PQnfields(res));
+	const struct reply_kind *kind = with_redacted ? &record_read_row : &record_row;
+	if (!req_rows_are(req, kind, res, col))
+		return;
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows", req->method->name,
+			 PQntuples(res));
 		return;
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, has_created ? 3 : 2);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
 	if (has_created)
-		pgc_pack_kv_bool(pk, "created", pgrow_bool(res, 0, 1));
-	pgc_pack_cstr(pk, "record");
-	pack_record(pk, res, 0, col, with_redacted);
-	pgrow_kv_int(pk, "now_at", res, 0, 0);
+		reply_kv_bool(&m, "created", pgrow_bool(res, 0, 1));
+	reply_pack_row(reply_key(&m, "record"), kind, res, 0, col);
+	reply_kv_int(&m, "now_at", pgrow_int(res, 0, 0));
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -211,7 +193,6 @@ static void reply_record(struct request *req, const PGresult *res, bool has_crea
 static void put_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	call_free(take_call(req));
 	if (!r->ok)
 		req_fail_db(req, r);
 	else
@@ -220,7 +201,7 @@ static void put_done(const struct db_result *r, void *arg)
 
 void rpc_record_put(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL, *permit = NULL, *data_hex = NULL;
 	const char *data = NULL;
 	size_t data_len = 0;
@@ -245,13 +226,11 @@ void rpc_record_put(struct request *req)
 	snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
 	session_actor(req, req->conn->session->id, actor, sizeof(actor));
 	const char *params[7] = {call->kind, call->key, state, data_hex, permit, session, actor};
-	call_query(req, call,
-		   "SELECT pgcoord.ms(now()), p.* "
-		   "FROM pgcoord.record_put($1, $2, $3, $4::bytea, $5, $6, $7) p",
-		   7, params, put_done);
-	call = NULL;
+	req_query(req,
+		  "SELECT pgcoord.ms(now()), p.* "
+		  "FROM pgcoord.record_put($1, $2, $3, $4::bytea, $5, $6, $7) p",
+		  7, params, put_done);
 fail:
-	call_free(call);
 	free(state);
 	free(permit);
 	free(data_hex);
@@ -262,7 +241,6 @@ fail:
 static void written(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	call_free(take_call(req));
 	if (!r->ok)
 		req_fail_db(req, r);
 	else
@@ -271,7 +249,7 @@ static void written(const struct db_result *r, void *arg)
 
 void rpc_record_update(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL, *data_hex = NULL;
 	const char *data = NULL;
 	size_t data_len = 0;
@@ -308,20 +286,18 @@ void rpc_record_update(struct request *req)
 				 lost ? "true" : "false",
 				 actor};
 	/* guarantee 8: only the owner, live, while the record is open */
-	call_query(req, call,
-		   "SELECT pgcoord.ms(now()), u.* "
-		   "FROM pgcoord.record_update($1, $2, $3, $4::bytea, $5, $6, $7, $8) u",
-		   8, params, written);
-	call = NULL;
+	req_query(req,
+		  "SELECT pgcoord.ms(now()), u.* "
+		  "FROM pgcoord.record_update($1, $2, $3, $4::bytea, $5, $6, $7, $8) u",
+		  8, params, written);
 fail:
-	call_free(call);
 	free(state);
 	free(data_hex);
 }
 
 void rpc_record_settle(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *state = NULL;
 	bool has_token = false, lost = false;
 	int64_t token = 0, sid = 0;
@@ -340,13 +316,11 @@ void rpc_record_settle(struct request *req)
 				 state,	     has_token ? token_s : NULL,
 				 session,    lost ? "true" : "false",
 				 actor};
-	call_query(req, call,
-		   "SELECT pgcoord.ms(now()), s.* "
-		   "FROM pgcoord.record_settle($1, $2, $3, $4, $5, $6, $7) s",
-		   7, params, written);
-	call = NULL;
+	req_query(req,
+		  "SELECT pgcoord.ms(now()), s.* "
+		  "FROM pgcoord.record_settle($1, $2, $3, $4, $5, $6, $7) s",
+		  7, params, written);
 fail:
-	call_free(call);
 	free(state);
 }
 
@@ -355,7 +329,7 @@ fail:
 static void got(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct record_call *call = take_call(req);
+	struct record_call *call = req->ctx;
 
 	if (!r->ok)
 		req_fail_db(req, r);
@@ -363,38 +337,44 @@ static void got(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_NOT_FOUND, "no record %s/%s", call->kind, call->key);
 	else
 		reply_record(req, r->res, false, true);
-	call_free(call);
 }
 
 void rpc_record_get(struct request *req)
 {
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	if (!call)
 		return;
-	if (!param_kind_key(req, call)) {
-		call_free(call);
+	if (!param_kind_key(req, call))
 		return;
-	}
 	char uid[24];
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	const char *params[4] = {call->kind, call->key, uid, req_is_admin(req) ? "true" : "false"};
-	call_query(req, call,
-		   "SELECT n.now_at, " RECORD_READ_COLS
-		   " FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		   "LEFT JOIN (pgcoord.record_status s " RECORD_READ_REDACTED ") "
-		   "ON s.kind = $1 AND s.key = $2",
-		   4, params, got);
+	req_query(req,
+		  "SELECT n.now_at, " RECORD_READ_COLS
+		  " FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+		  "LEFT JOIN (pgcoord.record_status s " RECORD_READ_REDACTED ") "
+		  "ON s.kind = $1 AND s.key = $2",
+		  4, params, got);
 }
+
+#define LIST_BYTES_COL (1 + RS__COUNT + 1)
 
 static void listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	int64_t limit = req->target_id;
+	const struct record_call *call = req->ctx;
+	int64_t limit = call->limit;
 	const PGresult *res = r->res;
 	int n, count = 0;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
+		return;
+	}
+	/* now_at, the record read, then the running total of reply bytes */
+	if (!pgrow_has_cols(res, LIST_BYTES_COL + 1)) {
+		req_fail(req, PGC_E_INTERNAL, "record.list: a statement answered %d columns",
+			 PQnfields(res));
 		return;
 	}
 	n = PQntuples(res);
@@ -405,10 +385,10 @@ static void listed(const struct db_result *r, void *arg)
 	if (truncated)
 		count = (int)limit;
 	if (count > 0 &&
-	    (size_t)pgrow_int(res, count - 1, 1 + RS__COUNT + 1) > req_reply_budget(req)) {
+	    (size_t)pgrow_int(res, count - 1, LIST_BYTES_COL) > req_reply_budget(req)) {
 		int fit = 0;
 		while (fit < count &&
-		       (size_t)pgrow_int(res, fit, 1 + RS__COUNT + 1) <= req_reply_budget(req))
+		       (size_t)pgrow_int(res, fit, LIST_BYTES_COL) <= req_reply_budget(req))
 			fit++;
 		req_fail(req, PGC_E_TOO_LARGE,
 			 "record.list would answer more than %zu bytes, over the reply budget "
@@ -417,14 +397,15 @@ static void listed(const struct db_result *r, void *arg)
 			 req_reply_budget(req), fit > 0 ? fit : 1);
 		return;
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 3);
-	pgc_pack_cstr(pk, "records");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	msgpack_packer *pk = reply_key(&m, "records");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0; i < count; i++)
-		pack_record(pk, res, i, 1, true);
-	pgc_pack_kv_bool(pk, "truncated", truncated);
-	pgc_pack_kv_int(pk, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+		reply_pack_row(pk, &record_read_row, res, i, 1);
+	reply_kv_bool(&m, "truncated", truncated);
+	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -446,7 +427,12 @@ void rpc_record_list(struct request *req)
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
 	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
-	req->target_id = limit;
+	struct record_call *call = req_ctx_alloc(req, sizeof(*call), record_call_free);
+	if (!call) {
+		free(kind);
+		return;
+	}
+	call->limit = limit; /* the statement asks for one more */
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
 	const char *params[8] = {kind,
@@ -558,18 +544,17 @@ static void reply_unread(struct request *req, bool dry_run, const char *why)
 {
 	log_warn(&req->ag->log, "records", "recovery adopted nothing: liveness unreadable (%s)",
 		 why);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 8);
-	pgc_pack_kv_bool(pk, "liveness_read", false);
-	pgc_pack_kv_bool(pk, "dry_run", dry_run);
-	pgc_pack_cstr(pk, "adopted");
-	msgpack_pack_array(pk, 0);
-	pgc_pack_cstr(pk, "permits");
-	msgpack_pack_array(pk, 0);
-	pgc_pack_kv_nil(pk, "left_alone");
-	pgc_pack_kv_nil(pk, "remaining");
-	pgc_pack_kv_str(pk, "reason", why);
-	pgc_pack_kv_nil(pk, "now_at");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "liveness_read", false);
+	reply_kv_bool(&m, "dry_run", dry_run);
+	msgpack_pack_array(reply_key(&m, "adopted"), 0);
+	msgpack_pack_array(reply_key(&m, "permits"), 0);
+	reply_kv_nil(&m, "left_alone");
+	reply_kv_nil(&m, "remaining");
+	reply_kv_str(&m, "reason", why);
+	reply_kv_nil(&m, "now_at");
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -587,6 +572,13 @@ static bool same_permit(const PGresult *res, int x, int y)
 	return strcmp(PQgetvalue(res, x, RV_RECORD + RS_PERMIT),
 		      PQgetvalue(res, y, RV_RECORD + RS_PERMIT)) == 0;
 }
+
+static const struct reply_col recovered_permit_cols[] = {
+    {"id", REPLY_STR, RV_RECORD + RS_PERMIT, 0}, {"state", REPLY_STR, RV_P_STATE, 0},
+    {"phase", REPLY_STR, RV_P_PHASE, 0},	 {"token", REPLY_INT, RV_P_TOKEN, 0},
+    {"owner_session", REPLY_INT, RV_P_OWNER, 0}, {"uncertain_reason", REPLY_STR, RV_P_REASON, 0},
+};
+static const struct reply_kind recovered_permit_row = REPLY_KIND(recovered_permit_cols);
 
 /* The distinct permits of the adopted records, as {id, state, phase, token,
  * owner_session, uncertain_reason} as they are after the recovery. */
@@ -607,22 +599,23 @@ static bool pack_permits(msgpack_packer *pk, const PGresult *res, int nrecords)
 		int row = rows[i];
 		if (i > 0 && same_permit(res, rows[i - 1], row))
 			continue;
-		msgpack_pack_map(pk, 6);
-		pgrow_kv_str(pk, "id", res, row, RV_RECORD + RS_PERMIT);
-		pgrow_kv_str(pk, "state", res, row, RV_P_STATE);
-		pgrow_kv_str(pk, "phase", res, row, RV_P_PHASE);
-		pgrow_kv_int(pk, "token", res, row, RV_P_TOKEN);
-		pgrow_kv_int(pk, "owner_session", res, row, RV_P_OWNER);
-		pgrow_kv_str(pk, "uncertain_reason", res, row, RV_P_REASON);
+		reply_pack_row(pk, &recovered_permit_row, res, row, 0);
 	}
 	free(rows);
 	return true;
 }
 
+static const struct reply_col recovery_totals_cols[] = {
+    {"left_alone", REPLY_INT, RV_LEFT_ALONE, 0},
+    {"remaining", REPLY_INT, RV_REMAINING, 0},
+    {"now_at", REPLY_INT, RV_NOW, 0},
+};
+static const struct reply_kind recovery_totals_row = REPLY_KIND(recovery_totals_cols);
+
 static void recovered(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
-	struct record_call *call = take_call(req);
+	struct record_call *call = req->ctx;
 	const PGresult *res = r->res;
 	int n, count = 0;
 
@@ -640,13 +633,13 @@ static void recovered(const struct db_result *r, void *arg)
 		} else {
 			reply_unread(req, call->dry_run, r->message);
 		}
-		goto out;
+		return;
 	}
 	n = PQntuples(res);
 	if (n < 1 || PQnfields(res) != RV__COUNT) {
 		req_fail(req, PGC_E_INTERNAL, "record recovery returned %d rows of %d columns", n,
 			 PQnfields(res));
-		goto out;
+		return;
 	}
 	for (int i = 0; i < n; i++)
 		count += !pgrow_null(res, i, RV_RECORD + RS_KIND);
@@ -657,30 +650,27 @@ static void recovered(const struct db_result *r, void *arg)
 			  "recovered %d record(s) of dead owners; left %s alone (live owners)",
 			  count, PQgetvalue(res, 0, RV_LEFT_ALONE));
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 8);
-	pgc_pack_kv_bool(pk, "liveness_read", true);
-	pgc_pack_kv_bool(pk, "dry_run", call->dry_run);
-	pgc_pack_cstr(pk, "adopted");
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "liveness_read", true);
+	reply_kv_bool(&m, "dry_run", call->dry_run);
+	msgpack_packer *pk = reply_key(&m, "adopted");
 	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0; i < count; i++)
-		pack_record(pk, res, i, RV_RECORD, false);
-	pgc_pack_cstr(pk, "permits");
+		reply_pack_row(pk, &record_row, res, i, RV_RECORD);
+	pk = reply_key(&m, "permits");
 	if (!pack_permits(pk, res, count))
 		msgpack_pack_array(pk, 0); /* out of memory: the records say which */
-	pgrow_kv_int(pk, "left_alone", res, 0, RV_LEFT_ALONE);
-	pgrow_kv_int(pk, "remaining", res, 0, RV_REMAINING);
-	pgc_pack_kv_nil(pk, "reason");
-	pgrow_kv_int(pk, "now_at", res, 0, RV_NOW);
+	reply_kv_row(&m, &recovery_totals_row, res, 0, 0);
+	reply_kv_nil(&m, "reason");
+	reply_map_end(&m);
 	req_done(req);
-out:
-	call_free(call);
 }
 
 void rpc_record_recover(struct request *req)
 {
 	struct agent *ag = req->ag;
-	struct record_call *call = call_new(req);
+	struct record_call *call = record_call_new(req);
 	char *kinds = NULL;
 	int64_t limit = RECORD_RECOVER_DEFAULT;
 	bool dry_run = false;
@@ -712,7 +702,6 @@ void rpc_record_recover(struct request *req)
 	/* it adopts no more than one reply can carry; remaining says to call
 	 * again */
 	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
-	req->ctx = call;
 	if (dry_run) {
 		const char *params[5] = {call->session ? session : NULL, kinds, limit_s, uid_or_all,
 					 budget_s};
@@ -733,9 +722,7 @@ void rpc_record_recover(struct request *req)
 	free(kinds);
 	return;
 unqueued:
-	req->ctx = NULL;
 	reply_unread(req, dry_run, "the database is unreachable (or its queue is full)");
 fail:
-	call_free(call);
 	free(kinds);
 }

@@ -14,7 +14,7 @@
 /* A dying lease of session_id named name (any name when NULL). */
 static struct lease *dying_for(struct agent *ag, int64_t session_id, const char *name)
 {
-	for (struct lease *l = reg(ag)->dying; l; l = l->next)
+	for (struct lease *l = lease_reg(ag)->dying; l; l = l->next)
 		if (l->session_id == session_id && (!name || strcmp(l->name, name) == 0))
 			return l;
 	return NULL;
@@ -23,7 +23,7 @@ static struct lease *dying_for(struct agent *ag, int64_t session_id, const char 
 /* A dying lease's statement returned: its parked requests run again. */
 void lease_settled(struct lease *l)
 {
-	struct lease_registry *rg = reg(l->ag);
+	struct lease_registry *rg = lease_reg(l->ag);
 	struct lease **pp = &rg->dying;
 	while (*pp && *pp != l)
 		pp = &(*pp)->next;
@@ -42,7 +42,7 @@ void lease_settled(struct lease *l)
 
 void session_order_rerun_cb(evutil_socket_t fd, short what, void *arg)
 {
-	struct lease_registry *rg = reg(arg);
+	struct lease_registry *rg = lease_reg(arg);
 	(void)fd;
 	(void)what;
 	while (rg->ready) {

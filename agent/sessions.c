@@ -15,6 +15,7 @@
 #include "agent/dispatch.h"
 #include "agent/keepalive.h"
 #include "agent/leases.h"
+#include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/methods.h"
 
@@ -133,9 +134,11 @@ struct lost_note {
 static void fill_lost(msgpack_packer *pk, void *arg)
 {
 	const struct lost_note *note = arg;
-	msgpack_pack_map(pk, 2);
-	pgc_pack_kv_int(pk, "session", note->id);
-	pgc_pack_kv_str(pk, "reason", note->reason);
+	struct reply_map m;
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "session", note->id);
+	reply_kv_str(&m, "reason", note->reason);
+	reply_map_end(&m);
 }
 
 static void lose(struct agent *ag, struct session *s, const char *reason, enum log_level level)
@@ -281,18 +284,19 @@ static void opened(const struct db_result *r, void *arg)
 	} else {
 		attach(s, c);
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 5);
-	pgc_pack_kv_int(pk, "session", id);
-	pgc_pack_kv_bool(pk, "resumed", false);
-	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
-	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
-	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_int(&m, "session", id);
+	reply_kv_bool(&m, "resumed", false);
+	reply_kv_int(&m, "ttl_ms", ag->cfg.session_ttl_ms);
+	reply_kv_int(&m, "grace_ms", ag->cfg.session_grace_ms);
+	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
 	char kv[96] = "";
 	log_kv_int(kv, sizeof(kv), "session", id);
 	log_kv_int(kv, sizeof(kv), "pid", c->pid);
 	log_kv_int(kv, sizeof(kv), "uid", c->uid);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened");
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -309,6 +313,12 @@ static void fail_not_owner(struct request *req, const struct session *s)
 		 s->id, owner);
 }
 
+/* What session.open (resuming) and session.close keep for their callback:
+ * the session, found again by id since the registry may change meanwhile. */
+struct session_call {
+	int64_t id;
+};
+
 static void resumed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -320,7 +330,7 @@ static void resumed(const struct db_result *r, void *arg)
 	(void)read_keepalive_ms(req, &keepalive_ms);
 	/* find the target again by id: the registry may have changed while
 	 * the statement ran */
-	id = req->target_id;
+	id = ((const struct session_call *)req->ctx)->id;
 	s = sessions_find(ag, id);
 	if (s)
 		s->busy = false;
@@ -355,18 +365,19 @@ static void resumed(const struct db_result *r, void *arg)
 		return;
 	}
 	attach(s, req->conn);
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 5);
-	pgc_pack_kv_int(pk, "session", id);
-	pgc_pack_kv_bool(pk, "resumed", true);
-	pgc_pack_kv_int(pk, "ttl_ms", ag->cfg.session_ttl_ms);
-	pgc_pack_kv_int(pk, "grace_ms", ag->cfg.session_grace_ms);
-	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_int(&m, "session", id);
+	reply_kv_bool(&m, "resumed", true);
+	reply_kv_int(&m, "ttl_ms", ag->cfg.session_ttl_ms);
+	reply_kv_int(&m, "grace_ms", ag->cfg.session_grace_ms);
+	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
 	char kv[96] = "";
 	log_kv_int(kv, sizeof(kv), "session", id);
 	log_kv_int(kv, sizeof(kv), "pid", req->conn->pid);
 	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed");
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -433,7 +444,10 @@ void rpc_session_open(struct request *req)
 		snprintf(idbuf, sizeof(idbuf), "%" PRId64, resume);
 		const char *params[6] = {
 		    idbuf, ag->cfg.replica_id, inc, ttl, uid, req_is_admin(req) ? "true" : "false"};
-		req->target_id = resume;
+		struct session_call *call = req_ctx_alloc(req, sizeof(*call), NULL);
+		if (!call)
+			return;
+		call->id = resume;
 		/* the database checks the owner too: it alone knows the owner
 		 * of a predecessor's session */
 		if (req_query(req,
@@ -465,14 +479,15 @@ void rpc_session_keepalive(struct request *req)
 			 id);
 		return;
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 5);
-	pgc_pack_kv_int(pk, "session", id);
-	pgc_pack_kv_bool(pk, "live", true);
-	pgc_pack_kv_int(pk, "last_heartbeat_ms_ago",
-			ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
-	pgc_pack_kv_int(pk, "keepalive_ms", s->keepalive_ms);
-	pgc_pack_kv_int(pk, "next_due_ms", keepalive_due_in_ms(s));
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_int(&m, "session", id);
+	reply_kv_bool(&m, "live", true);
+	reply_kv_int(&m, "last_heartbeat_ms_ago",
+		     ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
+	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
+	reply_kv_int(&m, "next_due_ms", keepalive_due_in_ms(s));
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -485,7 +500,7 @@ static void closed(const struct db_result *r, void *arg)
 	int64_t id = 0;
 	struct session *s;
 
-	id = req->target_id;
+	id = ((const struct session_call *)req->ctx)->id;
 	s = sessions_find(ag, id);
 	if (s)
 		session_remove(ag, s);
@@ -497,9 +512,10 @@ static void closed(const struct db_result *r, void *arg)
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "closed by its client");
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_kv_bool(pk, "closed", true);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "closed", true);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -521,7 +537,10 @@ void rpc_session_close(struct request *req)
 	snprintf(ids, sizeof(ids), "{%" PRId64 "}", s->id);
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	const char *params[3] = {ids, inc, "closed by client"};
-	req->target_id = s->id;
+	struct session_call *call = req_ctx_alloc(req, sizeof(*call), NULL);
+	if (!call)
+		return;
+	call->id = s->id;
 	if (req_query(req, "SELECT session_id FROM pgcoord.session_close($1::bigint[], $2, $3)", 3,
 		      params, closed)) {
 		s->busy = true;

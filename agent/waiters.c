@@ -13,6 +13,7 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 
 #define WAITER_ID_MAX 200
@@ -32,24 +33,24 @@ struct waiter_registry {
 	uint64_t admitted, expired; /* notifications pushed */
 };
 
-static struct waiter_registry *reg(const struct agent *ag)
+static struct waiter_registry *waiter_reg(const struct agent *ag)
 {
 	return ag->waiters;
 }
 
 int waiters_count(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->count : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->count : 0;
 }
 
 uint64_t waiters_admitted_total(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->admitted : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->admitted : 0;
 }
 
 uint64_t waiters_expired_total(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->expired : 0;
+	return waiter_reg(ag) ? waiter_reg(ag)->expired : 0;
 }
 
 /* Forgets id of session_id; false when it was not tracked. */
@@ -70,7 +71,7 @@ static bool forget(struct waiter_registry *rg, const char *id, int64_t session_i
 
 void waiters_track(struct agent *ag, const char *id, int64_t session_id)
 {
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	if (!rg)
 		return;
 	for (struct waiter *w = rg->list; w; w = w->next)
@@ -90,79 +91,74 @@ void waiters_track(struct agent *ag, const char *id, int64_t session_id)
 
 /* --- permit.cancel ------------------------------------------------------ */
 
+/* The row of pgcoord.permit_cancel, in the order its reply sends it. */
+enum { PC_OUTCOME, PC_STATUS, PC_GONE, PC_DETAIL, PC_NOW };
+static const struct reply_col cancel_cols[] = {
+    {"outcome", REPLY_HIDDEN, PC_OUTCOME, 0}, {"cancelled", REPLY_BOOL, PC_GONE, 0},
+    {"status", REPLY_STR, PC_STATUS, 0},      {"detail", REPLY_HIDDEN, PC_DETAIL, 0},
+    {"now_at", REPLY_INT, PC_NOW, 0},
+};
+static const struct reply_kind cancel_row = REPLY_KIND(cancel_cols);
+
 struct cancel_call {
 	char *id;
 	int64_t session_id;
 };
 
+static void cancel_call_free(void *ctx)
+{
+	free(((struct cancel_call *)ctx)->id);
+}
+
 static void cancelled(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	struct cancel_call *call = req->ctx;
-	req->ctx = NULL;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
 	} else {
 		const PGresult *res = r->res;
-		const char *outcome = PQgetvalue(res, 0, 0);
-		if (strcmp(outcome, "not_found") == 0) {
+		const char *outcome = PQgetvalue(res, 0, PC_OUTCOME);
+		if (!req_rows_are(req, &cancel_row, res, 0)) {
+			/* answered */
+		} else if (strcmp(outcome, "not_found") == 0) {
 			req_fail(req, PGC_E_NOT_FOUND, "no queued claim or permit \"%s\"",
 				 call->id);
 		} else if (strcmp(outcome, "forbidden") == 0) {
 			req_fail(req, PGC_E_FORBIDDEN,
 				 "cannot cancel \"%s\": %s; only the session that queued it (or an "
 				 "admin) may",
-				 call->id, PQgetvalue(res, 0, 3));
+				 call->id, pgrow_text(res, 0, PC_DETAIL));
 		} else if (strcmp(outcome, "ok") != 0) {
 			req_fail(req, PGC_E_INTERNAL, "permit_cancel: unexpected outcome \"%s\"",
 				 outcome);
 		} else {
-			bool gone = pgrow_bool(res, 0, 2);
-			if (gone && reg(req->ag))
-				forget(reg(req->ag), call->id, call->session_id);
-			msgpack_packer *pk = req_result(req);
-			msgpack_pack_map(pk, 4);
-			pgc_pack_kv_str(pk, "id", call->id);
-			pgc_pack_kv_bool(pk, "cancelled", gone);
-			pgrow_kv_str(pk, "status", res, 0, 1);
-			pgrow_kv_int(pk, "now_at", res, 0, 4);
+			bool gone = pgrow_bool(res, 0, PC_GONE);
+			if (gone && waiter_reg(req->ag))
+				forget(waiter_reg(req->ag), call->id, call->session_id);
+			struct reply_map m;
+			reply_map_begin(&m, req_result(req));
+			reply_kv_str(&m, "id", call->id);
+			reply_kv_row(&m, &cancel_row, res, 0, 0);
+			reply_map_end(&m);
 			req_done(req);
 		}
 	}
-	free(call->id);
-	free(call);
 }
 
 void rpc_permit_cancel(struct request *req)
 {
-	struct cancel_call *call = calloc(1, sizeof(*call));
+	struct cancel_call *call = req_ctx_alloc(req, sizeof(*call), cancel_call_free);
 	char uid[24], session[24];
 
-	if (!call) {
-		req_fail(req, PGC_E_INTERNAL, "out of memory");
+	if (!call || !req_param_name(req, "id", true, WAITER_ID_MAX, &call->id))
 		return;
-	}
-	if (!req_param_str(req, "id", true, WAITER_ID_MAX, &call->id)) {
-		free(call);
-		return;
-	}
-	if (!call->id[0]) {
-		free(call->id);
-		free(call);
-		req_fail(req, PGC_E_INVALID_PARAMS, "parameter 'id' must not be empty");
-		return;
-	}
 	call->session_id = req->conn->session->id;
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	snprintf(session, sizeof(session), "%" PRId64, call->session_id);
 	const char *params[4] = {uid, req_is_admin(req) ? "true" : "false", call->id, session};
-	req->ctx = call;
-	if (!req_query(req, "SELECT * FROM pgcoord.permit_cancel($1, $2, $3, $4)", 4, params,
-		       cancelled)) {
-		free(call->id);
-		free(call);
-	}
+	req_query(req, "SELECT * FROM pgcoord.permit_cancel($1, $2, $3, $4)", 4, params, cancelled);
 }
 
 /* --- the poll ----------------------------------------------------------- */
@@ -180,7 +176,6 @@ enum {
 	WP_CREATED,
 	WP_QUEUED_MS,
 	WP_NOW,
-	WP_COLS
 };
 
 struct row {
@@ -188,34 +183,45 @@ struct row {
 	int i;
 };
 
+/* What a waiter hears when admitted, and when its wait ran out. */
+static const struct reply_col admitted_cols[] = {
+    {"id", REPLY_STR, WP_ID, 0},
+    {"token", REPLY_INT, WP_TOKEN, 0},
+    {"state", REPLY_STR, WP_PSTATE, 0},
+    {"phase", REPLY_STR, WP_PHASE, 0},
+    {"owner_session", REPLY_INT, WP_SESSION, 0},
+    {"owner_replica", REPLY_STR, WP_REPLICA, 0},
+    {"created_at", REPLY_INT, WP_CREATED, 0},
+    {"queued_ms", REPLY_INT, WP_QUEUED_MS, 0},
+    {"now_at", REPLY_INT, WP_NOW, 0},
+    {"waiter_state", REPLY_HIDDEN, WP_STATE, 0},
+    {"reason", REPLY_HIDDEN, WP_REASON, 0},
+};
+static const struct reply_kind admitted_row = REPLY_KIND(admitted_cols);
+
+static const struct reply_col expired_cols[] = {
+    {"id", REPLY_STR, WP_ID, 0},
+    {"reason", REPLY_STR, WP_REASON, 0},
+    {"now_at", REPLY_INT, WP_NOW, 0},
+};
+static const struct reply_kind expired_row = REPLY_KIND(expired_cols);
+
 static void fill_admitted(msgpack_packer *pk, void *arg)
 {
 	const struct row *r = arg;
-	msgpack_pack_map(pk, 9);
-	pgrow_kv_str(pk, "id", r->res, r->i, WP_ID);
-	pgrow_kv_int(pk, "token", r->res, r->i, WP_TOKEN);
-	pgrow_kv_str(pk, "state", r->res, r->i, WP_PSTATE);
-	pgrow_kv_str(pk, "phase", r->res, r->i, WP_PHASE);
-	pgrow_kv_int(pk, "owner_session", r->res, r->i, WP_SESSION);
-	pgrow_kv_str(pk, "owner_replica", r->res, r->i, WP_REPLICA);
-	pgrow_kv_int(pk, "created_at", r->res, r->i, WP_CREATED);
-	pgrow_kv_int(pk, "queued_ms", r->res, r->i, WP_QUEUED_MS);
-	pgrow_kv_int(pk, "now_at", r->res, r->i, WP_NOW);
+	reply_pack_row(pk, &admitted_row, r->res, r->i, 0);
 }
 
 static void fill_expired(msgpack_packer *pk, void *arg)
 {
 	const struct row *r = arg;
-	msgpack_pack_map(pk, 3);
-	pgrow_kv_str(pk, "id", r->res, r->i, WP_ID);
-	pgrow_kv_str(pk, "reason", r->res, r->i, WP_REASON);
-	pgrow_kv_int(pk, "now_at", r->res, r->i, WP_NOW);
+	reply_pack_row(pk, &expired_row, r->res, r->i, 0);
 }
 
 static void poll_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 
 	if (!rg)
 		return; /* the agent is exiting */
@@ -224,7 +230,7 @@ static void poll_done(const struct db_result *r, void *arg)
 		log_debug(&ag->log, "waiters", "the waiter poll failed: %s", r->message);
 		return;
 	}
-	if (PQnfields(r->res) != WP_COLS)
+	if (!reply_kind_fits(&admitted_row, r->res, 0))
 		return;
 	for (int i = 0; i < PQntuples(r->res); i++) {
 		const char *id = PQgetvalue(r->res, i, WP_ID);
@@ -268,7 +274,7 @@ static void prune(struct agent *ag, struct waiter_registry *rg)
 static void poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct agent *ag = arg;
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	(void)fd;
 	(void)what;
 
@@ -300,7 +306,7 @@ bool waiters_start(struct agent *ag)
 
 void waiters_finish(struct agent *ag)
 {
-	struct waiter_registry *rg = reg(ag);
+	struct waiter_registry *rg = waiter_reg(ag);
 	if (!rg)
 		return;
 	while (rg->list) {

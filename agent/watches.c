@@ -13,6 +13,7 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/reply.h"
 #include "agent/sessions.h"
 
 #define WATCH_TARGET_MAX 200 /* quota keys, permit ids and record kinds */
@@ -58,7 +59,7 @@ struct watch_registry {
 	uint64_t polls; /* statements sent */
 };
 
-static struct watch_registry *reg(const struct agent *ag)
+static struct watch_registry *watch_reg(const struct agent *ag)
 {
 	return ag->watches;
 }
@@ -83,12 +84,12 @@ static void watch_free(struct watch *w)
 
 int watches_count(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->count : 0;
+	return watch_reg(ag) ? watch_reg(ag)->count : 0;
 }
 
 uint64_t watches_polls(const struct agent *ag)
 {
-	return reg(ag) ? reg(ag)->polls : 0;
+	return watch_reg(ag) ? watch_reg(ag)->polls : 0;
 }
 
 /* --- the methods ------------------------------------------------------ */
@@ -96,7 +97,7 @@ uint64_t watches_polls(const struct agent *ag)
 static void watch_method(struct request *req, enum watch_kind kind, const char *param)
 {
 	struct agent *ag = req->ag;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	int64_t session_id = req->conn->session->id;
 	struct watch *found = NULL;
 	char *target = NULL;
@@ -144,10 +145,11 @@ static void watch_method(struct request *req, enum watch_kind kind, const char *
 		rg->list = found;
 		rg->count++;
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_kv_int(pk, "watch", found->id);
-	pgc_pack_kv_int(pk, "poll_ms", ag->cfg.watch_poll_ms);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_int(&m, "watch", found->id);
+	reply_kv_int(&m, "poll_ms", ag->cfg.watch_poll_ms);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -168,7 +170,7 @@ void rpc_record_watch(struct request *req)
 
 void rpc_watch_cancel(struct request *req)
 {
-	struct watch_registry *rg = reg(req->ag);
+	struct watch_registry *rg = watch_reg(req->ag);
 	int64_t id = 0;
 	bool cancelled = false;
 
@@ -189,9 +191,10 @@ void rpc_watch_cancel(struct request *req)
 			break;
 		}
 	}
-	msgpack_packer *pk = req_result(req);
-	msgpack_pack_map(pk, 1);
-	pgc_pack_kv_bool(pk, "cancelled", cancelled);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_bool(&m, "cancelled", cancelled);
+	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -289,69 +292,72 @@ struct note {
 	int row; /* -1: the watched quota or permit does not exist */
 };
 
+/* The cells of a permit's and a record's row of the poll, as their
+ * notifications send them. */
+static const struct reply_col permit_watch_cols[] = {
+    {"state", REPLY_STR, COL_T1, 0},	     {"phase", REPLY_STR, COL_T2, 0},
+    {"token", REPLY_INT, COL_N1, 0},	     {"owner_session", REPLY_INT, COL_N2, 0},
+    {"owner_replica", REPLY_STR, COL_T3, 0}, {"uncertain_reason", REPLY_STR, COL_T4, 0},
+    {"state_at", REPLY_INT, COL_N3, 0},	     {"phase_at", REPLY_INT, COL_N4, 0},
+    {"released_at", REPLY_INT, COL_N5, 0},
+};
+static const struct reply_kind permit_watch_row = REPLY_KIND(permit_watch_cols);
+
+static const struct reply_col record_watch_cols[] = {
+    {"key", REPLY_STR, COL_KEY, 0},	     {"state", REPLY_STR, COL_T1, 0},
+    {"token", REPLY_INT, COL_N1, 0},	     {"owner_session", REPLY_INT, COL_N2, 0},
+    {"owner_replica", REPLY_STR, COL_T3, 0}, {"owner_uid", REPLY_INT, COL_N3, 0},
+    {"permit", REPLY_STR, COL_T2, 0},	     {"updated_at", REPLY_INT, COL_N4, 0},
+};
+static const struct reply_kind record_watch_row = REPLY_KIND(record_watch_cols);
+
 static void fill_quota(msgpack_packer *pk, void *arg)
 {
 	const struct note *nt = arg;
 	const struct watch *w = nt->w;
 	int64_t limit = w->n[0], in_flight = w->n[1];
-	msgpack_pack_map(pk, 9);
-	pgc_pack_kv_int(pk, "watch", w->id);
-	pgc_pack_kv_str(pk, "key", w->target);
-	pgc_pack_kv_bool(pk, "exists", w->exists);
-	pgc_pack_kv_int(pk, "limit", limit);
-	pgc_pack_kv_int(pk, "in_flight", in_flight);
-	pgc_pack_kv_int(pk, "held", w->n[2]);
-	pgc_pack_kv_int(pk, "uncertain", w->n[3]);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "watch", w->id);
+	reply_kv_str(&m, "key", w->target);
+	reply_kv_bool(&m, "exists", w->exists);
+	reply_kv_int(&m, "limit", limit);
+	reply_kv_int(&m, "in_flight", in_flight);
+	reply_kv_int(&m, "held", w->n[2]);
+	reply_kv_int(&m, "uncertain", w->n[3]);
 	/* a limit lowered below in_flight leaves no room, not negative room */
-	pgc_pack_kv_int(pk, "room", limit > in_flight ? limit - in_flight : 0);
-	pgc_pack_kv_int(pk, "permits", w->n[4]);
+	reply_kv_int(&m, "room", limit > in_flight ? limit - in_flight : 0);
+	reply_kv_int(&m, "permits", w->n[4]);
+	reply_map_end(&m);
 }
 
 static void fill_permit(msgpack_packer *pk, void *arg)
 {
 	const struct note *nt = arg;
-	const struct watch *w = nt->w;
-	const PGresult *res = nt->res;
-	msgpack_pack_map(pk, 12);
-	pgc_pack_kv_int(pk, "watch", w->id);
-	pgc_pack_kv_str(pk, "id", w->target);
-	pgc_pack_kv_bool(pk, "exists", nt->row >= 0);
-	if (nt->row < 0) {
-		static const char *const nils[] = {
-		    "state",	     "phase",	      "token",
-		    "owner_session", "owner_replica", "uncertain_reason",
-		    "state_at",	     "phase_at",      "released_at"};
-		for (size_t i = 0; i < sizeof(nils) / sizeof(nils[0]); i++)
-			pgc_pack_kv_nil(pk, nils[i]);
-		return;
-	}
-	pgrow_kv_str(pk, "state", res, nt->row, COL_T1);
-	pgrow_kv_str(pk, "phase", res, nt->row, COL_T2);
-	pgrow_kv_int(pk, "token", res, nt->row, COL_N1);
-	pgrow_kv_int(pk, "owner_session", res, nt->row, COL_N2);
-	pgrow_kv_str(pk, "owner_replica", res, nt->row, COL_T3);
-	pgrow_kv_str(pk, "uncertain_reason", res, nt->row, COL_T4);
-	pgrow_kv_int(pk, "state_at", res, nt->row, COL_N3);
-	pgrow_kv_int(pk, "phase_at", res, nt->row, COL_N4);
-	pgrow_kv_int(pk, "released_at", res, nt->row, COL_N5);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "watch", nt->w->id);
+	reply_kv_str(&m, "id", nt->w->target);
+	reply_kv_bool(&m, "exists", nt->row >= 0);
+	if (nt->row < 0)
+		reply_kv_nils(&m, &permit_watch_row);
+	else
+		reply_kv_row(&m, &permit_watch_row, nt->res, nt->row, 0);
+	reply_map_end(&m);
 }
 
 static void fill_record(msgpack_packer *pk, void *arg)
 {
 	const struct note *nt = arg;
-	const PGresult *res = nt->res;
-	int i = nt->row;
-	msgpack_pack_map(pk, 10);
-	pgc_pack_kv_int(pk, "watch", nt->w->id);
-	pgc_pack_kv_str(pk, "kind", nt->w->target);
-	pgrow_kv_str(pk, "key", res, i, COL_KEY);
-	pgrow_kv_str(pk, "state", res, i, COL_T1);
-	pgrow_kv_int(pk, "token", res, i, COL_N1);
-	pgrow_kv_int(pk, "owner_session", res, i, COL_N2);
-	pgrow_kv_str(pk, "owner_replica", res, i, COL_T3);
-	pgrow_kv_int(pk, "owner_uid", res, i, COL_N3);
-	pgrow_kv_str(pk, "permit", res, i, COL_T2);
-	pgrow_kv_int(pk, "updated_at", res, i, COL_N4);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "watch", nt->w->id);
+	reply_kv_str(&m, "kind", nt->w->target);
+	reply_kv_row(&m, &record_watch_row, nt->res, nt->row, 0);
+	reply_map_end(&m);
 }
 
 static bool str_changed(char **saved, const PGresult *res, int row, int col)
@@ -449,7 +455,7 @@ static void poll_record(struct watch *w, struct conn *c, const PGresult *res,
 static void poll_done(const struct db_result *r, void *arg)
 {
 	struct agent *ag = arg;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	struct rowref *rows = NULL;
 	size_t n;
 
@@ -568,7 +574,7 @@ static void prune(struct agent *ag, struct watch_registry *rg)
 static void poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct agent *ag = arg;
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	char *lits[WATCH__COUNT] = {NULL};
 	bool ok = true;
 	(void)fd;
@@ -594,7 +600,7 @@ static void poll_cb(evutil_socket_t fd, short what, void *arg)
 
 void watches_each_quota(const struct agent *ag, watches_quota_fn fn, void *arg)
 {
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	if (!rg)
 		return;
 	for (struct watch *w = rg->list; w; w = w->next) {
@@ -643,7 +649,7 @@ bool watches_start(struct agent *ag)
 
 void watches_finish(struct agent *ag)
 {
-	struct watch_registry *rg = reg(ag);
+	struct watch_registry *rg = watch_reg(ag);
 	if (!rg)
 		return;
 	while (rg->list) {

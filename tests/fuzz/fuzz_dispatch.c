@@ -253,6 +253,12 @@ static void settle(struct agent *ag, struct client *cl)
 	die("the database queue never drained");
 }
 
+/* as main.c wires them */
+static const struct conn_hooks fuzz_conn_hooks = {
+    .frame = dispatch_frame,
+    .closing = sessions_detach,
+};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct agent ag;
@@ -276,6 +282,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ag.log.out = devnull;
 	ag.state = ctl & CTL_STOPPING ? AGENT_STOPPING : AGENT_SERVING;
 	ag.started_ms = mono_ms();
+	ag.conn_hooks = &fuzz_conn_hooks;
 	ag.id.registered = true;
 	ag.id.incarnation = 7;
 	ag.id.hb_last_ok_ms = ag.started_ms;

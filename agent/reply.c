@@ -1,0 +1,177 @@
+/*
+ * reply.c — see reply.h.
+ */
+#include "agent/reply.h"
+
+#include <msgpack.h>
+
+#include "agent/pgrow.h"
+#include "proto/codec.h"
+
+int reply_kind_width(const struct reply_kind *kind)
+{
+	int width = 0;
+
+	for (size_t i = 0; i < kind->n; i++)
+		if (kind->cols[i].col + 1 > width)
+			width = kind->cols[i].col + 1;
+	return width;
+}
+
+uint32_t reply_kind_entries(const struct reply_kind *kind)
+{
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < kind->n; i++)
+		if (kind->cols[i].type != REPLY_HIDDEN)
+			n++;
+	return n;
+}
+
+bool reply_kind_fits(const struct reply_kind *kind, const PGresult *res, int offset)
+{
+	return pgrow_has_cols(res, offset + reply_kind_width(kind));
+}
+
+static void pack_cell(msgpack_packer *pk, const struct reply_col *c, const PGresult *res, int row,
+		      int offset)
+{
+	int col = offset + c->col;
+
+	switch (c->type) {
+	case REPLY_INT:
+		pgrow_kv_int(pk, c->name, res, row, col);
+		break;
+	case REPLY_STR:
+		pgrow_kv_str(pk, c->name, res, row, col);
+		break;
+	case REPLY_BOOL:
+		pgc_pack_kv_bool(pk, c->name, pgrow_bool(res, row, col));
+		break;
+	case REPLY_BYTEA:
+		pgrow_kv_bytea(pk, c->name, res, row, col);
+		break;
+	case REPLY_HEX_BIN:
+		pgrow_kv_hex_bin(pk, c->name, res, row, col);
+		break;
+	case REPLY_AGE:
+		pgrow_kv_age(pk, c->name, pgrow_int(res, row, offset + c->now_col), res, row, col);
+		break;
+	case REPLY_HIDDEN:
+		break;
+	}
+}
+
+void reply_pack_row(msgpack_packer *pk, const struct reply_kind *kind, const PGresult *res, int row,
+		    int offset)
+{
+	msgpack_pack_map(pk, reply_kind_entries(kind));
+	for (size_t i = 0; i < kind->n; i++)
+		pack_cell(pk, &kind->cols[i], res, row, offset);
+}
+
+void reply_pack_empty(msgpack_packer *pk)
+{
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_map_end(&m);
+}
+
+/* The nested buffer's writer: remembers a failed write so that the map
+ * is not sent with a count its bytes do not have. */
+static int map_write(void *data, const char *buf, size_t len)
+{
+	struct reply_map *m = data;
+
+	if (!m->failed && msgpack_sbuffer_write(&m->buf, buf, len) != 0)
+		m->failed = true;
+	return m->failed ? -1 : 0;
+}
+
+void reply_map_begin(struct reply_map *m, msgpack_packer *out)
+{
+	m->out = out;
+	m->n = 0;
+	m->failed = false;
+	msgpack_sbuffer_init(&m->buf);
+	msgpack_packer_init(&m->pk, m, map_write);
+}
+
+msgpack_packer *reply_key(struct reply_map *m, const char *key)
+{
+	m->n++;
+	pgc_pack_cstr(&m->pk, key);
+	return &m->pk;
+}
+
+void reply_kv_int(struct reply_map *m, const char *key, int64_t v)
+{
+	msgpack_pack_int64(reply_key(m, key), v);
+}
+
+void reply_kv_str(struct reply_map *m, const char *key, const char *s)
+{
+	pgc_pack_cstr(reply_key(m, key), s);
+}
+
+void reply_kv_strn(struct reply_map *m, const char *key, const char *s, size_t len)
+{
+	pgc_pack_strn(reply_key(m, key), s, len);
+}
+
+void reply_kv_str_or_nil(struct reply_map *m, const char *key, const char *s)
+{
+	if (s)
+		reply_kv_str(m, key, s);
+	else
+		reply_kv_nil(m, key);
+}
+
+void reply_kv_bool(struct reply_map *m, const char *key, bool v)
+{
+	msgpack_packer *pk = reply_key(m, key);
+
+	if (v)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+}
+
+void reply_kv_double(struct reply_map *m, const char *key, double v)
+{
+	msgpack_pack_double(reply_key(m, key), v);
+}
+
+void reply_kv_nil(struct reply_map *m, const char *key)
+{
+	msgpack_pack_nil(reply_key(m, key));
+}
+
+void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGresult *res, int row,
+		  int offset)
+{
+	m->n += reply_kind_entries(kind);
+	for (size_t i = 0; i < kind->n; i++)
+		pack_cell(&m->pk, &kind->cols[i], res, row, offset);
+}
+
+void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind)
+{
+	for (size_t i = 0; i < kind->n; i++)
+		if (kind->cols[i].type != REPLY_HIDDEN)
+			reply_kv_nil(m, kind->cols[i].name);
+}
+
+void reply_map_end(struct reply_map *m)
+{
+	if (m->failed) {
+		/* out of memory: an empty map keeps the reply well-formed */
+		msgpack_pack_map(m->out, 0);
+	} else {
+		msgpack_pack_map(m->out, m->n);
+		if (m->buf.size)
+			m->out->callback(m->out->data, m->buf.data, m->buf.size);
+	}
+	msgpack_sbuffer_destroy(&m->buf);
+}

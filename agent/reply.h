@@ -1,0 +1,100 @@
+/*
+ * reply.h — reply maps that count their own entries, and row kinds
+ * declared once as column tables.
+ *
+ * A row kind is a table of {wire name, type, result column}: the one
+ * place that says which cell of a statement becomes which key. Packing a
+ * row from it counts the map itself, and the table also says how many
+ * columns the statement must have (reply_kind_fits), so a statement and
+ * the code reading it cannot silently disagree.
+ *
+ * Replies that mix cells with computed fields use a reply_map: entries
+ * go into a nested buffer and the map header is written with the count at
+ * reply_map_end(), so no handler writes a map size by hand.
+ */
+#ifndef PGCOORD_AGENT_REPLY_H
+#define PGCOORD_AGENT_REPLY_H
+
+#include <libpq-fe.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum reply_type {
+	REPLY_INT,     /* integer cell */
+	REPLY_STR,     /* text cell */
+	REPLY_BOOL,    /* boolean cell ("t"); false for NULL */
+	REPLY_BYTEA,   /* bytea cell, in either bytea_output format, as bin */
+	REPLY_HEX_BIN, /* text of hex digits (encode(…, 'hex')) as bin */
+	REPLY_AGE,     /* the cell `now_col` minus this cell, in ms; nil for NULL */
+	REPLY_HIDDEN,  /* a column the handler reads itself: counted, not sent */
+};
+
+struct reply_col {
+	const char *name;
+	enum reply_type type;
+	int col;
+	int now_col; /* REPLY_AGE only: the column of the database's now */
+};
+
+/* A row kind: its columns, in the order they go on the wire. */
+struct reply_kind {
+	const struct reply_col *cols;
+	size_t n;
+};
+
+#define REPLY_KIND(table)                                                                          \
+	{                                                                                          \
+		(table), sizeof(table) / sizeof((table)[0])                                        \
+	}
+
+/* How many columns a statement of this kind has: one past the highest
+ * column the table names (every column must be named, REPLY_HIDDEN for
+ * those the handler reads itself). */
+int reply_kind_width(const struct reply_kind *kind);
+
+/* How many entries a row of this kind packs (REPLY_HIDDEN not counted). */
+uint32_t reply_kind_entries(const struct reply_kind *kind);
+
+/* True when res has exactly offset + reply_kind_width() columns. */
+bool reply_kind_fits(const struct reply_kind *kind, const PGresult *res, int offset);
+
+/* A map builder: begin, then keys with their values, then end. */
+struct reply_map {
+	msgpack_packer *out; /* where the finished map goes */
+	msgpack_sbuffer buf;
+	msgpack_packer pk; /* the entries, until reply_map_end */
+	uint32_t n;
+	bool failed; /* out of memory: the map is sent empty */
+};
+
+void reply_map_begin(struct reply_map *m, msgpack_packer *out);
+/* Packs and counts one key; returns the packer for its value (one object,
+ * which may itself be a reply_map begun on that packer). */
+msgpack_packer *reply_key(struct reply_map *m, const char *key);
+void reply_kv_int(struct reply_map *m, const char *key, int64_t v);
+void reply_kv_str(struct reply_map *m, const char *key, const char *s);
+void reply_kv_strn(struct reply_map *m, const char *key, const char *s, size_t len);
+/* s, or nil when s is NULL */
+void reply_kv_str_or_nil(struct reply_map *m, const char *key, const char *s);
+void reply_kv_bool(struct reply_map *m, const char *key, bool v);
+void reply_kv_double(struct reply_map *m, const char *key, double v);
+void reply_kv_nil(struct reply_map *m, const char *key);
+/* The entries of one row of a kind, its columns shifted by offset. */
+void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGresult *res, int row,
+		  int offset);
+/* The keys of a kind, each nil: the row does not exist. */
+void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind);
+/* Writes the map header with the count and the entries to out. */
+void reply_map_end(struct reply_map *m);
+
+/* {} (no entries), e.g. a notification without params. */
+void reply_pack_empty(msgpack_packer *pk);
+
+/* One row of a kind as a map of its own (no builder needed: the table
+ * knows its size). */
+void reply_pack_row(msgpack_packer *pk, const struct reply_kind *kind, const PGresult *res, int row,
+		    int offset);
+
+#endif
