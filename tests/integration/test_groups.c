@@ -317,3 +317,169 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/*
+ * Release groups (migration 0014): a group of several releases is judged as
+ * a set, yet each member must be answered, and leave the rows, as the lone
+ * release of 0006 (permit_release_as, unchanged) gives one call at a time.
+ * The same mix runs both ways on two id/key sets ("g" as one group, "a"
+ * one by one) and the answers, permits, counters and audit rows must match.
+ */
+
+/* The mix, in arrival order: released, already released, no permit (the
+ * id is retired), another session's, another uid's, uncertain, the last
+ * holder of a quota with a waiter (handed over), an override, released. */
+static const char *const release_mix[] = {"1", "3", "nope", "4", "5", "6", "7", "8", "2"};
+#define NMIX (sizeof(release_mix) / sizeof(release_mix[0]))
+
+static void claim_sql(struct harness_db *db, long uid, const char *id, const char *key, int weight,
+		      int64_t session)
+{
+	char *st = hdb_query_value(db,
+				   "SELECT status FROM pgcoord.permit_claim_as(%ld, false, '%s', "
+				   "ARRAY['%s'], ARRAY[%d], %lld, 'test', 'uncertain', NULL, NULL, "
+				   "'test')",
+				   uid, id, key, weight, (long long)session);
+	cr_assert_str_eq(st, "admitted", "%s: %s", id, st);
+	free(st);
+}
+
+/* Permits and a waiter for set x; returns the caller's uid. */
+static long release_mix_setup(struct harness_db *db, const char *x, int64_t s1, int64_t s2,
+			      int64_t s3)
+{
+	long uid = hdb_query_long(db, "SELECT owner_uid FROM pgcoord.sessions WHERE id = %lld",
+				  (long long)s1);
+	char id[32], key[32], hw[32];
+	snprintf(key, sizeof(key), "%s-key", x);
+	snprintf(hw, sizeof(hw), "%s-hw", x);
+	hdb_exec(db,
+		 "SELECT pgcoord.quota_apply('%s', 100, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s', 2, NULL, 'test', 'test')",
+		 key, hw);
+	for (int i = 1; i <= 8; i++) {
+		int64_t owner = i == 4 || i == 8 ? s2 : i == 5 ? s3 : s1;
+		snprintf(id, sizeof(id), "%s-%d", x, i);
+		claim_sql(db, i == 5 ? 4242 : uid, id, i == 7 ? hw : key, i == 7 ? 2 : 1, owner);
+	}
+	hdb_exec(db,
+		 "SELECT * FROM pgcoord.permit_release_as(%ld, '%s-3', %lld, false, 'test', NULL);"
+		 "UPDATE pgcoord.permits SET state = 'uncertain', uncertain_reason = 'test' "
+		 "WHERE id = '%s-6'",
+		 uid, x, (long long)s1, x);
+	char *st = hdb_query_value(db,
+				   "SELECT status FROM pgcoord.permit_wait(%ld, false, '%s-w', "
+				   "ARRAY['%s'], ARRAY[1], %lld, 'test', 'uncertain', NULL, NULL, "
+				   "'test', 60000)",
+				   uid, x, hw, (long long)s2);
+	cr_assert_str_eq(st, "queued");
+	free(st);
+	return uid;
+}
+
+#define RELEASE_ROW                                                                                \
+	"coalesce(err_state, '') || '|' || coalesce(outcome, '') || '|' || coalesce(detail, '') "  \
+	"|| "                                                                                      \
+	"'|' || coalesce(released::text, '') || '|' || coalesce(state, '')"
+
+/* What the rows of set x say, with x cut off the ids and keys. */
+static char *rows_of(struct harness_db *db, const char *x)
+{
+	return hdb_query_value(
+	    db,
+	    "SELECT (SELECT string_agg(substr(id, 3) || ':' || state, ',' ORDER BY id) FROM "
+	    "pgcoord.permits WHERE id LIKE '%s-%%') || ' / ' || "
+	    "(SELECT string_agg(substr(key, 3) || '=' || in_flight || '+' || waiting, ',' ORDER "
+	    "BY key) FROM pgcoord.quotas WHERE key LIKE '%s-%%') || ' / ' || "
+	    "(SELECT string_agg(substr(permit_id, 3) || ':' || coalesce(substr(key, 3), '') || "
+	    "':' || delta || ':' || event || ':' || actor || ':' || "
+	    "regexp_replace(coalesce(reason, ''), '[0-9]+', 'N', 'g') || ':' || coalesce(state, "
+	    "'') || ':' || coalesce(phase, ''), ',' ORDER BY permit_id, id) "
+	    "FROM pgcoord.permit_events WHERE permit_id LIKE '%s-%%')",
+	    x, x, x);
+}
+
+Test(groups, a_release_group_answers_and_writes_as_lone_releases)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-rel", NULL);
+	int fd1 = iconnect(hagent_socket(a)), fd2 = iconnect(hagent_socket(a)),
+	    fd3 = iconnect(hagent_socket(a));
+	int64_t s1 = isession_open(fd1, "one"), s2 = isession_open(fd2, "two"),
+		s3 = isession_open(fd3, "three");
+	hdb_exec(db, "UPDATE pgcoord.sessions SET owner_uid = 4242 WHERE id = %lld", (long long)s3);
+	long uid = release_mix_setup(db, "g", s1, s2, s3);
+	cr_assert_eq(release_mix_setup(db, "a", s1, s2, s3), uid);
+
+	/* "a": one call at a time, each its own transaction */
+	char alone[4096] = "";
+	for (size_t i = 0; i < NMIX; i++) {
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT " RELEASE_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
+		    "pgcoord.permit_release_as(%ld, 'a-%s', %lld, %s, 'test', NULL)) r",
+		    uid, release_mix[i], (long long)s1, i == 7 ? "true" : "false");
+		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
+			 i ? "\n" : "", row);
+		free(row);
+	}
+
+	/* "g": the same calls as one group, one statement */
+	char ids[256] = "", overrides[128] = "", uids[256] = "", sessions[256] = "";
+	for (size_t i = 0; i < NMIX; i++) {
+		const char *sep = i ? "," : "";
+		snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), "%sg-%s", sep,
+			 release_mix[i]);
+		snprintf(overrides + strlen(overrides), sizeof(overrides) - strlen(overrides),
+			 "%s%s", sep, i == 7 ? "true" : "false");
+		snprintf(uids + strlen(uids), sizeof(uids) - strlen(uids), "%s%ld", sep, uid);
+		snprintf(sessions + strlen(sessions), sizeof(sessions) - strlen(sessions), "%s%lld",
+			 sep, (long long)s1);
+	}
+	char *grouped = hdb_query_value(
+	    db,
+	    "SELECT string_agg(" RELEASE_ROW ", E'\\n' ORDER BY member) || '#' || count(*) "
+	    "FROM pgcoord.permit_release_group('{%s}', '{%s}', '{%s}', '{%s}', "
+	    "array_fill('test'::text, ARRAY[%zu]), array_fill(NULL::text, ARRAY[%zu]))",
+	    uids, ids, sessions, overrides, NMIX, NMIX);
+	char want[4200];
+	snprintf(want, sizeof(want), "%s#%zu", alone, NMIX);
+	cr_assert_str_eq(grouped, want, "in a group:\n%s\nalone:\n%s", grouped, want);
+	free(grouped);
+
+	/* what each answer says, not only that both agree */
+	cr_assert(strstr(alone, "|ok||true|released\n|ok||false|released\n|not_found|"), "%s",
+		  alone);
+	cr_assert(strstr(alone, "|forbidden|it is owned by session"), "%s", alone);
+	cr_assert(strstr(alone, "|forbidden|it belongs to uid 4242"), "%s", alone);
+	cr_assert(strstr(alone, "|conflict|it is uncertain (test)"), "%s", alone);
+
+	/* the same rows either way; the waiter was handed the freed room */
+	char *g = rows_of(db, "g"), *al = rows_of(db, "a");
+	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	free(g);
+	free(al);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'g-w' "
+					"AND state = 'held'"),
+		     1, "the waiter was not admitted by the group's release");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-hw'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-key'"),
+		     3, "g-4, g-5, g-6 still count");
+
+	/* one id twice in a group: the second sees the first, as alone */
+	char *twice =
+	    hdb_query_value(db,
+			    "SELECT string_agg(" RELEASE_ROW ", ',' ORDER BY member) FROM "
+			    "pgcoord.permit_release_group('{%ld,%ld}', '{g-4,g-4}', '{%lld,%lld}', "
+			    "'{true,true}', '{t,t}', '{NULL,NULL}')",
+			    uid, uid, (long long)s1, (long long)s1);
+	cr_assert_str_eq(twice, "|ok||true|released,|ok||false|released");
+	free(twice);
+	assert_conserved(db);
+	close(fd1);
+	close(fd2);
+	close(fd3);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
