@@ -483,3 +483,96 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* permit.release {id} of each of ids, sent without waiting. */
+static void send_releases(int fd, uint32_t msgid0, const char *const *ids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct iparams p;
+		pgc_pack_kv_str(iparams_begin(&p, 1), "id", ids[i]);
+		cr_assert(hraw_send_request(fd, msgid0 + (uint32_t)i, "permit.release", p.sb.data,
+					    p.sb.size));
+		iparams_destroy(&p);
+	}
+}
+
+/* Through the agent: releases that wait together go as one group, each is
+ * answered released, and the room they free goes to the claim that waits
+ * on the quota (the hand-over fires at the group's commit). */
+Test(groups, a_release_group_hands_its_room_to_a_waiter)
+{
+	static const char *const ids[] = {"rw-1", "rw-2", "rw-3", "rw-4"};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-hand", one_connection);
+	int fd = iconnect(hagent_socket(a)), fd2 = iconnect(hagent_socket(a));
+	struct outcome claimed[4];
+	struct iparams p;
+	struct ireply r;
+
+	isession_open(fd, "holder");
+	isession_open(fd2, "waiter");
+	quota_set(fd, "rw", 4);
+	send_claims(fd, 5000, 0, 4, "rw", "rw");
+	read_answers(fd, 5000, 4, claimed);
+	for (int i = 0; i < 4; i++)
+		cr_assert_str_eq(claimed[i].what, "admitted");
+
+	msgpack_packer *pk = iparams_begin(&p, 3);
+	pgc_pack_kv_str(pk, "id", "rw-w");
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_str(pk, "key", "rw");
+	pgc_pack_kv_int(pk, "weight", 2);
+	pgc_pack_kv_int(pk, "wait_ms", 30000);
+	char *status = istr(icall_ok(fd2, "permit.claim", &p, &r), "status");
+	cr_assert_str_eq(status, "queued");
+	free(status);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	PGconn *holder = hold_quota(db, "rw");
+	send_releases(fd, 6000, ids, 1);
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "no release reached the held quota row");
+	send_releases(fd, 6001, ids + 1, 3);
+	hsleep_ms(200); /* every release is read and queued */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w'"),
+		     0);
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+
+	for (int got = 0; got < 4;) {
+		msgpack_unpacked u;
+		struct pgc_message m;
+		char err[128];
+		msgpack_unpacked_init(&u);
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &u), HRAW_MSG, "%d of 4 answers came", got);
+		cr_assert(pgc_parse_message(&u.data, &m, err, sizeof(err)), "%s", err);
+		if (m.type == PGC_RPC_RESPONSE && m.msgid >= 6000 && m.msgid < 6004) {
+			cr_assert_null(m.error, "release %u failed", m.msgid - 6000);
+			const msgpack_object *v = pgc_map_get(m.result, "released");
+			cr_assert(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean,
+				  "release %u: not released", m.msgid - 6000);
+			got++;
+		}
+		msgpack_unpacked_destroy(&u);
+	}
+	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"release\"}"), 3,
+		      "the releases that waited together did not go as one group");
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w' AND state = "
+			    "'held'"),
+		  "the waiter was not handed the room the group freed");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'rw'"),
+		     2);
+	cr_assert_eq(audit_rows(db, "rw", "released"), 4);
+	assert_conserved(db);
+	close(fd);
+	close(fd2);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
