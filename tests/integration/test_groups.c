@@ -576,3 +576,246 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* A claim group judged set-based (0015) against the same claims made one at
+ * a time: two key sets alike, "g" claimed as one group in one statement,
+ * "a" one call at a time. Answers, permits, shares, counters, the queue and
+ * audit rows must match, ids and keys cut off. */
+struct mixed_claim {
+	const char *id, *keys, *weights, *limit;
+	bool dead_session;
+};
+
+/* In arrival order: admitted, multi-key admitted, denied by a queue,
+ * denied by room, an idempotent retry, unknown quota (after a key with
+ * room), a session that is not live, admitted, denied, a per-call limit,
+ * unsorted keys, admitted on the second quota of a multi-key claim, denied
+ * there. */
+static const struct mixed_claim claim_mix[] = {
+    {"1", "hot", "1", "NULL", false},	   {"2", "hot,two", "1,2", "NULL", false},
+    {"3", "q", "1", "NULL", false},	   {"4", "hot", "2", "NULL", false},
+    {"r", "rk", "1", "NULL", false},	   {"6", "hot,zz", "1,1", "NULL", false},
+    {"7", "hot", "1", "NULL", true},	   {"8", "hot", "1", "NULL", false},
+    {"9", "hot", "1", "NULL", false},	   {"10", "lim", "1", "4", false},
+    {"11", "iz,ia", "1,1", "NULL", false}, {"12", "two", "3", "NULL", false},
+    {"13", "two", "1", "NULL", false},
+};
+#define NCLAIM_MIX (sizeof(claim_mix) / sizeof(claim_mix[0]))
+
+/* "{x-a,x-b}" from "a,b". */
+static void prefixed_keys(char *out, size_t len, const char *x, const char *keys)
+{
+	char copy[64];
+	snprintf(copy, sizeof(copy), "%s", keys);
+	snprintf(out, len, "{");
+	for (char *k = strtok(copy, ","); k; k = strtok(NULL, ","))
+		snprintf(out + strlen(out), len - strlen(out), "%s%s-%s",
+			 strlen(out) > 1 ? "," : "", x, k);
+	snprintf(out + strlen(out), len - strlen(out), "}");
+}
+
+/* Quotas, a held permit to retry and a queue on x-q for set x. */
+static void claim_mix_setup(struct harness_db *db, const char *x, long uid, int64_t s)
+{
+	hdb_exec(db,
+		 "SELECT pgcoord.quota_apply('%s-hot', 3, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-two', 5, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-q', 5, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-full', 1, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-rk', 5, NULL, 'test', 'test')",
+		 x, x, x, x, x);
+	char id[32], key[32];
+	snprintf(id, sizeof(id), "%s-h", x);
+	snprintf(key, sizeof(key), "%s-full", x);
+	claim_sql(db, uid, id, key, 1, s);
+	snprintf(id, sizeof(id), "%s-r", x);
+	snprintf(key, sizeof(key), "%s-rk", x);
+	claim_sql(db, uid, id, key, 1, s);
+	/* the head of x-q's queue waits for x-full: x-q has room and a queue */
+	char *st =
+	    hdb_query_value(db,
+			    "SELECT status FROM pgcoord.permit_wait(%ld, false, '%s-w', "
+			    "ARRAY['%s-full', '%s-q'], ARRAY[1, 1], %lld, 'test', 'uncertain', "
+			    "NULL, NULL, 'test', 60000)",
+			    uid, x, x, x, (long long)s);
+	cr_assert_str_eq(st, "queued");
+	free(st);
+}
+
+#define CLAIM_ROW                                                                                  \
+	"coalesce(err_state, '') || '|' || coalesce(status, '') || '|' || (token IS NOT NULL) || " \
+	"'|' || coalesce(state, '') || '|' || coalesce(phase, '') || '|' || (owner_session IS "    \
+	"NOT "                                                                                     \
+	"NULL) || '|' || coalesce(owner_replica, '') || '|' || (created_at IS NOT NULL) || '|' "   \
+	"|| "                                                                                      \
+	"coalesce(released_at::text, '') || '|' || coalesce(substr(denied_key, 3), '') || '|' || " \
+	"coalesce(denied_limit::text, '') || '|' || coalesce(denied_in_flight::text, '') || '|' "  \
+	"|| "                                                                                      \
+	"coalesce(detail, '')"
+
+/* The shares, limits and queue of set x, beside rows_of's permits,
+ * counters and audit rows. */
+static char *claim_rows_of(struct harness_db *db, const char *x)
+{
+	char *rows = rows_of(db, x);
+	char *more = hdb_query_value(
+	    db,
+	    "SELECT (SELECT string_agg(substr(permit_id, 3) || ':' || substr(key, 3) || ':' || "
+	    "weight, ',' ORDER BY permit_id, key) FROM pgcoord.permit_quotas WHERE permit_id LIKE "
+	    "'%s-%%') || ' / ' || (SELECT string_agg(substr(key, 3) || '<=' || \"limit\", ',' "
+	    "ORDER "
+	    "BY key) FROM pgcoord.quotas WHERE key LIKE '%s-%%') || ' / ' || (SELECT "
+	    "string_agg(substr(id, 3) || ':' || state, ',') FROM pgcoord.waiters WHERE id LIKE "
+	    "'%s-%%')",
+	    x, x, x);
+	char *all = malloc(strlen(rows) + strlen(more) + 4);
+	cr_assert(all);
+	sprintf(all, "%s / %s", rows, more);
+	free(rows);
+	free(more);
+	return all;
+}
+
+static long tokens_drawn(struct harness_db *db)
+{
+	return hdb_query_long(db, "SELECT last_value FROM pgcoord.token_seq");
+}
+
+Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-clm", NULL);
+	int fd = iconnect(hagent_socket(a));
+	int64_t s = isession_open(fd, "one");
+	long uid = hdb_query_long(db, "SELECT owner_uid FROM pgcoord.sessions WHERE id = %lld",
+				  (long long)s);
+	int64_t dead = hdb_query_long(db, "SELECT max(id) + 1000 FROM pgcoord.sessions");
+	claim_mix_setup(db, "g", uid, s);
+	claim_mix_setup(db, "a", uid, s);
+	char keys[64];
+
+	/* "a": one call at a time, each its own transaction */
+	long t0 = tokens_drawn(db);
+	char alone[4096] = "";
+	for (size_t i = 0; i < NCLAIM_MIX; i++) {
+		const struct mixed_claim *c = &claim_mix[i];
+		prefixed_keys(keys, sizeof(keys), "a", c->keys);
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT " CLAIM_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
+		    "pgcoord.permit_claim_as(%ld, false, 'a-%s', '%s', '{%s}', %lld, 'test', "
+		    "'uncertain', NULL, %s, 'test')) r",
+		    uid, c->id, keys, c->weights, (long long)(c->dead_session ? dead : s),
+		    c->limit);
+		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
+			 i ? "\n" : "", row);
+		free(row);
+	}
+	long alone_tokens = tokens_drawn(db) - t0;
+
+	/* "g": the same claims as one group, one statement */
+	char ids[256] = "", klist[512] = "", wlist[256] = "", sessions[256] = "", limits[128] = "",
+	     uids[256] = "";
+	for (size_t i = 0; i < NCLAIM_MIX; i++) {
+		const struct mixed_claim *c = &claim_mix[i];
+		const char *sep = i ? "," : "";
+		prefixed_keys(keys, sizeof(keys), "g", c->keys);
+		snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), "%s'g-%s'", sep, c->id);
+		snprintf(klist + strlen(klist), sizeof(klist) - strlen(klist), "%s'%s'", sep, keys);
+		snprintf(wlist + strlen(wlist), sizeof(wlist) - strlen(wlist), "%s'{%s}'", sep,
+			 c->weights);
+		snprintf(sessions + strlen(sessions), sizeof(sessions) - strlen(sessions), "%s%lld",
+			 sep, (long long)(c->dead_session ? dead : s));
+		snprintf(limits + strlen(limits), sizeof(limits) - strlen(limits), "%s%s", sep,
+			 c->limit);
+		snprintf(uids + strlen(uids), sizeof(uids) - strlen(uids), "%s%ld", sep, uid);
+	}
+	t0 = tokens_drawn(db);
+	char *grouped = hdb_query_value(
+	    db,
+	    "SELECT string_agg(" CLAIM_ROW ", E'\\n' ORDER BY member) || '#' || count(*) FROM "
+	    "pgcoord.permit_claim_group(ARRAY[%s]::bigint[], array_fill(false, ARRAY[%zu]), "
+	    "ARRAY[%s], ARRAY[%s], ARRAY[%s], ARRAY[%s]::bigint[], array_fill('test'::text, "
+	    "ARRAY[%zu]), array_fill('uncertain'::text, ARRAY[%zu]), array_fill(NULL::bytea, "
+	    "ARRAY[%zu]), ARRAY[%s]::integer[], array_fill('test'::text, ARRAY[%zu]))",
+	    uids, NCLAIM_MIX, ids, klist, wlist, sessions, NCLAIM_MIX, NCLAIM_MIX, NCLAIM_MIX,
+	    limits, NCLAIM_MIX);
+	char want[4200];
+	snprintf(want, sizeof(want), "%s#%zu", alone, NCLAIM_MIX);
+	cr_assert_str_eq(grouped, want, "in a group:\n%s\nalone:\n%s", grouped, want);
+	free(grouped);
+	cr_assert_eq(tokens_drawn(db) - t0, alone_tokens, "tokens drawn: %ld in a group, %ld alone",
+		     tokens_drawn(db) - t0, alone_tokens);
+
+	/* what each answer says, not only that both agree */
+	static const char *const says[] = {"|admitted|true|held|reserved|true|test|true|||||",
+					   "|denied|false|||false||false||q|5|0|",
+					   "|denied|false|||false||false||hot|3|2|",
+					   "|held|true|held|reserved|true|test|true|||||",
+					   "|unknown_quota|false|||false||false||zz|||",
+					   "|session_expired|",
+					   "|invalid|",
+					   "|denied|false|||false||false||two|5|5|"};
+	for (size_t i = 0; i < sizeof(says) / sizeof(says[0]); i++)
+		cr_assert(strstr(alone, says[i]), "no \"%s\" in:\n%s", says[i], alone);
+
+	/* the same rows either way */
+	char *g = claim_rows_of(db, "g"), *al = claim_rows_of(db, "a");
+	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	free(g);
+	free(al);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-hot'"),
+		     3);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-two'"),
+		     5);
+	/* fencing tokens in arrival order on the hot key */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM (SELECT token, lag(token) OVER (ORDER "
+				    "BY substr(id, 3)::int) AS prev FROM pgcoord.permits WHERE id "
+				    "IN ('g-1', 'g-2', 'g-8')) t WHERE token > prev"),
+		     2);
+
+	/* judged in memory: the set-based members' permit rows went in
+	 * without a subtransaction each (one xmin), the per-call limit alone */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(DISTINCT xmin::text) FROM pgcoord.permits "
+					"WHERE id IN ('g-1', 'g-2', 'g-8', 'g-12')"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(DISTINCT xmin::text) FROM pgcoord.permits "
+					"WHERE id IN ('g-1', 'g-10')"),
+		     2);
+
+	/* one id twice: the second sees the first (both judged alone) */
+	char *twice = hdb_query_value(
+	    db,
+	    "SELECT string_agg(status || ':' || token, ',' ORDER BY member) FROM "
+	    "pgcoord.permit_claim_group('{%ld,%ld,%ld}', '{f,f,f}', '{g-d,g-d,g-e}', "
+	    "'{\"{g-rk}\",\"{g-rk}\",\"{g-rk}\"}', '{\"{1}\",\"{1}\",\"{1}\"}', "
+	    "'{%lld,%lld,%lld}', '{t,t,t}', '{uncertain,uncertain,uncertain}', '{NULL,NULL,NULL}', "
+	    "'{NULL,NULL,NULL}', '{t,t,t}')",
+	    uid, uid, uid, (long long)s, (long long)s, (long long)s);
+	long td = hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'g-d'"),
+	     te = hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'g-e'");
+	char want_twice[128];
+	snprintf(want_twice, sizeof(want_twice), "admitted:%ld,held:%ld,admitted:%ld", td, td, te);
+	cr_assert_str_eq(twice, want_twice);
+	cr_assert_gt(te, td);
+	free(twice);
+
+	/* keys that do not parse: that member's own error, the others judged */
+	char *unparsed = hdb_query_value(
+	    db,
+	    "SELECT string_agg(coalesce(err_state, '') || ':' || coalesce(status, ''), ',' ORDER "
+	    "BY "
+	    "member) FROM pgcoord.permit_claim_group('{%ld,%ld}', '{f,f}', '{g-f,g-u}', "
+	    "'{\"{g-rk}\",\"{g-rk\"}', '{\"{1}\",\"{1}\"}', '{%lld,%lld}', '{t,t}', "
+	    "'{uncertain,uncertain}', '{NULL,NULL}', '{NULL,NULL}', '{t,t}')",
+	    uid, uid, (long long)s, (long long)s);
+	cr_assert_str_eq(unparsed, ":admitted,22P02:");
+	free(unparsed);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-rk'"),
+		     4);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
