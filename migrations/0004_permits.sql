@@ -34,20 +34,23 @@
 -- transaction and one commit flush. Each group function takes one array per
 -- argument of its single-call function (element i for member i, in arrival
 -- order) and answers one row per member: (member, sqlstate, message) and
--- then exactly the single call's columns. Each member is judged by the
--- single-call function itself (permit_claim_as, permit_release_as), in
--- arrival order, so its answer, its idempotency by id, its audit rows, its
--- fencing token and its uid checks are the ones it would have had alone.
--- Each member of a group of two or more runs in a subtransaction of its
--- own: an error it raises (a lock_timeout, a deadlock, a check) rolls back
--- only its own part and comes back as its sqlstate and message. A group of
--- one is judged by the single call without a subtransaction. A statement
--- timeout is not caught: the whole group rolls back.
+-- then exactly the single call's columns. Each member gets the answer, the
+-- idempotency by id, the audit rows, the fencing token and the uid checks
+-- it would have had alone. The common members are judged together,
+-- set-based: each touched quota row is updated once per group, and the
+-- permit, share and audit rows go in with one insert each (see
+-- permit_claim_group and permit_release_group below). The rare ones (a
+-- retry, a refusal, a per-call limit) are judged by the single-call
+-- function itself (permit_claim_as, permit_release_as), each in a
+-- subtransaction of its own in a group of two or more: an error it raises
+-- rolls back only its own part and comes back as its sqlstate and message.
+-- An error in the set-based part, and a statement timeout, roll the whole
+-- group back; the agent answers every member retryably.
 --
 -- Locks outlive one call, until the group commits, so two groups can wait
 -- on each other where two lone calls could not. Postgres detects it and
--- stops one member, whose part alone rolls back (40P01); the agent sends
--- that member again in its next group (groups.c).
+-- stops one member (whose part alone rolls back, 40P01: the agent sends
+-- that member again in its next group, groups.c) or the whole statement.
 
 CREATE TABLE pgcoord.quotas (
 	key           text COLLATE "C" PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 200),
@@ -741,9 +744,63 @@ BEGIN
 		p_evidence, p_override, p_actor);
 END $$;
 
-CREATE FUNCTION pgcoord.permit_claim_group(p_uids bigint[], p_admins boolean[],
-	p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[], p_replicas text[],
-	p_on_owner_loss text[], p_intents bytea[], p_limits integer[], p_actors text[])
+-- A claim group of several members, in a fixed handful of statements,
+-- with the same answers, permit rows, shares, counters and audit rows as
+-- its members made one at a time. The common member (a fresh id, named
+-- once in the group, valid sorted keys and weights, no per-call limit) is
+-- judged in memory, so a hot key's row is updated once per group:
+--
+--   1. the session rows are locked (session_lock_live, in session order);
+--      a member whose session is not live is answered session_expired;
+--   2. the permit rows of the others go in first, one multi-row insert in
+--      arrival order (the lone claim's presence guard; fencing tokens are
+--      drawn in arrival order, a denied claim's too, as a lone claim does);
+--   3. every quota row they name is locked once, in key order;
+--   4. the members are judged in arrival order against counters held in
+--      memory, by the lone claim's predicate (every key has room for its
+--      weight and nobody waits on it; a key with no quota row:
+--      unknown_quota, at the first refusing key in key order, with that
+--      quota's numbers then);
+--   5. one UPDATE per quota row by the net weight admitted on it, the
+--      denied members' permit rows out, the shares and audit rows of the
+--      admitted ones in one insert each.
+-- A quota with waiters admits no member in 4., so the UPDATE in 5. never
+-- raises a row that has waiters: quotas_no_overtaking
+-- (0006_waiting_claims.sql) never skips it, and never needs to.
+--
+-- Every other member (an id that exists: a retry, a retired id; an id the
+-- group names twice; a per-call limit; input a lone call refuses or fails
+-- on) is judged by permit_claim_as in a subtransaction of its own, after
+-- the set-based members. Why that gives the answers of arrival order: a
+-- claim's answer and writes depend only on the rows of its id, the quota
+-- rows of its keys and whether its session is live. The ids of the two
+-- parts differ (an id named twice goes alone, both times); a session that
+-- was live stays live until commit (its row is locked) and one that was not
+-- never comes back; and a set-based member that names a key some member
+-- judged alone names is judged alone as well (the closure below), so the
+-- two parts share no quota row. Within each part the order is arrival
+-- order. Fencing tokens are in arrival order among members that share a
+-- quota, which is where they are compared.
+--
+-- Input that does not parse (an array literal of keys or weights) sends the
+-- whole group through the member-by-member loop, and so does an id that a
+-- claim in flight elsewhere inserted between our look and our insert (the
+-- insert skipped it: its rows are taken out again first). Both are rare.
+--
+-- Locks: session rows, then permit rows, then quota rows in key order, as
+-- everywhere (the top of this file); the quota rows of the whole set-based
+-- part in one key order, so two groups on shared hot keys do not lock them
+-- in their members' arrival orders. An error in the set-based part (a
+-- deadlock with a duplicate of one of its ids in flight elsewhere, a
+-- lock_timeout) fails the statement, which the agent answers for every
+-- member as a failed group (retry).
+
+-- The members p_members of a claim group, each by permit_claim_as in a
+-- subtransaction of its own, in the order given (the member-by-member loop).
+CREATE FUNCTION pgcoord.permit_claim_members(p_members integer[], p_uids bigint[],
+	p_admins boolean[], p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[],
+	p_replicas text[], p_on_owner_loss text[], p_intents bytea[], p_limits integer[],
+	p_actors text[])
 RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
 	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
 	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
@@ -752,14 +809,7 @@ LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	i integer;
 BEGIN
-	IF cardinality(p_ids) = 1 THEN
-		RETURN QUERY SELECT 1, NULL::text, NULL::text, c.*
-		FROM pgcoord.permit_claim_as(p_uids[1], p_admins[1], p_ids[1],
-			p_keys[1]::text[], p_weights[1]::integer[], p_sessions[1], p_replicas[1],
-			p_on_owner_loss[1], p_intents[1], p_limits[1], p_actors[1]) c;
-		RETURN;
-	END IF;
-	FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+	FOREACH i IN ARRAY coalesce(p_members, '{}') LOOP
 		BEGIN
 			RETURN QUERY SELECT i, NULL::text, NULL::text, c.*
 			FROM pgcoord.permit_claim_as(p_uids[i], p_admins[i], p_ids[i],
@@ -775,24 +825,295 @@ BEGIN
 	END LOOP;
 END $$;
 
--- Releases lock every quota row their permits hold weight on, in key order,
--- before any permit row (permits_lock_quotas, as each release does).
+CREATE FUNCTION pgcoord.permit_claim_group(p_uids bigint[], p_admins boolean[],
+	p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[], p_replicas text[],
+	p_on_owner_loss text[], p_intents bytea[], p_limits integer[], p_actors text[])
+RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
+	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
+	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
+	detail text, now_at bigint)
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+	v_n integer := coalesce(cardinality(p_ids), 0);
+	v_all integer[] := ARRAY(SELECT generate_series(1, v_n));
+	v_set integer[];     -- members judged in memory, arrival order
+	v_alone integer[];   -- members judged by permit_claim_as, after
+	v_alone_keys text[]; -- the keys those may touch
+	v_live bigint[];
+	v_dead integer[];
+	v_more integer[];
+	v_ins_ids text[];
+	v_ins_tokens bigint[];
+	v_qk text[];
+	v_ql integer[];
+	v_qf bigint[];
+	v_qw integer[];
+	v_adm integer[] := '{}';
+	v_den integer[] := '{}';
+	v_den_key text[] := '{}';
+	v_den_limit integer[] := '{}';
+	v_den_in_flight bigint[] := '{}';
+	v_k text[];
+	v_w integer[];
+	v_dk text;
+	v_pos integer;
+	i integer;
+	j integer;
+BEGIN
+	IF v_n = 1 THEN
+		RETURN QUERY SELECT 1, NULL::text, NULL::text, c.*
+		FROM pgcoord.permit_claim_as(p_uids[1], p_admins[1], p_ids[1],
+			p_keys[1]::text[], p_weights[1]::integer[], p_sessions[1], p_replicas[1],
+			p_on_owner_loss[1], p_intents[1], p_limits[1], p_actors[1]) c;
+		RETURN;
+	END IF;
+	BEGIN
+		PERFORM count(*) FROM unnest(p_keys, p_weights) AS m(k, w)
+		WHERE cardinality(m.k::text[]) + cardinality(m.w::integer[]) IS NULL;
+	EXCEPTION WHEN OTHERS THEN
+		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_all, p_uids, p_admins,
+			p_ids, p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents,
+			p_limits, p_actors);
+		RETURN;
+	END;
+
+	-- the common members, in arrival order (see above)
+	v_set := ARRAY(
+		SELECT m.i FROM unnest(p_ids, p_keys, p_weights, p_limits, p_on_owner_loss,
+				      p_intents, p_actors) WITH ORDINALITY
+			AS m(id, k, w, lim, ool, intent, actor, i)
+		WHERE m.i <= v_n AND m.lim IS NULL AND octet_length(m.id) BETWEEN 1 AND 200
+		  AND m.ool IN ('uncertain', 'release') AND m.actor IS NOT NULL
+		  AND coalesce(octet_length(m.intent), 0) <= 65536
+		  AND cardinality(m.k::text[]) >= 1
+		  AND cardinality(m.k::text[]) = cardinality(m.w::integer[])
+		  AND array_position(m.k::text[], NULL) IS NULL
+		  AND m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C" FROM unnest(m.k::text[]) AS x
+					  ORDER BY 1)
+		  AND 1 <= ALL (m.w::integer[])
+		  AND (SELECT count(*) FROM unnest(p_ids) AS d WHERE d = m.id) = 1
+		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = m.id)
+		ORDER BY m.i);
+
+	v_live := ARRAY(SELECT s FROM (SELECT DISTINCT p_sessions[i] AS s FROM unnest(v_set) AS i
+				      WHERE p_sessions[i] IS NOT NULL ORDER BY 1) d
+			WHERE pgcoord.session_lock_live(d.s));
+	v_dead := ARRAY(SELECT i FROM unnest(v_set) AS i
+			WHERE NOT coalesce(p_sessions[i] = ANY (v_live), false));
+	v_alone := ARRAY(SELECT unnest(v_all) EXCEPT SELECT unnest(v_set) ORDER BY 1);
+	v_set := ARRAY(SELECT i FROM unnest(v_set) WITH ORDINALITY AS s(i, o)
+		       WHERE i <> ALL (v_dead) ORDER BY o);
+
+	-- the closure: nobody judged in memory shares a quota with a member
+	-- judged alone
+	v_alone_keys := ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[]) FROM unnest(v_alone) AS i);
+	LOOP
+		v_more := ARRAY(SELECT i FROM unnest(v_set) AS i
+				WHERE p_keys[i]::text[] && v_alone_keys);
+		EXIT WHEN cardinality(v_more) = 0;
+		v_alone := ARRAY(SELECT unnest(v_alone || v_more) ORDER BY 1);
+		v_set := ARRAY(SELECT i FROM unnest(v_set) WITH ORDINALITY AS s(i, o)
+			       WHERE i <> ALL (v_more) ORDER BY o);
+		v_alone_keys := v_alone_keys
+			|| ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[]) FROM unnest(v_more) AS i);
+	END LOOP;
+
+	-- the presence guard, and the tokens in arrival order
+	WITH ins AS (
+		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
+			phase, on_owner_loss, intent)
+		SELECT p_ids[s.i], nextval('pgcoord.token_seq'), p_sessions[s.i], p_replicas[s.i],
+		       'held', 'reserved', p_on_owner_loss[s.i], p_intents[s.i]
+		FROM (SELECT s.i FROM unnest(v_set) WITH ORDINALITY AS s(i, o) ORDER BY s.o) s
+		ON CONFLICT (id) DO NOTHING
+		RETURNING p.id, p.token)
+	SELECT coalesce(array_agg(ins.id), '{}'), coalesce(array_agg(ins.token), '{}')
+	INTO v_ins_ids, v_ins_tokens FROM ins;
+	IF cardinality(v_ins_ids) <> cardinality(v_set) THEN
+		-- an id claimed meanwhile elsewhere: the whole group alone
+		DELETE FROM pgcoord.permits p WHERE p.id = ANY (v_ins_ids);
+		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_all, p_uids, p_admins,
+			p_ids, p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents,
+			p_limits, p_actors);
+		RETURN;
+	END IF;
+
+	SELECT array_agg(q.key ORDER BY q.key), array_agg(q."limit" ORDER BY q.key),
+	       array_agg(q.in_flight ORDER BY q.key), array_agg(q.waiting ORDER BY q.key)
+	INTO v_qk, v_ql, v_qf, v_qw
+	FROM (SELECT q.key, q."limit", q.in_flight, q.waiting FROM pgcoord.quotas q
+	      WHERE q.key = ANY (ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[])
+				       FROM unnest(v_set) AS i))
+	      ORDER BY q.key FOR NO KEY UPDATE OF q) q;
+
+	-- judged in arrival order, each against what the ones before it took
+	FOREACH i IN ARRAY v_set LOOP
+		v_k := p_keys[i]::text[];
+		v_w := p_weights[i]::integer[];
+		v_dk := NULL;
+		FOR j IN 1 .. cardinality(v_k) LOOP
+			v_pos := array_position(v_qk, v_k[j]);
+			IF v_pos IS NULL OR NOT (v_qf[v_pos] + v_w[j] <= v_ql[v_pos]
+						 AND v_qw[v_pos] = 0) THEN
+				v_dk := v_k[j];
+				EXIT;
+			END IF;
+		END LOOP;
+		IF v_dk IS NULL THEN
+			FOR j IN 1 .. cardinality(v_k) LOOP
+				v_pos := array_position(v_qk, v_k[j]);
+				v_qf[v_pos] := v_qf[v_pos] + v_w[j];
+			END LOOP;
+			v_adm := v_adm || i;
+		ELSE
+			v_den := v_den || i;
+			v_den_key := v_den_key || v_dk;
+			v_den_limit := v_den_limit || v_ql[v_pos];
+			v_den_in_flight := v_den_in_flight || v_qf[v_pos];
+		END IF;
+	END LOOP;
+
+	UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
+	FROM (SELECT a.k, sum(a.w) AS w
+	      FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
+	      GROUP BY a.k) t
+	WHERE q.key = t.k;
+	IF cardinality(v_den) > 0 THEN
+		DELETE FROM pgcoord.permits p
+		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
+	END IF;
+	INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+	SELECT p_ids[i], a.k, a.w
+	FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w);
+	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, state, phase)
+	SELECT p_ids[s.i], a.k, a.w, 'admitted', p_actors[s.i], 'held', 'reserved'
+	FROM unnest(v_adm) WITH ORDINALITY AS s(i, o)
+	CROSS JOIN LATERAL unnest(p_keys[s.i]::text[], p_weights[s.i]::integer[]) AS a(k, w)
+	ORDER BY s.o, a.k COLLATE "C";
+
+	RETURN QUERY
+	SELECT i, NULL::text, NULL::text, 'admitted'::text,
+	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held'::text, 'reserved'::text,
+	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL::bigint, NULL::text,
+	       NULL::integer, NULL::bigint, NULL::text, pgcoord.ms(now())
+	FROM unnest(v_adm) AS i
+	UNION ALL
+	SELECT d.i, NULL, NULL, CASE WHEN d.lim IS NULL THEN 'unknown_quota' ELSE 'denied' END,
+	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, NULL, pgcoord.ms(now())
+	FROM unnest(v_den, v_den_key, v_den_limit, v_den_in_flight) AS d(i, k, lim, f)
+	UNION ALL
+	SELECT i, NULL, NULL, 'session_expired', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+	       NULL, NULL, NULL, pgcoord.ms(now())
+	FROM unnest(v_dead) AS i;
+
+	RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_alone, p_uids, p_admins, p_ids,
+		p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
+		p_actors);
+END $$;
+
+-- A release group, and a lone release (a group of one), in a fixed
+-- handful of statements whatever the group's size, with the same answers,
+-- audit rows and hand-overs as releases made one at a time.
+--
+-- The common release is a permit that is held by the calling session (of
+-- the caller's uid), or any permit not yet released under an override. It
+-- takes three statements: the quota rows of every member's permit are
+-- locked in key order (the lock order at the top: quotas before permits),
+-- then one statement releases every such permit that the guard lets
+-- through, drops each quota once by the net weight, and writes the audit
+-- rows in member order, then the answers. The permit rows are locked by
+-- that UPDATE itself: no FOR UPDATE read of each one first (no row-lock WAL
+-- record), and no per-member subtransaction.
+--
+-- Every member the statement did not release (an id with no permit: it is
+-- retired; already released; another session's, another uid's, uncertain)
+-- is answered by permit_release_as: it changes nothing in these cases, or
+-- retires the id, so running it after the others gives what it would have
+-- given in arrival order. Such members are the rare ones, and in a group of
+-- several each runs in a subtransaction of its own, so an error of one
+-- comes back in its own row.
+--
+-- A group that names one id twice keeps the member-by-member loop: the
+-- second release of an id must see the first.
 CREATE FUNCTION pgcoord.permit_release_group(p_uids bigint[], p_ids text[],
 	p_sessions bigint[], p_overrides boolean[], p_actors text[], p_reasons text[])
 RETURNS TABLE (member integer, err_state text, err_message text, outcome text, detail text,
 	released boolean, state text, released_at bigint, now_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
+#variable_conflict use_column
 DECLARE
+	v_n integer := coalesce(cardinality(p_ids), 0);
+	v_done integer[];
 	i integer;
 BEGIN
-	IF cardinality(p_ids) = 1 THEN
+	IF v_n > 1 AND cardinality(ARRAY(SELECT DISTINCT unnest(p_ids))) <> v_n THEN
+		PERFORM pgcoord.permits_lock_quotas(p_ids);
+		FOR i IN 1 .. v_n LOOP
+			BEGIN
+				RETURN QUERY SELECT i, NULL::text, NULL::text, r.*
+				FROM pgcoord.permit_release_as(p_uids[i], p_ids[i], p_sessions[i],
+					p_overrides[i], p_actors[i], p_reasons[i]) r;
+			EXCEPTION WHEN OTHERS THEN
+				RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
+					NULL::text, NULL::boolean, NULL::text, NULL::bigint,
+					NULL::bigint;
+			END;
+		END LOOP;
+		RETURN;
+	END IF;
+
+	PERFORM 1 FROM pgcoord.quotas q
+	WHERE q.key = ANY (ARRAY(SELECT DISTINCT pq.key FROM pgcoord.permit_quotas pq
+				 WHERE pq.permit_id = ANY (p_ids)))
+	ORDER BY q.key
+	FOR NO KEY UPDATE OF q;
+
+	WITH m AS (
+		SELECT * FROM unnest(p_ids, p_uids, p_sessions, p_overrides, p_actors, p_reasons)
+			WITH ORDINALITY AS m(id, uid, session, override, actor, reason, i)),
+	r AS (
+		UPDATE pgcoord.permits p SET state = 'released', released_at = now(),
+			state_at = now()
+		FROM m
+		WHERE p.id = m.id AND p.state <> 'released'
+		  AND (m.override OR p.state = 'held')
+		  AND (m.override OR (p.owner_session = m.session
+		       AND pgcoord.session_owner_uid(p.owner_session) IS NOT DISTINCT FROM m.uid))
+		RETURNING m.i, p.id, p.phase, p.owner_replica, m.override, m.actor, m.reason),
+	s AS (
+		SELECT r.*, pq.key, pq.weight FROM r JOIN pgcoord.permit_quotas pq
+			ON pq.permit_id = r.id),
+	u AS (
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - t.w
+		FROM (SELECT s.key, sum(s.weight) AS w FROM s GROUP BY s.key) t
+		WHERE q.key = t.key),
+	e AS (
+		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason,
+			state, phase)
+		SELECT s.id, s.key, -s.weight,
+		       CASE WHEN s.override THEN 'override_released' ELSE 'released' END,
+		       coalesce(s.actor, 'agent@' || coalesce(s.owner_replica, '?')), s.reason,
+		       'released', s.phase
+		FROM s ORDER BY s.i, s.key)
+	SELECT coalesce(array_agg(r.i::integer), '{}') INTO v_done FROM r;
+
+	RETURN QUERY SELECT d.i, NULL::text, NULL::text, 'ok'::text, NULL::text, true,
+		'released'::text, pgcoord.ms(now()), pgcoord.ms(now())
+	FROM unnest(v_done) AS d(i);
+	IF cardinality(v_done) = v_n THEN
+		RETURN;
+	END IF;
+
+	-- the members left: answered (or retired) as a lone release would
+	IF v_n = 1 THEN
 		RETURN QUERY SELECT 1, NULL::text, NULL::text, r.*
 		FROM pgcoord.permit_release_as(p_uids[1], p_ids[1], p_sessions[1],
 			p_overrides[1], p_actors[1], p_reasons[1]) r;
 		RETURN;
 	END IF;
-	PERFORM pgcoord.permits_lock_quotas(p_ids);
-	FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+	FOR i IN 1 .. v_n LOOP
+		CONTINUE WHEN i = ANY (v_done);
 		BEGIN
 			RETURN QUERY SELECT i, NULL::text, NULL::text, r.*
 			FROM pgcoord.permit_release_as(p_uids[i], p_ids[i], p_sessions[i],

@@ -317,3 +317,505 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/*
+ * Release groups (set-based, permit_release_group): a group of several releases is judged as
+ * a set, yet each member must be answered, and leave the rows, as the lone
+ * release of 0006 (permit_release_as, unchanged) gives one call at a time.
+ * The same mix runs both ways on two id/key sets ("g" as one group, "a"
+ * one by one) and the answers, permits, counters and audit rows must match.
+ */
+
+/* The mix, in arrival order: released, already released, no permit (the
+ * id is retired), another session's, another uid's, uncertain, the last
+ * holder of a quota with a waiter (handed over), an override, released. */
+static const char *const release_mix[] = {"1", "3", "nope", "4", "5", "6", "7", "8", "2"};
+#define NMIX (sizeof(release_mix) / sizeof(release_mix[0]))
+
+static void claim_sql(struct harness_db *db, long uid, const char *id, const char *key, int weight,
+		      int64_t session)
+{
+	char *st = hdb_query_value(db,
+				   "SELECT status FROM pgcoord.permit_claim_as(%ld, false, '%s', "
+				   "ARRAY['%s'], ARRAY[%d], %lld, 'test', 'uncertain', NULL, NULL, "
+				   "'test')",
+				   uid, id, key, weight, (long long)session);
+	cr_assert_str_eq(st, "admitted", "%s: %s", id, st);
+	free(st);
+}
+
+/* Permits and a waiter for set x; returns the caller's uid. */
+static long release_mix_setup(struct harness_db *db, const char *x, int64_t s1, int64_t s2,
+			      int64_t s3)
+{
+	long uid = hdb_query_long(db, "SELECT owner_uid FROM pgcoord.sessions WHERE id = %lld",
+				  (long long)s1);
+	char id[32], key[32], hw[32];
+	snprintf(key, sizeof(key), "%s-key", x);
+	snprintf(hw, sizeof(hw), "%s-hw", x);
+	hdb_exec(db,
+		 "SELECT pgcoord.quota_apply('%s', 100, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s', 2, NULL, 'test', 'test')",
+		 key, hw);
+	for (int i = 1; i <= 8; i++) {
+		int64_t owner = i == 4 || i == 8 ? s2 : i == 5 ? s3 : s1;
+		snprintf(id, sizeof(id), "%s-%d", x, i);
+		claim_sql(db, i == 5 ? 4242 : uid, id, i == 7 ? hw : key, i == 7 ? 2 : 1, owner);
+	}
+	hdb_exec(db,
+		 "SELECT * FROM pgcoord.permit_release_as(%ld, '%s-3', %lld, false, 'test', NULL);"
+		 "UPDATE pgcoord.permits SET state = 'uncertain', uncertain_reason = 'test' "
+		 "WHERE id = '%s-6'",
+		 uid, x, (long long)s1, x);
+	char *st = hdb_query_value(db,
+				   "SELECT status FROM pgcoord.permit_wait(%ld, false, '%s-w', "
+				   "ARRAY['%s'], ARRAY[1], %lld, 'test', 'uncertain', NULL, NULL, "
+				   "'test', 60000)",
+				   uid, x, hw, (long long)s2);
+	cr_assert_str_eq(st, "queued");
+	free(st);
+	return uid;
+}
+
+#define RELEASE_ROW                                                                                \
+	"coalesce(err_state, '') || '|' || coalesce(outcome, '') || '|' || coalesce(detail, '') "  \
+	"|| "                                                                                      \
+	"'|' || coalesce(released::text, '') || '|' || coalesce(state, '')"
+
+/* What the rows of set x say, with x cut off the ids and keys. */
+static char *rows_of(struct harness_db *db, const char *x)
+{
+	return hdb_query_value(
+	    db,
+	    "SELECT (SELECT string_agg(substr(id, 3) || ':' || state, ',' ORDER BY id) FROM "
+	    "pgcoord.permits WHERE id LIKE '%s-%%') || ' / ' || "
+	    "(SELECT string_agg(substr(key, 3) || '=' || in_flight || '+' || waiting, ',' ORDER "
+	    "BY key) FROM pgcoord.quotas WHERE key LIKE '%s-%%') || ' / ' || "
+	    "(SELECT string_agg(substr(permit_id, 3) || ':' || coalesce(substr(key, 3), '') || "
+	    "':' || delta || ':' || event || ':' || actor || ':' || "
+	    "regexp_replace(coalesce(reason, ''), '[0-9]+', 'N', 'g') || ':' || coalesce(state, "
+	    "'') || ':' || coalesce(phase, ''), ',' ORDER BY permit_id, id) "
+	    "FROM pgcoord.permit_events WHERE permit_id LIKE '%s-%%')",
+	    x, x, x);
+}
+
+Test(groups, a_release_group_answers_and_writes_as_lone_releases)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-rel", NULL);
+	int fd1 = iconnect(hagent_socket(a)), fd2 = iconnect(hagent_socket(a)),
+	    fd3 = iconnect(hagent_socket(a));
+	int64_t s1 = isession_open(fd1, "one"), s2 = isession_open(fd2, "two"),
+		s3 = isession_open(fd3, "three");
+	hdb_exec(db, "UPDATE pgcoord.sessions SET owner_uid = 4242 WHERE id = %lld", (long long)s3);
+	long uid = release_mix_setup(db, "g", s1, s2, s3);
+	cr_assert_eq(release_mix_setup(db, "a", s1, s2, s3), uid);
+
+	/* "a": one call at a time, each its own transaction */
+	char alone[4096] = "";
+	for (size_t i = 0; i < NMIX; i++) {
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT " RELEASE_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
+		    "pgcoord.permit_release_as(%ld, 'a-%s', %lld, %s, 'test', NULL)) r",
+		    uid, release_mix[i], (long long)s1, i == 7 ? "true" : "false");
+		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
+			 i ? "\n" : "", row);
+		free(row);
+	}
+
+	/* "g": the same calls as one group, one statement */
+	char ids[256] = "", overrides[128] = "", uids[256] = "", sessions[256] = "";
+	for (size_t i = 0; i < NMIX; i++) {
+		const char *sep = i ? "," : "";
+		snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), "%sg-%s", sep,
+			 release_mix[i]);
+		snprintf(overrides + strlen(overrides), sizeof(overrides) - strlen(overrides),
+			 "%s%s", sep, i == 7 ? "true" : "false");
+		snprintf(uids + strlen(uids), sizeof(uids) - strlen(uids), "%s%ld", sep, uid);
+		snprintf(sessions + strlen(sessions), sizeof(sessions) - strlen(sessions), "%s%lld",
+			 sep, (long long)s1);
+	}
+	char *grouped = hdb_query_value(
+	    db,
+	    "SELECT string_agg(" RELEASE_ROW ", E'\\n' ORDER BY member) || '#' || count(*) "
+	    "FROM pgcoord.permit_release_group('{%s}', '{%s}', '{%s}', '{%s}', "
+	    "array_fill('test'::text, ARRAY[%zu]), array_fill(NULL::text, ARRAY[%zu]))",
+	    uids, ids, sessions, overrides, NMIX, NMIX);
+	char want[4200];
+	snprintf(want, sizeof(want), "%s#%zu", alone, NMIX);
+	cr_assert_str_eq(grouped, want, "in a group:\n%s\nalone:\n%s", grouped, want);
+	free(grouped);
+
+	/* what each answer says, not only that both agree */
+	cr_assert(strstr(alone, "|ok||true|released\n|ok||false|released\n|not_found|"), "%s",
+		  alone);
+	cr_assert(strstr(alone, "|forbidden|it is owned by session"), "%s", alone);
+	cr_assert(strstr(alone, "|forbidden|it belongs to uid 4242"), "%s", alone);
+	cr_assert(strstr(alone, "|conflict|it is uncertain (test)"), "%s", alone);
+
+	/* the same rows either way; the waiter was handed the freed room */
+	char *g = rows_of(db, "g"), *al = rows_of(db, "a");
+	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	free(g);
+	free(al);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'g-w' "
+					"AND state = 'held'"),
+		     1, "the waiter was not admitted by the group's release");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-hw'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-key'"),
+		     3, "g-4, g-5, g-6 still count");
+
+	/* one id twice in a group: the second sees the first, as alone */
+	char *twice =
+	    hdb_query_value(db,
+			    "SELECT string_agg(" RELEASE_ROW ", ',' ORDER BY member) FROM "
+			    "pgcoord.permit_release_group('{%ld,%ld}', '{g-4,g-4}', '{%lld,%lld}', "
+			    "'{true,true}', '{t,t}', '{NULL,NULL}')",
+			    uid, uid, (long long)s1, (long long)s1);
+	cr_assert_str_eq(twice, "|ok||true|released,|ok||false|released");
+	free(twice);
+	assert_conserved(db);
+	close(fd1);
+	close(fd2);
+	close(fd3);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* permit.release {id} of each of ids, sent without waiting. */
+static void send_releases(int fd, uint32_t msgid0, const char *const *ids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct iparams p;
+		pgc_pack_kv_str(iparams_begin(&p, 1), "id", ids[i]);
+		cr_assert(hraw_send_request(fd, msgid0 + (uint32_t)i, "permit.release", p.sb.data,
+					    p.sb.size));
+		iparams_destroy(&p);
+	}
+}
+
+/* Through the agent: releases that wait together go as one group, each is
+ * answered released, and the room they free goes to the claim that waits
+ * on the quota (the hand-over fires at the group's commit). */
+Test(groups, a_release_group_hands_its_room_to_a_waiter)
+{
+	static const char *const ids[] = {"rw-1", "rw-2", "rw-3", "rw-4"};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-hand", one_connection);
+	int fd = iconnect(hagent_socket(a)), fd2 = iconnect(hagent_socket(a));
+	struct outcome claimed[4];
+	struct iparams p;
+	struct ireply r;
+
+	isession_open(fd, "holder");
+	isession_open(fd2, "waiter");
+	quota_set(fd, "rw", 4);
+	send_claims(fd, 5000, 0, 4, "rw", "rw");
+	read_answers(fd, 5000, 4, claimed);
+	for (int i = 0; i < 4; i++)
+		cr_assert_str_eq(claimed[i].what, "admitted");
+
+	msgpack_packer *pk = iparams_begin(&p, 3);
+	pgc_pack_kv_str(pk, "id", "rw-w");
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_str(pk, "key", "rw");
+	pgc_pack_kv_int(pk, "weight", 2);
+	pgc_pack_kv_int(pk, "wait_ms", 30000);
+	char *status = istr(icall_ok(fd2, "permit.claim", &p, &r), "status");
+	cr_assert_str_eq(status, "queued");
+	free(status);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	PGconn *holder = hold_quota(db, "rw");
+	send_releases(fd, 6000, ids, 1);
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "no release reached the held quota row");
+	send_releases(fd, 6001, ids + 1, 3);
+	hsleep_ms(200); /* every release is read and queued */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w'"),
+		     0);
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+
+	for (int got = 0; got < 4;) {
+		msgpack_unpacked u;
+		struct pgc_message m;
+		char err[128];
+		msgpack_unpacked_init(&u);
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &u), HRAW_MSG, "%d of 4 answers came", got);
+		cr_assert(pgc_parse_message(&u.data, &m, err, sizeof(err)), "%s", err);
+		if (m.type == PGC_RPC_RESPONSE && m.msgid >= 6000 && m.msgid < 6004) {
+			cr_assert_null(m.error, "release %u failed", m.msgid - 6000);
+			const msgpack_object *v = pgc_map_get(m.result, "released");
+			cr_assert(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean,
+				  "release %u: not released", m.msgid - 6000);
+			got++;
+		}
+		msgpack_unpacked_destroy(&u);
+	}
+	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"release\"}"), 3,
+		      "the releases that waited together did not go as one group");
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w' AND state = "
+			    "'held'"),
+		  "the waiter was not handed the room the group freed");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'rw'"),
+		     2);
+	cr_assert_eq(audit_rows(db, "rw", "released"), 4);
+	assert_conserved(db);
+	close(fd);
+	close(fd2);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A claim group judged set-based (permit_claim_group) against the same claims made one at
+ * a time: two key sets alike, "g" claimed as one group in one statement,
+ * "a" one call at a time. Answers, permits, shares, counters, the queue and
+ * audit rows must match, ids and keys cut off. */
+struct mixed_claim {
+	const char *id, *keys, *weights, *limit;
+	bool dead_session;
+};
+
+/* In arrival order: admitted, multi-key admitted, denied by a queue,
+ * denied by room, an idempotent retry, unknown quota (after a key with
+ * room), a session that is not live, admitted, denied, a per-call limit,
+ * unsorted keys, admitted on the second quota of a multi-key claim, denied
+ * there. */
+static const struct mixed_claim claim_mix[] = {
+    {"1", "hot", "1", "NULL", false},	   {"2", "hot,two", "1,2", "NULL", false},
+    {"3", "q", "1", "NULL", false},	   {"4", "hot", "2", "NULL", false},
+    {"r", "rk", "1", "NULL", false},	   {"6", "hot,zz", "1,1", "NULL", false},
+    {"7", "hot", "1", "NULL", true},	   {"8", "hot", "1", "NULL", false},
+    {"9", "hot", "1", "NULL", false},	   {"10", "lim", "1", "4", false},
+    {"11", "iz,ia", "1,1", "NULL", false}, {"12", "two", "3", "NULL", false},
+    {"13", "two", "1", "NULL", false},
+};
+#define NCLAIM_MIX (sizeof(claim_mix) / sizeof(claim_mix[0]))
+
+/* "{x-a,x-b}" from "a,b". */
+static void prefixed_keys(char *out, size_t len, const char *x, const char *keys)
+{
+	char copy[64];
+	snprintf(copy, sizeof(copy), "%s", keys);
+	snprintf(out, len, "{");
+	for (char *k = strtok(copy, ","); k; k = strtok(NULL, ","))
+		snprintf(out + strlen(out), len - strlen(out), "%s%s-%s",
+			 strlen(out) > 1 ? "," : "", x, k);
+	snprintf(out + strlen(out), len - strlen(out), "}");
+}
+
+/* Quotas, a held permit to retry and a queue on x-q for set x. */
+static void claim_mix_setup(struct harness_db *db, const char *x, long uid, int64_t s)
+{
+	hdb_exec(db,
+		 "SELECT pgcoord.quota_apply('%s-hot', 3, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-two', 5, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-q', 5, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-full', 1, NULL, 'test', 'test');"
+		 "SELECT pgcoord.quota_apply('%s-rk', 5, NULL, 'test', 'test')",
+		 x, x, x, x, x);
+	char id[32], key[32];
+	snprintf(id, sizeof(id), "%s-h", x);
+	snprintf(key, sizeof(key), "%s-full", x);
+	claim_sql(db, uid, id, key, 1, s);
+	snprintf(id, sizeof(id), "%s-r", x);
+	snprintf(key, sizeof(key), "%s-rk", x);
+	claim_sql(db, uid, id, key, 1, s);
+	/* the head of x-q's queue waits for x-full: x-q has room and a queue */
+	char *st =
+	    hdb_query_value(db,
+			    "SELECT status FROM pgcoord.permit_wait(%ld, false, '%s-w', "
+			    "ARRAY['%s-full', '%s-q'], ARRAY[1, 1], %lld, 'test', 'uncertain', "
+			    "NULL, NULL, 'test', 60000)",
+			    uid, x, x, x, (long long)s);
+	cr_assert_str_eq(st, "queued");
+	free(st);
+}
+
+#define CLAIM_ROW                                                                                  \
+	"coalesce(err_state, '') || '|' || coalesce(status, '') || '|' || (token IS NOT NULL) || " \
+	"'|' || coalesce(state, '') || '|' || coalesce(phase, '') || '|' || (owner_session IS "    \
+	"NOT "                                                                                     \
+	"NULL) || '|' || coalesce(owner_replica, '') || '|' || (created_at IS NOT NULL) || '|' "   \
+	"|| "                                                                                      \
+	"coalesce(released_at::text, '') || '|' || coalesce(substr(denied_key, 3), '') || '|' || " \
+	"coalesce(denied_limit::text, '') || '|' || coalesce(denied_in_flight::text, '') || '|' "  \
+	"|| "                                                                                      \
+	"coalesce(detail, '')"
+
+/* The shares, limits and queue of set x, beside rows_of's permits,
+ * counters and audit rows. */
+static char *claim_rows_of(struct harness_db *db, const char *x)
+{
+	char *rows = rows_of(db, x);
+	char *more = hdb_query_value(
+	    db,
+	    "SELECT (SELECT string_agg(substr(permit_id, 3) || ':' || substr(key, 3) || ':' || "
+	    "weight, ',' ORDER BY permit_id, key) FROM pgcoord.permit_quotas WHERE permit_id LIKE "
+	    "'%s-%%') || ' / ' || (SELECT string_agg(substr(key, 3) || '<=' || \"limit\", ',' "
+	    "ORDER "
+	    "BY key) FROM pgcoord.quotas WHERE key LIKE '%s-%%') || ' / ' || (SELECT "
+	    "string_agg(substr(id, 3) || ':' || state, ',') FROM pgcoord.waiters WHERE id LIKE "
+	    "'%s-%%')",
+	    x, x, x);
+	char *all = malloc(strlen(rows) + strlen(more) + 4);
+	cr_assert(all);
+	sprintf(all, "%s / %s", rows, more);
+	free(rows);
+	free(more);
+	return all;
+}
+
+static long tokens_drawn(struct harness_db *db)
+{
+	return hdb_query_long(db, "SELECT last_value FROM pgcoord.token_seq");
+}
+
+Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-clm", NULL);
+	int fd = iconnect(hagent_socket(a));
+	int64_t s = isession_open(fd, "one");
+	long uid = hdb_query_long(db, "SELECT owner_uid FROM pgcoord.sessions WHERE id = %lld",
+				  (long long)s);
+	int64_t dead = hdb_query_long(db, "SELECT max(id) + 1000 FROM pgcoord.sessions");
+	claim_mix_setup(db, "g", uid, s);
+	claim_mix_setup(db, "a", uid, s);
+	char keys[64];
+
+	/* "a": one call at a time, each its own transaction */
+	long t0 = tokens_drawn(db);
+	char alone[4096] = "";
+	for (size_t i = 0; i < NCLAIM_MIX; i++) {
+		const struct mixed_claim *c = &claim_mix[i];
+		prefixed_keys(keys, sizeof(keys), "a", c->keys);
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT " CLAIM_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
+		    "pgcoord.permit_claim_as(%ld, false, 'a-%s', '%s', '{%s}', %lld, 'test', "
+		    "'uncertain', NULL, %s, 'test')) r",
+		    uid, c->id, keys, c->weights, (long long)(c->dead_session ? dead : s),
+		    c->limit);
+		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
+			 i ? "\n" : "", row);
+		free(row);
+	}
+	long alone_tokens = tokens_drawn(db) - t0;
+
+	/* "g": the same claims as one group, one statement */
+	char ids[256] = "", klist[512] = "", wlist[256] = "", sessions[256] = "", limits[128] = "",
+	     uids[256] = "";
+	for (size_t i = 0; i < NCLAIM_MIX; i++) {
+		const struct mixed_claim *c = &claim_mix[i];
+		const char *sep = i ? "," : "";
+		prefixed_keys(keys, sizeof(keys), "g", c->keys);
+		snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), "%s'g-%s'", sep, c->id);
+		snprintf(klist + strlen(klist), sizeof(klist) - strlen(klist), "%s'%s'", sep, keys);
+		snprintf(wlist + strlen(wlist), sizeof(wlist) - strlen(wlist), "%s'{%s}'", sep,
+			 c->weights);
+		snprintf(sessions + strlen(sessions), sizeof(sessions) - strlen(sessions), "%s%lld",
+			 sep, (long long)(c->dead_session ? dead : s));
+		snprintf(limits + strlen(limits), sizeof(limits) - strlen(limits), "%s%s", sep,
+			 c->limit);
+		snprintf(uids + strlen(uids), sizeof(uids) - strlen(uids), "%s%ld", sep, uid);
+	}
+	t0 = tokens_drawn(db);
+	char *grouped = hdb_query_value(
+	    db,
+	    "SELECT string_agg(" CLAIM_ROW ", E'\\n' ORDER BY member) || '#' || count(*) FROM "
+	    "pgcoord.permit_claim_group(ARRAY[%s]::bigint[], array_fill(false, ARRAY[%zu]), "
+	    "ARRAY[%s], ARRAY[%s], ARRAY[%s], ARRAY[%s]::bigint[], array_fill('test'::text, "
+	    "ARRAY[%zu]), array_fill('uncertain'::text, ARRAY[%zu]), array_fill(NULL::bytea, "
+	    "ARRAY[%zu]), ARRAY[%s]::integer[], array_fill('test'::text, ARRAY[%zu]))",
+	    uids, NCLAIM_MIX, ids, klist, wlist, sessions, NCLAIM_MIX, NCLAIM_MIX, NCLAIM_MIX,
+	    limits, NCLAIM_MIX);
+	char want[4200];
+	snprintf(want, sizeof(want), "%s#%zu", alone, NCLAIM_MIX);
+	cr_assert_str_eq(grouped, want, "in a group:\n%s\nalone:\n%s", grouped, want);
+	free(grouped);
+	cr_assert_eq(tokens_drawn(db) - t0, alone_tokens, "tokens drawn: %ld in a group, %ld alone",
+		     tokens_drawn(db) - t0, alone_tokens);
+
+	/* what each answer says, not only that both agree */
+	static const char *const says[] = {"|admitted|true|held|reserved|true|test|true|||||",
+					   "|denied|false|||false||false||q|5|0|",
+					   "|denied|false|||false||false||hot|3|2|",
+					   "|held|true|held|reserved|true|test|true|||||",
+					   "|unknown_quota|false|||false||false||zz|||",
+					   "|session_expired|",
+					   "|invalid|",
+					   "|denied|false|||false||false||two|5|5|"};
+	for (size_t i = 0; i < sizeof(says) / sizeof(says[0]); i++)
+		cr_assert(strstr(alone, says[i]), "no \"%s\" in:\n%s", says[i], alone);
+
+	/* the same rows either way */
+	char *g = claim_rows_of(db, "g"), *al = claim_rows_of(db, "a");
+	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	free(g);
+	free(al);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-hot'"),
+		     3);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-two'"),
+		     5);
+	/* fencing tokens in arrival order on the hot key */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM (SELECT token, lag(token) OVER (ORDER "
+				    "BY substr(id, 3)::int) AS prev FROM pgcoord.permits WHERE id "
+				    "IN ('g-1', 'g-2', 'g-8')) t WHERE token > prev"),
+		     2);
+
+	/* judged in memory: the set-based members' permit rows went in
+	 * without a subtransaction each (one xmin), the per-call limit alone */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(DISTINCT xmin::text) FROM pgcoord.permits "
+					"WHERE id IN ('g-1', 'g-2', 'g-8', 'g-12')"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(DISTINCT xmin::text) FROM pgcoord.permits "
+					"WHERE id IN ('g-1', 'g-10')"),
+		     2);
+
+	/* one id twice: the second sees the first (both judged alone) */
+	char *twice = hdb_query_value(
+	    db,
+	    "SELECT string_agg(status || ':' || token, ',' ORDER BY member) FROM "
+	    "pgcoord.permit_claim_group('{%ld,%ld,%ld}', '{f,f,f}', '{g-d,g-d,g-e}', "
+	    "'{\"{g-rk}\",\"{g-rk}\",\"{g-rk}\"}', '{\"{1}\",\"{1}\",\"{1}\"}', "
+	    "'{%lld,%lld,%lld}', '{t,t,t}', '{uncertain,uncertain,uncertain}', '{NULL,NULL,NULL}', "
+	    "'{NULL,NULL,NULL}', '{t,t,t}')",
+	    uid, uid, uid, (long long)s, (long long)s, (long long)s);
+	long td = hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'g-d'"),
+	     te = hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'g-e'");
+	char want_twice[128];
+	snprintf(want_twice, sizeof(want_twice), "admitted:%ld,held:%ld,admitted:%ld", td, td, te);
+	cr_assert_str_eq(twice, want_twice);
+	cr_assert_gt(te, td);
+	free(twice);
+
+	/* keys that do not parse: that member's own error, the others judged */
+	char *unparsed = hdb_query_value(
+	    db,
+	    "SELECT string_agg(coalesce(err_state, '') || ':' || coalesce(status, ''), ',' ORDER "
+	    "BY "
+	    "member) FROM pgcoord.permit_claim_group('{%ld,%ld}', '{f,f}', '{g-f,g-u}', "
+	    "'{\"{g-rk}\",\"{g-rk\"}', '{\"{1}\",\"{1}\"}', '{%lld,%lld}', '{t,t}', "
+	    "'{uncertain,uncertain}', '{NULL,NULL}', '{NULL,NULL}', '{t,t}')",
+	    uid, uid, (long long)s, (long long)s);
+	cr_assert_str_eq(unparsed, ":admitted,22P02:");
+	free(unparsed);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-rk'"),
+		     4);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}

@@ -20,3 +20,12 @@
 			END IF;
 			IF NOT FOUND THEN
 -- @end
+-- A claim group judged in memory (permit_claim_group) reads the counters
+-- without locking their rows first, then adds its net weight
+-- unconditionally: two groups that read at the same time both see room.
+-- @function pgcoord.permit_claim_group
+-- @replace
+	      ORDER BY q.key FOR NO KEY UPDATE OF q) q;
+-- @with
+	      ORDER BY q.key) q;
+-- @end

@@ -17,3 +17,10 @@
 	END IF;
 -- @with
 -- @end
+-- @function pgcoord.permit_release_group
+-- @replace
+		WHERE p.id = m.id AND p.state <> 'released'
+		  AND (m.override OR p.state = 'held')
+-- @with
+		WHERE p.id = m.id
+-- @end
