@@ -36,9 +36,10 @@ struct group_kind {
 	const char *sql;  /* $1..$nargs are arrays, one element per member */
 	int nargs;
 	/* Answers one member from row `row` of res, its own columns from
-	 * `col` on. Owns ctx. */
+	 * `col` on. ctx is the handler's request context (req_ctx_alloc):
+	 * the request frees it when it ends. */
 	void (*answer)(struct request *req, void *ctx, const PGresult *res, int row, int col);
-	/* Answers one member whose part, or whole group, failed. Owns ctx. */
+	/* Answers one member whose part, or whole group, failed. */
 	void (*fail)(struct request *req, void *ctx, const struct db_result *r);
 };
 
