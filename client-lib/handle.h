@@ -4,7 +4,8 @@
  * reading and dispatching frames; notify.c: the notification queue;
  * transport.c: the socket; session.c, permits.c: the typed helpers;
  * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
- * and answers; typed_reads.c: permit and quota reads as structs;
+ * and answers; typed_read.c: the decoding every typed read shares
+ * (typed_read.h); typed_reads.c: permit and quota reads as structs;
  * lease_reads.c, agent_reads.c: the lease and agent.status reads as
  * structs; records.c: record calls; leases.c: lease calls and the local
  * leadership belief). Nothing here is exported: the version
