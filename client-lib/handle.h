@@ -121,6 +121,10 @@ struct pgcoord {
 
 /* Sets pgcoord_last_message(c). */
 void pgcoord__set_message(pgcoord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An options struct's size: at least the first version's (min), at most
+ * what this library knows (max); otherwise sets the message and false. */
+bool pgcoord__opts_size_ok(pgcoord *c, const void *opts, size_t size, size_t min, size_t max,
+			   const char *init);
 /* Closes the socket; the handle stays allocated and answers PGCOORD_E_CLOSED. */
 void pgcoord__disconnect(pgcoord *c);
 

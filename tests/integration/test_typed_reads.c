@@ -1,9 +1,9 @@
 /*
  * test_typed_reads.c — the typed reads (agent.status, permit.get,
  * permit.list, permit.history, quota.get, quota.list, lease.status,
- * lease.list, record.list) and
- * the record options against a real agent: every field as the database
- * holds it.
+ * lease.list, record.list) and the options structs (records, lease
+ * acquire, permit release and resolve) against a real agent: every field
+ * as the database holds it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -415,6 +415,103 @@ Test(typed_reads, agent_status_matches_the_agents_row)
 	cr_assert_not_null(s->failover);
 	pgcoord_agent_status_free(s);
 	pgcoord_agent_status_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A column of one row as text, compared and freed. */
+static void assert_sql_str(struct harness_db *db, const char *sql, const char *want)
+{
+	char *got = hdb_query_value(db, "%s", sql);
+	cr_assert_str_eq(got, want, "%s", sql);
+	free(got);
+}
+
+Test(typed_reads, lease_release_and_resolve_options_reach_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-opts", NULL);
+	pgcoord *c = NULL;
+	bool leader = false, released = false;
+	int64_t epoch = 0;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "opts", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_set(c, "q", 3, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "r1", "q");
+	claim_one(c, "r2", "q");
+
+	/* lease.acquire: ttl and the answer as the lease row says */
+	struct pgcoord_lease_opts lo = PGCOORD_LEASE_OPTS_INIT;
+	lo.ttl_ms = 5000;
+	cr_assert_eq(pgcoord_lease_acquire_with(c, "opts-lease", &lo, CALL_MS, &leader, &epoch),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert(leader);
+	cr_assert(pgcoord_lease_is_leader(c, "opts-lease"));
+	cr_assert_eq(epoch, hdb_query_long(db, "SELECT epoch FROM pgcoord.leases WHERE name = "
+					       "'opts-lease'"));
+	cr_assert_eq(hdb_query_long(db, "SELECT ttl_ms FROM pgcoord.leases WHERE name = "
+					"'opts-lease'"),
+		     5000);
+	cr_assert_eq(hdb_query_long(db, "SELECT holder_session FROM pgcoord.leases WHERE name "
+					"= 'opts-lease'"),
+		     pgcoord_session_id(c));
+
+	/* release with a reason: the permit and its audit row */
+	struct pgcoord_release_opts ro;
+	pgcoord_release_opts_init(&ro);
+	ro.reason = "finished";
+	cr_assert_eq(pgcoord_permit_release_with(c, "r1", &ro, CALL_MS, &released), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	cr_assert(released);
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r1'", "released");
+	assert_sql_str(db,
+		       "SELECT reason FROM pgcoord.permit_events WHERE permit_id = 'r1' AND "
+		       "event = 'released'",
+		       "finished");
+
+	/* resolve GONE with evidence: released by it, the evidence audited */
+	cr_assert_eq(pgcoord_permit_mark_uncertain(c, "r2", "lost sight", CALL_MS), PGCOORD_OK);
+	struct pgcoord_resolve_opts so = PGCOORD_RESOLVE_OPTS_INIT;
+	so.evidence = "no such process";
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r2", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r2'", "released");
+	assert_sql_str(db,
+		       "SELECT reason FROM pgcoord.permit_events WHERE permit_id = 'r2' AND "
+		       "event = 'resolved_gone'",
+		       "gone: no such process");
+
+	/* sizes this library does not know, NULL opts, no evidence: refused
+	 * before anything is sent */
+	claim_one(c, "r3", "q");
+	long events = hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events");
+	ro.size = 1;
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", &ro, CALL_MS, &released), PGCOORD_E_ARG);
+	cr_assert_not(released);
+	ro.size = sizeof(ro) + 8;
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", &ro, CALL_MS, &released), PGCOORD_E_ARG);
+	cr_assert_not_null(strstr(pgcoord_last_message(c), "PGCOORD_RELEASE_OPTS_INIT"));
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", NULL, CALL_MS, &released), PGCOORD_E_ARG);
+	so.size = 0;
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r3", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_E_ARG);
+	so.size = sizeof(so);
+	so.evidence = NULL;
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r3", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_E_ARG);
+	lo.size = sizeof(lo) - 1;
+	cr_assert_eq(pgcoord_lease_acquire_with(c, "other", &lo, CALL_MS, &leader, &epoch),
+		     PGCOORD_E_ARG);
+	cr_assert_not(leader);
+	cr_assert_eq(epoch, 0);
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r3'", "held");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events"), events);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases WHERE name = "
+					"'other'"),
+		     0);
 
 	pgcoord_close(c);
 	hagent_destroy(a);

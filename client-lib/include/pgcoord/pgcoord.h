@@ -517,6 +517,50 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 				   int timeout_ms, bool *released);
 
 /*
+ * The same two calls with options structs. Start from
+ * PGCOORD_RESOLVE_OPTS_INIT / PGCOORD_RELEASE_OPTS_INIT (or the _init
+ * functions) and set what you need; `size` as for pgcoord_claim_opts.
+ * PGCOORD_E_ARG for opts NULL or of a size this library does not know,
+ * and (resolve) for evidence NULL.
+ *
+ *   evidence  what was observed (required, non-empty)
+ *   reason    why it is released (NULL: none)
+ *   flags     PGCOORD_OVERRIDE
+ */
+struct pgcoord_resolve_opts {
+	size_t size; /* sizeof(struct pgcoord_resolve_opts) as the caller knew it */
+	const char *evidence;
+	unsigned flags;
+};
+
+#define PGCOORD_RESOLVE_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_resolve_opts)                                        \
+	}
+
+void pgcoord_resolve_opts_init(struct pgcoord_resolve_opts *opts);
+
+pgcoord_err pgcoord_permit_resolve_with(pgcoord *c, const char *id, pgcoord_outcome outcome,
+					const struct pgcoord_resolve_opts *opts, int timeout_ms);
+
+struct pgcoord_release_opts {
+	size_t size; /* sizeof(struct pgcoord_release_opts) as the caller knew it */
+	const char *reason;
+	unsigned flags;
+};
+
+#define PGCOORD_RELEASE_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_release_opts)                                        \
+	}
+
+void pgcoord_release_opts_init(struct pgcoord_release_opts *opts);
+
+pgcoord_err pgcoord_permit_release_with(pgcoord *c, const char *id,
+					const struct pgcoord_release_opts *opts, int timeout_ms,
+					bool *released);
+
+/*
  * Reads: the MessagePack-encoded result map in *result (free with
  * pgcoord_free), as PROTOCOL.md describes for permit.get, permit.list (quota
  * and state filter when non-NULL), permit.history and quota.list. Prefer
@@ -684,6 +728,32 @@ pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64
  */
 pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool wait,
 				  int timeout_ms, bool *leader, int64_t *epoch);
+
+/*
+ * pgcoord_lease_acquire with an options struct: start from
+ * PGCOORD_LEASE_OPTS_INIT (or pgcoord_lease_opts_init); `size` as for
+ * pgcoord_claim_opts. PGCOORD_E_ARG for opts NULL or of a size this library
+ * does not know.
+ *
+ *   ttl_ms  1000..600000, or 0 (the default) for the agent's lease_ttl_ms
+ *   wait    keep campaigning until the session wins or releases
+ */
+struct pgcoord_lease_opts {
+	size_t size; /* sizeof(struct pgcoord_lease_opts) as the caller knew it */
+	int ttl_ms;
+	bool wait;
+};
+
+#define PGCOORD_LEASE_OPTS_INIT                                                                    \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_lease_opts)                                          \
+	}
+
+void pgcoord_lease_opts_init(struct pgcoord_lease_opts *opts);
+
+pgcoord_err pgcoord_lease_acquire_with(pgcoord *c, const char *name,
+				       const struct pgcoord_lease_opts *opts, int timeout_ms,
+				       bool *leader, int64_t *epoch);
 
 /*
  * Needs a session. Ends the local belief at once, before anything is sent,
