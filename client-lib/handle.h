@@ -6,10 +6,10 @@
  * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
  * and answers; typed_read.c: the decoding every typed read shares
  * (typed_read.h); typed_reads.c: permit and quota reads as structs;
- * lease_reads.c, agent_reads.c: the lease and agent.status reads as
- * structs; records.c: record calls; leases.c: lease calls and the local
- * leadership belief). Nothing here is exported: the version
- * script keeps everything but pgcoord_* local.
+ * lease_reads.c, agent_reads.c, fleet_reads.c: the lease, agent.status
+ * and fleet reads as structs; records.c: record calls; leases.c: lease
+ * calls and the local leadership belief). Nothing here is exported: the
+ * version script keeps everything but pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
 #define PGCOORD_CLIENT_HANDLE_H

@@ -25,6 +25,9 @@ static const struct pgcoord__field lease_fields[] = {
     F("valid_ms", INT, valid_ms, 0, false),
 };
 
+static const struct pgcoord__row_kind lease_row =
+    PGCOORD__ROW_KIND(struct pgcoord_lease_info, lease_fields);
+
 static bool lease_read(const msgpack_object *m, void *row)
 {
 	return pgcoord__fields_read(m, lease_fields, PGCOORD__NFIELDS(lease_fields), row);
@@ -68,7 +71,7 @@ void pgcoord_lease_list_free(struct pgcoord_lease_list *l)
 {
 	if (!l)
 		return;
-	pgcoord__rows_free((void *)l->leases, l->count, sizeof(*l->leases), lease_clear);
+	pgcoord__table_free((void *)l->leases, l->count, &lease_row);
 	free(l);
 }
 
@@ -76,7 +79,7 @@ static bool lease_list_read(const msgpack_object *m, void *box)
 {
 	struct pgcoord_lease_list *l = box;
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "leases", sizeof(*l->leases), lease_read, &rows, &l->count);
+	bool ok = pgcoord__table_read(m, "leases", &lease_row, &rows, &l->count);
 	l->leases = rows;
 	return ok;
 }

@@ -340,8 +340,9 @@ pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, uns
 }
 
 /* A row is a pointer to a record of its own, as record.get's. */
-static bool record_row_read(const msgpack_object *m, void *row)
+static bool record_row_read(const msgpack_object *m, void *row, const void *arg)
 {
+	(void)arg;
 	struct pgcoord_record **r = row;
 	if (!(*r = malloc(sizeof(**r))))
 		return false;
@@ -369,8 +370,8 @@ static bool record_list_read(const msgpack_object *m, void *box)
 {
 	struct pgcoord_record_list *l = box;
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "records", sizeof(*l->records), record_row_read, &rows,
-				     &l->count);
+	bool ok = pgcoord__rows_read(m, "records", sizeof(*l->records), record_row_read, NULL,
+				     &rows, &l->count);
 	l->records = rows;
 	pgc_obj_bool(pgc_map_get(m, "truncated"), &l->truncated);
 	l->now_at = pgcoord__int_or(m, "now_at", -1);
@@ -462,8 +463,9 @@ void pgcoord_record_free(pgcoord_record *r)
 
 /* --- recover --------------------------------------------------------------- */
 
-static bool recovery_row_read(const msgpack_object *m, void *row)
+static bool recovery_row_read(const msgpack_object *m, void *row, const void *arg)
 {
+	(void)arg;
 	return record_read(m, row); /* clears a half-read row itself */
 }
 
@@ -485,8 +487,8 @@ static bool recovery_read(const msgpack_object *m, struct pgcoord_recovery *rv)
 	    !pgc_obj_int64(pgc_map_get(m, "remaining"), &rv->remaining))
 		return false;
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "adopted", sizeof(*rv->records), recovery_row_read, &rows,
-				     &rv->count);
+	bool ok = pgcoord__rows_read(m, "adopted", sizeof(*rv->records), recovery_row_read, NULL,
+				     &rows, &rv->count);
 	rv->records = rows;
 	return ok;
 }

@@ -80,8 +80,8 @@ void pgcoord__fields_free(const struct pgcoord__field *f, size_t n, void *row)
 }
 
 bool pgcoord__rows_read(const msgpack_object *map, const char *key, size_t row_size,
-			bool (*row_fn)(const msgpack_object *m, void *row), void **rows,
-			size_t *count)
+			bool (*row_fn)(const msgpack_object *m, void *row, const void *arg),
+			const void *arg, void **rows, size_t *count)
 {
 	const msgpack_object *a = pgc_map_get(map, key);
 
@@ -96,7 +96,7 @@ bool pgcoord__rows_read(const msgpack_object *map, const char *key, size_t row_s
 	*rows = r;
 	for (size_t i = 0; i < n; i++) {
 		*count = i + 1; /* a half-read row is cleared too */
-		if (!row_fn(&a->via.array.ptr[i], r + i * row_size))
+		if (!row_fn(&a->via.array.ptr[i], r + i * row_size, arg))
 			return false;
 	}
 	return true;
@@ -106,6 +106,25 @@ void pgcoord__rows_free(void *rows, size_t count, size_t row_size, void (*clear)
 {
 	for (size_t i = 0; clear && rows && i < count; i++)
 		clear((char *)rows + i * row_size);
+	free(rows);
+}
+
+static bool table_row_read(const msgpack_object *m, void *row, const void *arg)
+{
+	const struct pgcoord__row_kind *k = arg;
+	return pgcoord__fields_read(m, k->fields, k->nfields, row);
+}
+
+bool pgcoord__table_read(const msgpack_object *map, const char *key,
+			 const struct pgcoord__row_kind *k, void **rows, size_t *count)
+{
+	return pgcoord__rows_read(map, key, k->size, table_row_read, k, rows, count);
+}
+
+void pgcoord__table_free(void *rows, size_t count, const struct pgcoord__row_kind *k)
+{
+	for (size_t i = 0; rows && i < count; i++)
+		pgcoord__fields_free(k->fields, k->nfields, (char *)rows + i * k->size);
 	free(rows);
 }
 

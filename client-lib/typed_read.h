@@ -57,14 +57,32 @@ void pgcoord__fields_free(const struct pgcoord__field *f, size_t n, void *row);
 /* map[key] as an integer, dflt when absent, nil or not an integer. */
 int64_t pgcoord__int_or(const msgpack_object *map, const char *key, int64_t dflt);
 
-/* map[key], which must be an array, decoded row by row into a new array of
- * row_size elements (*rows; freed by the caller, also on failure). *count
- * includes a half-read row, so a clear function sees everything copied. */
+/* map[key], which must be an array, decoded row by row (row_fn(m, row,
+ * arg)) into a new array of row_size elements (*rows; freed by the caller,
+ * also on failure). *count includes a half-read row, so a clear function
+ * sees everything copied. */
 bool pgcoord__rows_read(const msgpack_object *map, const char *key, size_t row_size,
-			bool (*row_fn)(const msgpack_object *m, void *row), void **rows,
-			size_t *count);
+			bool (*row_fn)(const msgpack_object *m, void *row, const void *arg),
+			const void *arg, void **rows, size_t *count);
 /* Clears count rows (clear may be NULL) and frees the array. */
 void pgcoord__rows_free(void *rows, size_t count, size_t row_size, void (*clear)(void *row));
+
+/* A row that is its field table and nothing else. */
+struct pgcoord__row_kind {
+	const struct pgcoord__field *fields;
+	size_t nfields;
+	size_t size;
+};
+
+#define PGCOORD__ROW_KIND(st, table)                                                               \
+	{                                                                                          \
+		(table), PGCOORD__NFIELDS(table), sizeof(st)                                       \
+	}
+
+/* pgcoord__rows_read and _free for rows of such a kind. */
+bool pgcoord__table_read(const msgpack_object *map, const char *key,
+			 const struct pgcoord__row_kind *k, void **rows, size_t *count);
+void pgcoord__table_free(void *rows, size_t count, const struct pgcoord__row_kind *k);
 
 /* What a typed read decodes: box_size bytes are allocated zeroed, read
  * fills them from the result map and free_box releases a (partly) filled

@@ -140,8 +140,9 @@ pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
 /* --- permit.list ----------------------------------------------------------- */
 
 /* A row is a pointer to a permit box of its own, as permit.get's. */
-static bool permit_row_read(const msgpack_object *m, void *row)
+static bool permit_row_read(const msgpack_object *m, void *row, const void *arg)
 {
+	(void)arg;
 	struct permit_box **b = row;
 	return (*b = calloc(1, sizeof(**b))) && permit_read(m, *b);
 }
@@ -163,8 +164,8 @@ static bool permit_list_read(const msgpack_object *m, void *box)
 {
 	struct pgcoord_permit_list *l = box;
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "permits", sizeof(*l->permits), permit_row_read, &rows,
-				     &l->count);
+	bool ok = pgcoord__rows_read(m, "permits", sizeof(*l->permits), permit_row_read, NULL,
+				     &rows, &l->count);
 	l->permits = rows;
 	l->now_at = pgcoord__int_or(m, "now_at", -1);
 	pgc_obj_bool(pgc_map_get(m, "truncated"), &l->truncated);
@@ -212,6 +213,9 @@ static const struct pgcoord__field quota_fields[] = {
     QF("created_at", INT, created_at, -1, false),
     QF("updated_at", INT, updated_at, -1, false),
 };
+
+static const struct pgcoord__row_kind quota_row =
+    PGCOORD__ROW_KIND(struct pgcoord_quota_info, quota_fields);
 
 static bool quota_read(const msgpack_object *m, void *row)
 {
@@ -266,7 +270,7 @@ void pgcoord_quota_list_free(struct pgcoord_quota_list *l)
 {
 	if (!l)
 		return;
-	pgcoord__rows_free((void *)l->rows, l->count, sizeof(*l->rows), quota_clear);
+	pgcoord__table_free((void *)l->rows, l->count, &quota_row);
 	free(l);
 }
 
@@ -274,7 +278,7 @@ static bool quota_list_read(const msgpack_object *m, void *box)
 {
 	struct pgcoord_quota_list *l = box;
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "quotas", sizeof(*l->rows), quota_read, &rows, &l->count);
+	bool ok = pgcoord__table_read(m, "quotas", &quota_row, &rows, &l->count);
 	l->rows = rows;
 	l->now_at = pgcoord__int_or(m, "now_at", -1);
 	return ok;
@@ -314,21 +318,14 @@ static const struct pgcoord__field event_fields[] = {
     HF("at", INT, at, -1, false),
 };
 
-static bool event_read(const msgpack_object *m, void *row)
-{
-	return pgcoord__fields_read(m, event_fields, PGCOORD__NFIELDS(event_fields), row);
-}
-
-static void event_clear(void *row)
-{
-	pgcoord__fields_free(event_fields, PGCOORD__NFIELDS(event_fields), row);
-}
+static const struct pgcoord__row_kind event_row =
+    PGCOORD__ROW_KIND(struct pgcoord_permit_history_event, event_fields);
 
 void pgcoord_permit_history_free(struct pgcoord_permit_history *h)
 {
 	if (!h)
 		return;
-	pgcoord__rows_free((void *)h->events, h->count, sizeof(*h->events), event_clear);
+	pgcoord__table_free((void *)h->events, h->count, &event_row);
 	free((char *)h->id); /* the library's own copy */
 	free(h);
 }
@@ -338,7 +335,7 @@ static bool history_read(const msgpack_object *m, void *box)
 	struct pgcoord_permit_history *h = box;
 	const msgpack_object *id = pgc_map_get(m, "id");
 	void *rows;
-	bool ok = pgcoord__rows_read(m, "events", sizeof(*h->events), event_read, &rows, &h->count);
+	bool ok = pgcoord__table_read(m, "events", &event_row, &rows, &h->count);
 	h->events = rows;
 	h->now_at = pgcoord__int_or(m, "now_at", -1);
 	return ok && id && id->type == MSGPACK_OBJECT_STR && (h->id = pgc_obj_strdup(id));
@@ -365,4 +362,80 @@ pgcoord_err pgcoord_permit_history_get(pgcoord *c, const char *id, int timeout_m
 		return PGCOORD_E_ARG;
 	pgcoord_err err = pgcoord_permit_history(c, id, timeout_ms, &raw, &raw_len);
 	return pgcoord__typed_result(c, err, raw, raw_len, &history_kind, (void **)out);
+}
+
+/* --- permit.check ---------------------------------------------------------- */
+
+#define VF(...) PGCOORD__FIELD(struct pgcoord_check_violation, __VA_ARGS__)
+
+static const struct pgcoord__field violation_fields[] = {
+    VF("key", STR, key, 0, true),
+    VF("limit", INT, limit, -1, false),
+    VF("in_flight", INT, in_flight, -1, false),
+    VF("permit_weights", INT, permit_weights, -1, false),
+    VF("audit_sum", INT, audit_sum, -1, false),
+    VF("problem", STR, problem, 0, false),
+};
+
+#define SQF(...) PGCOORD__FIELD(struct pgcoord_check_stall, __VA_ARGS__)
+
+static const struct pgcoord__field stall_fields[] = {
+    SQF("key", STR, key, 0, true),
+    SQF("head_id", STR, head_id, 0, false),
+    SQF("head_age_ms", INT, head_age_ms, -1, false),
+};
+
+static const struct pgcoord__row_kind violation_row =
+    PGCOORD__ROW_KIND(struct pgcoord_check_violation, violation_fields);
+
+static const struct pgcoord__row_kind stall_row =
+    PGCOORD__ROW_KIND(struct pgcoord_check_stall, stall_fields);
+
+void pgcoord_check_report_free(struct pgcoord_check_report *r)
+{
+	if (!r)
+		return;
+	pgcoord__table_free((void *)r->violations, r->nviolations, &violation_row);
+	pgcoord__table_free((void *)r->stalled_queues, r->nstalled, &stall_row);
+	free(r);
+}
+
+static bool check_read(const msgpack_object *m, void *box)
+{
+	struct pgcoord_check_report *r = box;
+	void *violations = NULL, *stalled = NULL;
+	bool ok =
+	    pgc_obj_bool(pgc_map_get(m, "ok"), &r->ok) &&
+	    pgcoord__table_read(m, "violations", &violation_row, &violations, &r->nviolations);
+	r->violations = violations;
+	/* an agent from before stalled queues were reported sends none */
+	if (ok && pgc_map_get(m, "stalled_queues")) {
+		ok = pgcoord__table_read(m, "stalled_queues", &stall_row, &stalled, &r->nstalled);
+		r->stalled_queues = stalled;
+	}
+	r->quotas = pgcoord__int_or(m, "quotas", -1);
+	r->now_at = pgcoord__int_or(m, "now_at", -1);
+	return ok;
+}
+
+static void check_free_box(void *box)
+{
+	pgcoord_check_report_free(box);
+}
+
+static const struct pgcoord__reply_kind check_kind = {
+    sizeof(struct pgcoord_check_report), check_read, check_free_box,
+    "the permit.check result lacks ok or its violations"};
+
+pgcoord_err pgcoord_permit_check_get(pgcoord *c, int timeout_ms, struct pgcoord_check_report **out)
+{
+	struct pgcoord_writer w;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 0);
+	return pgcoord__typed_call(c, "permit.check", &w, timeout_ms, &check_kind, (void **)out);
 }

@@ -1,13 +1,15 @@
 /*
  * test_typed_reads.c — the typed reads (agent.status, permit.get,
  * permit.list, permit.history, quota.get, quota.list, lease.status,
- * lease.list, record.list) and the options structs (records, lease
+ * lease.list, record.list, fleet.agents, fleet.sessions, permit.check)
+ * and the options structs (records, lease
  * acquire, permit release and resolve) against a real agent: every field
  * as the database holds it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "itest.h"
 #include "pgcoord/pgcoord.h"
@@ -512,6 +514,94 @@ Test(typed_reads, lease_release_and_resolve_options_reach_the_database)
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases WHERE name = "
 					"'other'"),
 		     0);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(typed_reads, fleet_and_check_match_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-fleet", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_agent_list *al = NULL;
+	struct pgcoord_session_list *sl = NULL;
+	struct pgcoord_check_report *r = NULL;
+
+	iwait_janitor(a); /* the agent's own session is open by then */
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "fleet-reader", CALL_MS, NULL), PGCOORD_OK);
+
+	cr_assert_eq(pgcoord_fleet_agents_get(c, CALL_MS, &al), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(al->count, 1);
+	const struct pgcoord_agent_info *ag = &al->agents[0];
+	cr_assert_str_eq(ag->replica_id, "typed-fleet");
+	cr_assert_eq(ag->incarnation, hdb_query_long(db, "SELECT incarnation FROM pgcoord.agents"));
+	cr_assert_eq(ag->pid, hdb_query_long(db, "SELECT pid FROM pgcoord.agents"));
+	assert_sql_str(db, "SELECT host FROM pgcoord.agents", ag->host);
+	cr_assert_not_null(ag->version);
+	cr_assert(ag->live);
+	cr_assert_eq(ag->stopped_at, -1);
+	cr_assert_gt(ag->started_at, 0);
+	cr_assert_geq(ag->heartbeat_at, ag->started_at);
+	cr_assert_gt(ag->expires_at, ag->heartbeat_at);
+	cr_assert_geq(al->now_at, ag->started_at);
+	pgcoord_agent_list_free(al);
+
+	cr_assert_eq(pgcoord_fleet_sessions_get(c, CALL_MS, &sl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq((long)sl->count,
+		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE closed_at "
+					"IS NULL"));
+	bool mine = false, agents_own = false;
+	for (size_t i = 0; i < sl->count; i++) {
+		const struct pgcoord_session_info *s = &sl->sessions[i];
+		cr_assert_str_eq(s->replica_id, "typed-fleet");
+		cr_assert_gt(s->expires_at, s->opened_at);
+		if (s->session == pgcoord_session_id(c)) {
+			mine = true;
+			cr_assert_str_eq(s->name, "fleet-reader");
+			cr_assert_eq(s->owner_uid, (int64_t)getuid());
+			cr_assert_eq(s->incarnation,
+				     hdb_query_long(db,
+						    "SELECT incarnation FROM "
+						    "pgcoord.sessions WHERE id = %lld",
+						    (long long)s->session));
+		} else {
+			agents_own = strcmp(s->name, "pgcoord-agent") == 0;
+		}
+	}
+	cr_assert(mine && agents_own);
+	pgcoord_session_list_free(sl);
+
+	/* permit.check: clean, then a counter edited by SQL is reported */
+	cr_assert_eq(pgcoord_quota_set(c, "q", 2, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "c1", "q");
+	cr_assert_eq(pgcoord_permit_check_get(c, CALL_MS, &r), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert(r->ok);
+	cr_assert_eq(r->quotas, hdb_query_long(db, "SELECT count(*) FROM pgcoord.quotas"));
+	cr_assert_eq(r->nviolations, 0);
+	cr_assert_eq(r->nstalled, 0);
+	cr_assert_gt(r->now_at, 0);
+	pgcoord_check_report_free(r);
+
+	hdb_exec(db, "UPDATE pgcoord.quotas SET in_flight = in_flight + 1 WHERE key = 'q'");
+	cr_assert_eq(pgcoord_permit_check_get(c, CALL_MS, &r), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_not(r->ok);
+	cr_assert_geq(r->nviolations, 1);
+	const struct pgcoord_check_violation *v = &r->violations[0];
+	cr_assert_str_eq(v->key, "q");
+	cr_assert_eq(v->limit, 2);
+	cr_assert_eq(v->in_flight, 2);
+	cr_assert_eq(v->permit_weights, 1);
+	cr_assert_eq(v->audit_sum, 1);
+	cr_assert_not_null(strstr(v->problem, "in_flight differs"), "%s", v->problem);
+	pgcoord_check_report_free(r);
+	pgcoord_check_report_free(NULL);
 
 	pgcoord_close(c);
 	hagent_destroy(a);
