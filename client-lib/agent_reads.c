@@ -69,13 +69,5 @@ static const struct pgcoord__reply_kind status_kind = {
 
 pgcoord_err pgcoord_agent_status_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_status **out)
 {
-	struct pgcoord_writer w;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	return pgcoord__typed_call(c, "agent.status", &w, timeout_ms, &status_kind, (void **)out);
+	return pgcoord__typed_get(c, "agent.status", timeout_ms, &status_kind, (void **)out);
 }

@@ -58,16 +58,7 @@ static const struct pgcoord__reply_kind agent_list_kind = {
 
 pgcoord_err pgcoord_fleet_agents_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_list **out)
 {
-	struct pgcoord_writer w;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	return pgcoord__typed_call(c, "fleet.agents", &w, timeout_ms, &agent_list_kind,
-				   (void **)out);
+	return pgcoord__typed_get(c, "fleet.agents", timeout_ms, &agent_list_kind, (void **)out);
 }
 
 /* --- fleet.sessions -------------------------------------------------------- */
@@ -114,14 +105,6 @@ static const struct pgcoord__reply_kind session_list_kind = {
 pgcoord_err pgcoord_fleet_sessions_get(pgcoord *c, int timeout_ms,
 				       struct pgcoord_session_list **out)
 {
-	struct pgcoord_writer w;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	return pgcoord__typed_call(c, "fleet.sessions", &w, timeout_ms, &session_list_kind,
-				   (void **)out);
+	return pgcoord__typed_get(c, "fleet.sessions", timeout_ms, &session_list_kind,
+				  (void **)out);
 }

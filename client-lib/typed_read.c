@@ -164,3 +164,17 @@ pgcoord_err pgcoord__typed_call(pgcoord *c, const char *method, struct pgcoord_w
 	pgcoord_err err = pgcoord__call_packed(c, method, w, timeout_ms, &raw, &raw_len);
 	return pgcoord__typed_result(c, err, raw, raw_len, k, out);
 }
+
+pgcoord_err pgcoord__typed_get(pgcoord *c, const char *method, int timeout_ms,
+			       const struct pgcoord__reply_kind *k, void **out)
+{
+	struct pgcoord_writer w;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord__writer_init(&w);
+	msgpack_pack_map(&w.pk, 0);
+	return pgcoord__typed_call(c, method, &w, timeout_ms, k, out);
+}

@@ -105,4 +105,9 @@ PGCOORD_WUR pgcoord_err pgcoord__typed_call(pgcoord *c, const char *method,
 					    struct pgcoord_writer *w, int timeout_ms,
 					    const struct pgcoord__reply_kind *k, void **out);
 
+/* A method that takes no params: checks c and out (PGCOORD_E_ARG), sends
+ * {} and decodes the result. */
+PGCOORD_WUR pgcoord_err pgcoord__typed_get(pgcoord *c, const char *method, int timeout_ms,
+					   const struct pgcoord__reply_kind *k, void **out);
+
 #endif

@@ -295,15 +295,7 @@ static const struct pgcoord__reply_kind quota_list_kind = {
 
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out)
 {
-	struct pgcoord_writer w;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	return pgcoord__typed_call(c, "quota.list", &w, timeout_ms, &quota_list_kind, (void **)out);
+	return pgcoord__typed_get(c, "quota.list", timeout_ms, &quota_list_kind, (void **)out);
 }
 
 /* --- permit.history -------------------------------------------------------- */
@@ -429,13 +421,5 @@ static const struct pgcoord__reply_kind check_kind = {
 
 pgcoord_err pgcoord_permit_check_get(pgcoord *c, int timeout_ms, struct pgcoord_check_report **out)
 {
-	struct pgcoord_writer w;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	return pgcoord__typed_call(c, "permit.check", &w, timeout_ms, &check_kind, (void **)out);
+	return pgcoord__typed_get(c, "permit.check", timeout_ms, &check_kind, (void **)out);
 }

@@ -724,7 +724,8 @@ void pgcoord_permit_history_free(struct pgcoord_permit_history *h);
 
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
- * went over its limit. result (may be NULL) as for the reads above. */
+ * went over its limit. result (may be NULL) as for the reads above;
+ * pgcoord_permit_check_get below is its typed form. */
 pgcoord_err pgcoord_permit_check(pgcoord *c, int timeout_ms, bool *ok, void **result,
 				 size_t *result_len);
 
