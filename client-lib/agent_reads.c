@@ -8,118 +8,66 @@
 #include <msgpack.h>
 
 #include "proto/codec.h"
-#include "handle.h"
+#include "typed_read.h"
 
-#define STATUS_STRS 6
+#define F(...) PGCOORD__FIELD(struct pgcoord_agent_status, __VA_ARGS__)
+#define REPL(...) PGCOORD__FIELD_IN(struct pgcoord_agent_status, "replication", __VA_ARGS__)
 
-struct status_box {
-	struct pgcoord_agent_status pub; /* first: the caller's pointer */
-	char *strs[STATUS_STRS];
+static const struct pgcoord__field status_fields[] = {
+    F("replica_id", STR, replica_id, 0, true),
+    F("host", STR, host, 0, false),
+    F("version", STR, version, 0, false),
+    F("state", STR, state, 0, true),
+    F("incarnation", INT, incarnation, 0, false),
+    F("pid", INT, pid, 0, false),
+    F("registered", BOOL, registered, 0, false),
+    F("schema_version", INT, schema_version, 0, false),
+    F("schema_required", INT, schema_required, 0, false),
+    F("sessions", INT, sessions, 0, false),
+    F("connections", INT, connections, 0, false),
+    F("leases_held", INT, leases_held, 0, false),
+    F("janitor", BOOL, janitor, 0, false),
+    F("uptime_ms", INT, uptime_ms, 0, false),
+    F("last_heartbeat_ms_ago", INT, last_heartbeat_ms_ago, -1, false),
+    F("db_reconnects", INT, db_reconnects, 0, false),
+    F("db_queries", INT, db_queries, 0, false),
+    F("db_failures", INT, db_failures, 0, false),
+    F("watches", INT, watches, 0, false),
+    F("watch_polls", INT, watch_polls, 0, false),
+    F("waiters", INT, waiters, 0, false),
+    F("db_standby_refusals", INT, db_standby_refusals, 0, false),
+    F("db_sync_waits_cancelled", INT, db_sync_waits_cancelled, 0, false),
+    REPL("failover", STR, failover, 0),
+    REPL("detail", STR, replication_detail, 0),
+    REPL("sync_standbys", INT, sync_standbys, -1),
 };
 
-static int64_t int_or(const msgpack_object *map, const char *key, int64_t dflt)
+static bool status_read(const msgpack_object *m, void *box)
 {
-	int64_t v;
-	return pgc_obj_int64(pgc_map_get(map, key), &v) ? v : dflt;
-}
+	struct pgcoord_agent_status *s = box;
+	const msgpack_object *db = pgc_map_get(m, "db");
 
-static bool bool_or_false(const msgpack_object *map, const char *key)
-{
-	bool v = false;
-	pgc_obj_bool(pgc_map_get(map, key), &v);
-	return v;
-}
-
-/* A string field, copied into the box's slot i; NULL when absent or nil.
- * *ok false when memory ran out. */
-static const char *str_into(struct status_box *b, size_t i, const msgpack_object *map,
-			    const char *key, bool *ok)
-{
-	const msgpack_object *o = pgc_map_get(map, key);
-	if (!o || o->type != MSGPACK_OBJECT_STR)
-		return NULL;
-	if (!(b->strs[i] = pgc_obj_strdup(o)))
-		*ok = false;
-	return b->strs[i];
+	s->db_up = db && db->type == MSGPACK_OBJECT_STR && db->via.str.size == 2 &&
+		   memcmp(db->via.str.ptr, "up", 2) == 0;
+	return pgcoord__fields_read(m, status_fields, PGCOORD__NFIELDS(status_fields), s);
 }
 
 void pgcoord_agent_status_free(struct pgcoord_agent_status *s)
 {
-	struct status_box *b = (struct status_box *)s;
-	if (!b)
-		return;
-	for (size_t i = 0; i < STATUS_STRS; i++)
-		free(b->strs[i]);
-	free(b);
+	pgcoord__fields_free(status_fields, PGCOORD__NFIELDS(status_fields), s);
+	free(s);
 }
 
-static bool status_read(const msgpack_object *m, struct status_box *b)
+static void status_free_box(void *box)
 {
-	struct pgcoord_agent_status *s = &b->pub;
-	const msgpack_object *db = pgc_map_get(m, "db"), *repl = pgc_map_get(m, "replication");
-	bool ok = true;
-
-	s->replica_id = str_into(b, 0, m, "replica_id", &ok);
-	s->host = str_into(b, 1, m, "host", &ok);
-	s->version = str_into(b, 2, m, "version", &ok);
-	s->state = str_into(b, 3, m, "state", &ok);
-	s->incarnation = int_or(m, "incarnation", 0);
-	s->pid = int_or(m, "pid", 0);
-	s->db_up = db && db->type == MSGPACK_OBJECT_STR && db->via.str.size == 2 &&
-		   memcmp(db->via.str.ptr, "up", 2) == 0;
-	s->registered = bool_or_false(m, "registered");
-	s->schema_version = int_or(m, "schema_version", 0);
-	s->schema_required = int_or(m, "schema_required", 0);
-	s->sessions = int_or(m, "sessions", 0);
-	s->connections = int_or(m, "connections", 0);
-	s->leases_held = int_or(m, "leases_held", 0);
-	s->janitor = bool_or_false(m, "janitor");
-	s->uptime_ms = int_or(m, "uptime_ms", 0);
-	s->last_heartbeat_ms_ago = int_or(m, "last_heartbeat_ms_ago", -1);
-	s->db_reconnects = int_or(m, "db_reconnects", 0);
-	s->db_queries = int_or(m, "db_queries", 0);
-	s->db_failures = int_or(m, "db_failures", 0);
-	s->watches = int_or(m, "watches", 0);
-	s->watch_polls = int_or(m, "watch_polls", 0);
-	s->waiters = int_or(m, "waiters", 0);
-	s->db_standby_refusals = int_or(m, "db_standby_refusals", 0);
-	s->db_sync_waits_cancelled = int_or(m, "db_sync_waits_cancelled", 0);
-	s->sync_standbys = -1;
-	if (repl && repl->type == MSGPACK_OBJECT_MAP) {
-		s->failover = str_into(b, 4, repl, "failover", &ok);
-		s->replication_detail = str_into(b, 5, repl, "detail", &ok);
-		s->sync_standbys = int_or(repl, "sync_standbys", -1);
-	}
-	return ok && s->replica_id && s->state;
+	pgcoord_agent_status_free(box);
 }
+
+static const struct pgcoord__reply_kind status_kind = {
+    sizeof(struct pgcoord_agent_status), status_read, status_free_box,
+    "the agent.status result lacks replica_id or state"};
 
 pgcoord_err pgcoord_agent_status_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_status **out)
 {
-	struct pgcoord_writer w;
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	pgcoord_err err =
-	    pgcoord__call_decoded(c, "agent.status", &w, timeout_ms, &u, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	struct status_box *b = calloc(1, sizeof(*b));
-	if (b && status_read(&u.data, b)) {
-		*out = &b->pub;
-	} else {
-		pgcoord_agent_status_free(b ? &b->pub : NULL);
-		pgcoord__set_message(c, "the agent.status result lacks replica_id or state (or "
-					"memory ran out)");
-		err = PGCOORD_E_PROTOCOL;
-	}
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	return err;
+	return pgcoord__typed_get(c, "agent.status", timeout_ms, &status_kind, (void **)out);
 }

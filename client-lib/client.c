@@ -423,3 +423,18 @@ pgcoord_err pgcoord__call_decoded(pgcoord *c, const char *method, struct pgcoord
 	}
 	return PGCOORD_OK;
 }
+
+bool pgcoord__opts_size_ok(pgcoord *c, const void *opts, size_t size, size_t min, size_t max,
+			   const char *init)
+{
+	if (opts && size >= min && size <= max)
+		return true;
+	if (!opts)
+		pgcoord__set_message(c, "opts is NULL (start from %s)", init);
+	else
+		pgcoord__set_message(c,
+				     "opts.size %zu is not one this library knows (%zu..%zu; "
+				     "start from %s)",
+				     size, min, max, init);
+	return false;
+}

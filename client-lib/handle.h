@@ -4,11 +4,12 @@
  * reading and dispatching frames; notify.c: the notification queue;
  * transport.c: the socket; session.c, permits.c: the typed helpers;
  * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
- * and answers; typed_reads.c: permit and quota reads as structs;
- * lease_reads.c, agent_reads.c: the lease and agent.status reads as
- * structs; records.c: record calls; leases.c: lease calls and the local
- * leadership belief). Nothing here is exported: the version
- * script keeps everything but pgcoord_* local.
+ * and answers; typed_read.c: the decoding every typed read shares
+ * (typed_read.h); typed_reads.c: permit and quota reads as structs;
+ * lease_reads.c, agent_reads.c, fleet_reads.c: the lease, agent.status
+ * and fleet reads as structs; records.c: record calls; leases.c: lease
+ * calls and the local leadership belief). Nothing here is exported: the
+ * version script keeps everything but pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
 #define PGCOORD_CLIENT_HANDLE_H
@@ -120,6 +121,10 @@ struct pgcoord {
 
 /* Sets pgcoord_last_message(c). */
 void pgcoord__set_message(pgcoord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An options struct's size: at least the first version's (min), at most
+ * what this library knows (max); otherwise sets the message and false. */
+bool pgcoord__opts_size_ok(pgcoord *c, const void *opts, size_t size, size_t min, size_t max,
+			   const char *init);
 /* Closes the socket; the handle stays allocated and answers PGCOORD_E_CLOSED. */
 void pgcoord__disconnect(pgcoord *c);
 

@@ -310,6 +310,29 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 	return PGCOORD_OK;
 }
 
+void pgcoord_lease_opts_init(struct pgcoord_lease_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_lease_opts)PGCOORD_LEASE_OPTS_INIT;
+}
+
+pgcoord_err pgcoord_lease_acquire_with(pgcoord *c, const char *name,
+				       const struct pgcoord_lease_opts *opts, int timeout_ms,
+				       bool *leader, int64_t *epoch)
+{
+	if (leader)
+		*leader = false;
+	if (epoch)
+		*epoch = 0;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!pgcoord__opts_size_ok(c, opts, opts ? opts->size : 0,
+				   sizeof(struct pgcoord_lease_opts),
+				   sizeof(struct pgcoord_lease_opts), "PGCOORD_LEASE_OPTS_INIT"))
+		return PGCOORD_E_ARG;
+	return pgcoord_lease_acquire(c, name, opts->ttl_ms, opts->wait, timeout_ms, leader, epoch);
+}
+
 pgcoord_err pgcoord_lease_release(pgcoord *c, const char *name, int timeout_ms, bool *released)
 {
 	struct pgcoord_writer w;

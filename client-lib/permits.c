@@ -321,6 +321,49 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 	return err;
 }
 
+void pgcoord_resolve_opts_init(struct pgcoord_resolve_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_resolve_opts)PGCOORD_RESOLVE_OPTS_INIT;
+}
+
+pgcoord_err pgcoord_permit_resolve_with(pgcoord *c, const char *id, pgcoord_outcome outcome,
+					const struct pgcoord_resolve_opts *opts, int timeout_ms)
+{
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!pgcoord__opts_size_ok(
+		c, opts, opts ? opts->size : 0, sizeof(struct pgcoord_resolve_opts),
+		sizeof(struct pgcoord_resolve_opts), "PGCOORD_RESOLVE_OPTS_INIT"))
+		return PGCOORD_E_ARG;
+	if (!opts->evidence) {
+		pgcoord__set_message(c, "opts.evidence is NULL: say what was observed");
+		return PGCOORD_E_ARG;
+	}
+	return pgcoord_permit_resolve(c, id, outcome, opts->evidence, opts->flags, timeout_ms);
+}
+
+void pgcoord_release_opts_init(struct pgcoord_release_opts *opts)
+{
+	if (opts)
+		*opts = (struct pgcoord_release_opts)PGCOORD_RELEASE_OPTS_INIT;
+}
+
+pgcoord_err pgcoord_permit_release_with(pgcoord *c, const char *id,
+					const struct pgcoord_release_opts *opts, int timeout_ms,
+					bool *released)
+{
+	if (released)
+		*released = false;
+	if (!c)
+		return PGCOORD_E_ARG;
+	if (!pgcoord__opts_size_ok(
+		c, opts, opts ? opts->size : 0, sizeof(struct pgcoord_release_opts),
+		sizeof(struct pgcoord_release_opts), "PGCOORD_RELEASE_OPTS_INIT"))
+		return PGCOORD_E_ARG;
+	return pgcoord_permit_release(c, id, opts->flags, opts->reason, timeout_ms, released);
+}
+
 pgcoord_err pgcoord_permit_cancel(pgcoord *c, const char *id, int timeout_ms,
 				  pgcoord_cancel_status *status)
 {

@@ -10,7 +10,7 @@
 #include <msgpack.h>
 
 #include "proto/codec.h"
-#include "handle.h"
+#include "typed_read.h"
 
 struct pgcoord_record {
 	char *kind;
@@ -45,41 +45,43 @@ static bool check_name(pgcoord *c, const char *what, const char *s)
 	return true;
 }
 
+#define F(...) PGCOORD__FIELD(struct pgcoord_record, __VA_ARGS__)
+
+static const struct pgcoord__field record_fields[] = {
+    F("kind", STR, kind, 0, true),
+    F("key", STR, key, 0, true),
+    F("state", STR, state, 0, true),
+    F("terminal", BOOL, terminal, 0, true),
+    F("owner_live", BOOL, owner_live, 0, true),
+    F("owner_session", INT, owner_session, 0, true),
+    F("token", INT, token, 0, true),
+    F("adopted_from", INT, adopted_from, 0, false),
+    F("permit", STR, permit, 0, false),
+};
+
 static void record_clear(struct pgcoord_record *r)
 {
-	free(r->kind);
-	free(r->key);
-	free(r->state);
+	pgcoord__fields_free(record_fields, PGCOORD__NFIELDS(record_fields), r);
 	free(r->data);
-	free(r->permit);
 	memset(r, 0, sizeof(*r));
 }
 
-/* An integer field that may be nil (0 then). */
-static bool opt_int(const msgpack_object *m, const char *key, int64_t *out)
+/* A field that must be nil (or absent) when it is not of type t. */
+static bool nil_or(const msgpack_object *m, const char *key, msgpack_object_type t)
 {
 	const msgpack_object *o = pgc_map_get(m, key);
-	*out = 0;
-	return !o || o->type == MSGPACK_OBJECT_NIL || pgc_obj_int64(o, out);
+	return !o || o->type == MSGPACK_OBJECT_NIL || o->type == t;
 }
 
 /* Reads a record map the agent sent into r (cleared first). False when a
  * field is missing or of the wrong type, or on out of memory. */
 static bool record_read(const msgpack_object *m, struct pgcoord_record *r)
 {
-	const msgpack_object *data, *permit;
+	const msgpack_object *data;
 	memset(r, 0, sizeof(*r));
-	if (!m || m->type != MSGPACK_OBJECT_MAP)
-		return false;
-	r->kind = pgc_obj_strdup(pgc_map_get(m, "kind"));
-	r->key = pgc_obj_strdup(pgc_map_get(m, "key"));
-	r->state = pgc_obj_strdup(pgc_map_get(m, "state"));
-	if (!r->kind || !r->key || !r->state ||
-	    !pgc_obj_bool(pgc_map_get(m, "terminal"), &r->terminal) ||
-	    !pgc_obj_bool(pgc_map_get(m, "owner_live"), &r->owner_live) ||
-	    !pgc_obj_int64(pgc_map_get(m, "owner_session"), &r->owner_session) ||
-	    !pgc_obj_int64(pgc_map_get(m, "token"), &r->token) ||
-	    !opt_int(m, "adopted_from", &r->adopted_from))
+	if (!pgcoord__fields_read(m, record_fields, PGCOORD__NFIELDS(record_fields), r) ||
+	    !nil_or(m, "adopted_from", MSGPACK_OBJECT_POSITIVE_INTEGER) ||
+	    !nil_or(m, "permit", MSGPACK_OBJECT_STR) || !nil_or(m, "data", MSGPACK_OBJECT_BIN))
 		goto bad;
 	data = pgc_map_get(m, "data");
 	if (data && data->type == MSGPACK_OBJECT_BIN) {
@@ -88,12 +90,7 @@ static bool record_read(const msgpack_object *m, struct pgcoord_record *r)
 		if (!r->data)
 			goto bad;
 		memcpy(r->data, data->via.bin.ptr, r->data_len);
-	} else if (data && data->type != MSGPACK_OBJECT_NIL) {
-		goto bad;
 	}
-	permit = pgc_map_get(m, "permit");
-	if (permit && permit->type != MSGPACK_OBJECT_NIL && !(r->permit = pgc_obj_strdup(permit)))
-		goto bad;
 	return true;
 bad:
 	record_clear(r);
@@ -269,13 +266,24 @@ pgcoord_err pgcoord_record_update_with(pgcoord *c, const char *kind, const char 
 
 /* --- get, list, accessors ------------------------------------------------- */
 
+static bool record_get_read(const msgpack_object *m, void *box)
+{
+	return record_read(pgc_map_get(m, "record"), box);
+}
+
+static void record_free_box(void *box)
+{
+	pgcoord_record_free(box);
+}
+
+static const struct pgcoord__reply_kind record_kind = {
+    sizeof(struct pgcoord_record), record_get_read, record_free_box,
+    "the record.get result has no well-formed record"};
+
 pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, int timeout_ms,
 			       pgcoord_record **out)
 {
 	struct pgcoord_writer w;
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
 
 	if (out)
 		*out = NULL;
@@ -287,24 +295,7 @@ pgcoord_err pgcoord_record_get(pgcoord *c, const char *kind, const char *key, in
 	msgpack_pack_map(&w.pk, 2);
 	pgc_pack_kv_str(&w.pk, "kind", kind);
 	pgc_pack_kv_str(&w.pk, "key", key);
-	pgcoord_err err =
-	    pgcoord__call_decoded(c, "record.get", &w, timeout_ms, &u, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	struct pgcoord_record *r = malloc(sizeof(*r));
-	if (!r) {
-		pgcoord__set_message(c, "out of memory");
-		err = PGCOORD_E_NOMEM;
-	} else if (!record_read(pgc_map_get(&u.data, "record"), r)) {
-		free(r);
-		pgcoord__set_message(c, "the record.get result has no well-formed record");
-		err = PGCOORD_E_PROTOCOL;
-	} else {
-		*out = r;
-	}
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	return err;
+	return pgcoord__typed_call(c, "record.get", &w, timeout_ms, &record_kind, (void **)out);
 }
 
 pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
@@ -348,54 +339,57 @@ pgcoord_err pgcoord_record_list(pgcoord *c, const char *kind, int64_t owner, uns
 	return err;
 }
 
-struct record_list_box {
-	struct pgcoord_record_list pub; /* first: the caller's pointer */
-	struct pgcoord_record **rows;
-};
+/* A row is a pointer to a record of its own, as record.get's. */
+static bool record_row_read(const msgpack_object *m, void *row, const void *arg)
+{
+	(void)arg;
+	struct pgcoord_record **r = row;
+	if (!(*r = malloc(sizeof(**r))))
+		return false;
+	if (record_read(m, *r))
+		return true;
+	free(*r);
+	*r = NULL;
+	return false;
+}
+
+static void record_row_clear(void *row)
+{
+	pgcoord_record_free(*(struct pgcoord_record **)row);
+}
 
 void pgcoord_record_list_free(struct pgcoord_record_list *l)
 {
-	struct record_list_box *b = (struct record_list_box *)l;
-	if (!b)
+	if (!l)
 		return;
-	for (size_t i = 0; b->rows && i < b->pub.count; i++)
-		pgcoord_record_free(b->rows[i]);
-	free(b->rows);
-	free(b);
+	pgcoord__rows_free((void *)l->records, l->count, sizeof(*l->records), record_row_clear);
+	free(l);
 }
 
-/* Reads record.list's result map into b; false when it is not well-formed
- * or memory ran out (what was read is still counted, for the free). */
-static bool record_list_read(const msgpack_object *m, struct record_list_box *b)
+static bool record_list_read(const msgpack_object *m, void *box)
 {
-	const msgpack_object *rs = pgc_map_get(m, "records");
-	int64_t now_at = -1;
-
-	if (!rs || rs->type != MSGPACK_OBJECT_ARRAY)
-		return false;
-	b->rows = calloc(rs->via.array.size ? rs->via.array.size : 1, sizeof(*b->rows));
-	if (!b->rows)
-		return false;
-	b->pub.records = (const pgcoord_record *const *)b->rows;
-	pgc_obj_bool(pgc_map_get(m, "truncated"), &b->pub.truncated);
-	b->pub.now_at = pgc_obj_int64(pgc_map_get(m, "now_at"), &now_at) ? now_at : -1;
-	for (uint32_t i = 0; i < rs->via.array.size; i++) {
-		struct pgcoord_record *r = malloc(sizeof(*r));
-		if (!r)
-			return false;
-		if (!record_read(&rs->via.array.ptr[i], r)) {
-			free(r);
-			return false;
-		}
-		b->rows[b->pub.count++] = r;
-	}
-	return true;
+	struct pgcoord_record_list *l = box;
+	void *rows;
+	bool ok = pgcoord__rows_read(m, "records", sizeof(*l->records), record_row_read, NULL,
+				     &rows, &l->count);
+	l->records = rows;
+	pgc_obj_bool(pgc_map_get(m, "truncated"), &l->truncated);
+	l->now_at = pgcoord__int_or(m, "now_at", -1);
+	return ok;
 }
+
+static void record_list_free_box(void *box)
+{
+	pgcoord_record_list_free(box);
+}
+
+static const struct pgcoord__reply_kind record_list_kind = {
+    sizeof(struct pgcoord_record_list), record_list_read, record_list_free_box,
+    "the record.list result is not well-formed"};
 
 pgcoord_err pgcoord_record_list_get(pgcoord *c, const char *kind, int64_t owner, unsigned flags,
 				    int timeout_ms, struct pgcoord_record_list **out)
 {
-	msgpack_unpacked u;
 	void *raw = NULL;
 	size_t raw_len = 0;
 
@@ -404,24 +398,7 @@ pgcoord_err pgcoord_record_list_get(pgcoord *c, const char *kind, int64_t owner,
 	if (!c || !out)
 		return PGCOORD_E_ARG;
 	pgcoord_err err = pgcoord_record_list(c, kind, owner, flags, timeout_ms, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	struct record_list_box *b = calloc(1, sizeof(*b));
-	bool ok = false;
-	msgpack_unpacked_init(&u);
-	if (b && msgpack_unpack_next(&u, raw, raw_len, NULL) == MSGPACK_UNPACK_SUCCESS &&
-	    u.data.type == MSGPACK_OBJECT_MAP)
-		ok = record_list_read(&u.data, b);
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	if (!ok) {
-		pgcoord_record_list_free(b ? &b->pub : NULL);
-		pgcoord__set_message(c, "the record.list result is not well-formed (or memory "
-					"ran out)");
-		return PGCOORD_E_PROTOCOL;
-	}
-	*out = &b->pub;
-	return PGCOORD_OK;
+	return pgcoord__typed_result(c, err, raw, raw_len, &record_list_kind, (void **)out);
 }
 
 const char *pgcoord_record_get_kind(const pgcoord_record *r)
@@ -486,6 +463,12 @@ void pgcoord_record_free(pgcoord_record *r)
 
 /* --- recover --------------------------------------------------------------- */
 
+static bool recovery_row_read(const msgpack_object *m, void *row, const void *arg)
+{
+	(void)arg;
+	return record_read(m, row); /* clears a half-read row itself */
+}
+
 /* Reads record.recover's result map into rv. */
 static bool recovery_read(const msgpack_object *m, struct pgcoord_recovery *rv)
 {
@@ -503,16 +486,11 @@ static bool recovery_read(const msgpack_object *m, struct pgcoord_recovery *rv)
 	if (!pgc_obj_int64(pgc_map_get(m, "left_alone"), &rv->left_alone) ||
 	    !pgc_obj_int64(pgc_map_get(m, "remaining"), &rv->remaining))
 		return false;
-	rv->records =
-	    calloc(adopted->via.array.size ? adopted->via.array.size : 1, sizeof(*rv->records));
-	if (!rv->records)
-		return false;
-	for (uint32_t i = 0; i < adopted->via.array.size; i++) {
-		if (!record_read(&adopted->via.array.ptr[i], &rv->records[i]))
-			return false;
-		rv->count++;
-	}
-	return true;
+	void *rows;
+	bool ok = pgcoord__rows_read(m, "adopted", sizeof(*rv->records), recovery_row_read, NULL,
+				     &rows, &rv->count);
+	rv->records = rows;
+	return ok;
 }
 
 pgcoord_err pgcoord_record_recover(pgcoord *c, const char *const *kinds, size_t nkinds,

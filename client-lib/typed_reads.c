@@ -2,9 +2,8 @@
  * typed_reads.c — the permit and quota reads as C structs: permit.get as
  * struct pgcoord_permit_info, permit.list as rows of it, permit.history as
  * struct pgcoord_permit_history, quota.get and quota.list as struct
- * pgcoord_quota_info. Each
- * struct is allocated by the library inside a box that also owns its
- * strings, so one free function releases everything.
+ * pgcoord_quota_info. Each struct is allocated by the library inside a box
+ * that also owns its strings, so one free function releases everything.
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -13,53 +12,31 @@
 #include <msgpack.h>
 
 #include "proto/codec.h"
-#include "handle.h"
-
-/* --- helpers ------------------------------------------------------------- */
-
-static int64_t int_or(const msgpack_object *map, const char *key, int64_t dflt)
-{
-	int64_t v;
-	return pgc_obj_int64(pgc_map_get(map, key), &v) ? v : dflt;
-}
-
-static bool bool_or_false(const msgpack_object *map, const char *key)
-{
-	bool v = false;
-	pgc_obj_bool(pgc_map_get(map, key), &v);
-	return v;
-}
-
-/* A string field, copied; NULL when absent or nil. *ok false when memory ran out. */
-static char *str_copy(const msgpack_object *map, const char *key, bool *ok)
-{
-	const msgpack_object *o = pgc_map_get(map, key);
-	if (!o || o->type != MSGPACK_OBJECT_STR)
-		return NULL;
-	char *s = pgc_obj_strdup(o);
-	if (!s)
-		*ok = false;
-	return s;
-}
-
-/* Decodes a raw result (as pgcoord_call returns it) that must be a map. */
-static bool unpack_map(const void *raw, size_t len, msgpack_unpacked *u)
-{
-	msgpack_unpacked_init(u);
-	if (msgpack_unpack_next(u, raw, len, NULL) == MSGPACK_UNPACK_SUCCESS &&
-	    u->data.type == MSGPACK_OBJECT_MAP)
-		return true;
-	msgpack_unpacked_destroy(u);
-	return false;
-}
+#include "typed_read.h"
 
 /* --- permit.get ----------------------------------------------------------- */
 
-#define PERMIT_STRS 6
+#define PF(...) PGCOORD__FIELD(struct pgcoord_permit_info, __VA_ARGS__)
+
+static const struct pgcoord__field permit_fields[] = {
+    PF("id", STR, id, 0, true),
+    PF("state", STR, state, 0, true),
+    PF("phase", STR, phase, 0, false),
+    PF("owner_replica", STR, owner_replica, 0, false),
+    PF("on_owner_loss", STR, on_owner_loss, 0, false),
+    PF("uncertain_reason", STR, uncertain_reason, 0, false),
+    PF("token", INT, token, 0, false),
+    PF("owner_session", INT, owner_session, 0, false),
+    PF("owner_live", BOOL, owner_live, 0, false),
+    PF("redacted", BOOL, redacted, 0, false),
+    PF("created_at", INT, created_at, -1, false),
+    PF("phase_at", INT, phase_at, -1, false),
+    PF("state_at", INT, state_at, -1, false),
+    PF("released_at", INT, released_at, -1, false),
+};
 
 struct permit_box {
 	struct pgcoord_permit_info pub; /* first: the caller's pointer */
-	char *strs[PERMIT_STRS];
 	char **keys;
 	int32_t *weights;
 	void *intent;
@@ -70,8 +47,7 @@ void pgcoord_permit_info_free(struct pgcoord_permit_info *p)
 	struct permit_box *b = (struct permit_box *)p;
 	if (!b)
 		return;
-	for (size_t i = 0; i < PERMIT_STRS; i++)
-		free(b->strs[i]);
+	pgcoord__fields_free(permit_fields, PGCOORD__NFIELDS(permit_fields), &b->pub);
 	for (size_t i = 0; b->keys && i < b->pub.nquotas; i++)
 		free(b->keys[i]);
 	free(b->keys);
@@ -80,6 +56,7 @@ void pgcoord_permit_info_free(struct pgcoord_permit_info *p)
 	free(b);
 }
 
+/* quotas: [{key, weight}], kept as two parallel arrays. */
 static bool permit_quotas(struct permit_box *b, const msgpack_object *quotas)
 {
 	if (!quotas || quotas->type != MSGPACK_OBJECT_ARRAY)
@@ -103,55 +80,48 @@ static bool permit_quotas(struct permit_box *b, const msgpack_object *quotas)
 	return true;
 }
 
-static struct permit_box *permit_from(const msgpack_object *pm, int64_t now_at)
+/* bin, or str from an agent that sent the bytes as text: the same layout. */
+static bool permit_intent(struct permit_box *b, const msgpack_object *intent)
 {
-	struct permit_box *b = calloc(1, sizeof(*b));
-	bool ok = true;
-	if (!b)
-		return NULL;
-	struct pgcoord_permit_info *p = &b->pub;
-	p->id = b->strs[0] = str_copy(pm, "id", &ok);
-	p->state = b->strs[1] = str_copy(pm, "state", &ok);
-	p->phase = b->strs[2] = str_copy(pm, "phase", &ok);
-	p->owner_replica = b->strs[3] = str_copy(pm, "owner_replica", &ok);
-	p->on_owner_loss = b->strs[4] = str_copy(pm, "on_owner_loss", &ok);
-	p->uncertain_reason = b->strs[5] = str_copy(pm, "uncertain_reason", &ok);
-	p->token = int_or(pm, "token", 0);
-	p->owner_session = int_or(pm, "owner_session", 0);
-	p->owner_live = bool_or_false(pm, "owner_live");
-	p->redacted = bool_or_false(pm, "redacted");
-	p->created_at = int_or(pm, "created_at", -1);
-	p->phase_at = int_or(pm, "phase_at", -1);
-	p->state_at = int_or(pm, "state_at", -1);
-	p->released_at = int_or(pm, "released_at", -1);
-	p->now_at = now_at;
-
-	const msgpack_object *intent = pgc_map_get(pm, "intent");
-	if (intent && (intent->type == MSGPACK_OBJECT_BIN || intent->type == MSGPACK_OBJECT_STR)) {
-		size_t n = intent->via.bin.size; /* bin and str share the layout */
-		b->intent = malloc(n ? n : 1);
-		if (b->intent) {
-			memcpy(b->intent, intent->via.bin.ptr, n);
-			p->intent = b->intent;
-			p->intent_len = n;
-		} else {
-			ok = false;
-		}
-	}
-	if (!ok || !p->id || !p->state || !permit_quotas(b, pgc_map_get(pm, "quotas"))) {
-		pgcoord_permit_info_free(&b->pub);
-		return NULL;
-	}
-	return b;
+	if (!intent || (intent->type != MSGPACK_OBJECT_BIN && intent->type != MSGPACK_OBJECT_STR))
+		return true;
+	size_t n = intent->via.bin.size;
+	if (!(b->intent = malloc(n ? n : 1)))
+		return false;
+	memcpy(b->intent, intent->via.bin.ptr, n);
+	b->pub.intent = b->intent;
+	b->pub.intent_len = n;
+	return true;
 }
+
+/* One permit map into a box already allocated (zeroed). */
+static bool permit_read(const msgpack_object *pm, struct permit_box *b)
+{
+	return pgcoord__fields_read(pm, permit_fields, PGCOORD__NFIELDS(permit_fields), &b->pub) &&
+	       permit_intent(b, pgc_map_get(pm, "intent")) &&
+	       permit_quotas(b, pgc_map_get(pm, "quotas"));
+}
+
+static bool permit_get_read(const msgpack_object *m, void *box)
+{
+	struct permit_box *b = box;
+	b->pub.now_at = pgcoord__int_or(m, "now_at", -1);
+	return permit_read(pgc_map_get(m, "permit"), b);
+}
+
+static void permit_free_box(void *box)
+{
+	pgcoord_permit_info_free(box);
+}
+
+static const struct pgcoord__reply_kind permit_kind = {
+    sizeof(struct permit_box), permit_get_read, permit_free_box,
+    "the permit.get result lacks a permit with id, state and quotas"};
 
 pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
 				    struct pgcoord_permit_info **out)
 {
 	struct pgcoord_writer w;
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
 
 	if (out)
 		*out = NULL;
@@ -164,59 +134,123 @@ pgcoord_err pgcoord_permit_info_get(pgcoord *c, const char *id, int timeout_ms,
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "id", id);
-	pgcoord_err err =
-	    pgcoord__call_decoded(c, "permit.get", &w, timeout_ms, &u, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	const msgpack_object *pm = pgc_map_get(&u.data, "permit");
-	struct permit_box *b = NULL;
-	if (pm && pm->type == MSGPACK_OBJECT_MAP)
-		b = permit_from(pm, int_or(&u.data, "now_at", -1));
-	if (b) {
-		*out = &b->pub;
-	} else {
-		pgcoord__set_message(c, "the permit.get result lacks a permit with id, state and "
-					"quotas (or memory ran out)");
-		err = PGCOORD_E_PROTOCOL;
-	}
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	return err;
+	return pgcoord__typed_call(c, "permit.get", &w, timeout_ms, &permit_kind, (void **)out);
+}
+
+/* --- permit.list ----------------------------------------------------------- */
+
+/* A row is a pointer to a permit box of its own, as permit.get's. */
+static bool permit_row_read(const msgpack_object *m, void *row, const void *arg)
+{
+	(void)arg;
+	struct permit_box **b = row;
+	return (*b = calloc(1, sizeof(**b))) && permit_read(m, *b);
+}
+
+static void permit_row_clear(void *row)
+{
+	pgcoord_permit_info_free(*(struct pgcoord_permit_info **)row);
+}
+
+void pgcoord_permit_list_free(struct pgcoord_permit_list *l)
+{
+	if (!l)
+		return;
+	pgcoord__rows_free((void *)l->permits, l->count, sizeof(*l->permits), permit_row_clear);
+	free(l);
+}
+
+static bool permit_list_read(const msgpack_object *m, void *box)
+{
+	struct pgcoord_permit_list *l = box;
+	void *rows;
+	bool ok = pgcoord__rows_read(m, "permits", sizeof(*l->permits), permit_row_read, NULL,
+				     &rows, &l->count);
+	l->permits = rows;
+	l->now_at = pgcoord__int_or(m, "now_at", -1);
+	pgc_obj_bool(pgc_map_get(m, "truncated"), &l->truncated);
+	for (size_t i = 0; ok && i < l->count; i++)
+		((struct pgcoord_permit_info **)rows)[i]->now_at = l->now_at;
+	return ok;
+}
+
+static void permit_list_free_box(void *box)
+{
+	pgcoord_permit_list_free(box);
+}
+
+static const struct pgcoord__reply_kind permit_list_kind = {
+    sizeof(struct pgcoord_permit_list), permit_list_read, permit_list_free_box,
+    "the permit.list result lacks its permits with id, state and quotas"};
+
+pgcoord_err pgcoord_permit_list_get(pgcoord *c, const char *quota, const char *state,
+				    int timeout_ms, struct pgcoord_permit_list **out)
+{
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord_err err = pgcoord_permit_list(c, quota, state, timeout_ms, &raw, &raw_len);
+	return pgcoord__typed_result(c, err, raw, raw_len, &permit_list_kind, (void **)out);
 }
 
 /* --- quota.get and quota.list --------------------------------------------- */
 
-/* Reads one QUOTA map into r; false without a key or on out of memory. */
-static bool quota_read(const msgpack_object *q, struct pgcoord_quota_info *r)
+#define QF(...) PGCOORD__FIELD(struct pgcoord_quota_info, __VA_ARGS__)
+
+static const struct pgcoord__field quota_fields[] = {
+    QF("key", STR, key, 0, true),
+    QF("limit", INT, limit, -1, false),
+    QF("in_flight", INT, in_flight, -1, false),
+    QF("held", INT, held, -1, false),
+    QF("uncertain", INT, uncertain, -1, false),
+    QF("available", INT, available, -1, false),
+    QF("permits", INT, permits, -1, false),
+    QF("lapse_after_s", INT, lapse_after_s, -1, false),
+    QF("created_at", INT, created_at, -1, false),
+    QF("updated_at", INT, updated_at, -1, false),
+};
+
+static const struct pgcoord__row_kind quota_row =
+    PGCOORD__ROW_KIND(struct pgcoord_quota_info, quota_fields);
+
+static bool quota_read(const msgpack_object *m, void *row)
 {
-	r->key = pgc_obj_strdup(pgc_map_get(q, "key"));
-	r->limit = int_or(q, "limit", -1);
-	r->in_flight = int_or(q, "in_flight", -1);
-	r->held = int_or(q, "held", -1);
-	r->uncertain = int_or(q, "uncertain", -1);
-	r->available = int_or(q, "available", -1);
-	r->permits = int_or(q, "permits", -1);
-	r->lapse_after_s = int_or(q, "lapse_after_s", -1);
-	r->created_at = int_or(q, "created_at", -1);
-	r->updated_at = int_or(q, "updated_at", -1);
-	return r->key != NULL;
+	return pgcoord__fields_read(m, quota_fields, PGCOORD__NFIELDS(quota_fields), row);
+}
+
+static void quota_clear(void *row)
+{
+	pgcoord__fields_free(quota_fields, PGCOORD__NFIELDS(quota_fields), row);
 }
 
 void pgcoord_quota_info_free(struct pgcoord_quota_info *q)
 {
-	if (!q)
-		return;
-	free((char *)q->key); /* the library's own copy */
+	quota_clear(q);
 	free(q);
 }
+
+static bool quota_get_read(const msgpack_object *m, void *box)
+{
+	return quota_read(pgc_map_get(m, "quota"), box);
+}
+
+static void quota_free_box(void *box)
+{
+	pgcoord_quota_info_free(box);
+}
+
+static const struct pgcoord__reply_kind quota_kind = {
+    sizeof(struct pgcoord_quota_info), quota_get_read, quota_free_box,
+    "the quota.get result lacks a quota with its key"};
 
 pgcoord_err pgcoord_quota_info_get(pgcoord *c, const char *key, int timeout_ms,
 				   struct pgcoord_quota_info **out)
 {
 	struct pgcoord_writer w;
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
 
 	if (out)
 		*out = NULL;
@@ -229,198 +263,88 @@ pgcoord_err pgcoord_quota_info_get(pgcoord *c, const char *key, int timeout_ms,
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
 	pgc_pack_kv_str(&w.pk, "key", key);
-	pgcoord_err err = pgcoord__call_decoded(c, "quota.get", &w, timeout_ms, &u, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	const msgpack_object *qm = pgc_map_get(&u.data, "quota");
-	struct pgcoord_quota_info *q = calloc(1, sizeof(*q));
-	if (q && qm && qm->type == MSGPACK_OBJECT_MAP && quota_read(qm, q)) {
-		*out = q;
-	} else {
-		pgcoord_quota_info_free(q);
-		pgcoord__set_message(c, "the quota.get result lacks a quota with its key (or "
-					"memory ran out)");
-		err = PGCOORD_E_PROTOCOL;
-	}
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	return err;
+	return pgcoord__typed_call(c, "quota.get", &w, timeout_ms, &quota_kind, (void **)out);
 }
-
-struct quota_list_box {
-	struct pgcoord_quota_list pub; /* first: the caller's pointer */
-	struct pgcoord_quota_info *rows;
-};
 
 void pgcoord_quota_list_free(struct pgcoord_quota_list *l)
 {
-	struct quota_list_box *b = (struct quota_list_box *)l;
-	if (!b)
+	if (!l)
 		return;
-	for (size_t i = 0; b->rows && i < b->pub.count; i++)
-		free((char *)b->rows[i].key); /* the library's own copy */
-	free(b->rows);
-	free(b);
+	pgcoord__table_free((void *)l->rows, l->count, &quota_row);
+	free(l);
 }
+
+static bool quota_list_read(const msgpack_object *m, void *box)
+{
+	struct pgcoord_quota_list *l = box;
+	void *rows;
+	bool ok = pgcoord__table_read(m, "quotas", &quota_row, &rows, &l->count);
+	l->rows = rows;
+	l->now_at = pgcoord__int_or(m, "now_at", -1);
+	return ok;
+}
+
+static void quota_list_free_box(void *box)
+{
+	pgcoord_quota_list_free(box);
+}
+
+static const struct pgcoord__reply_kind quota_list_kind = {
+    sizeof(struct pgcoord_quota_list), quota_list_read, quota_list_free_box,
+    "the quota.list result lacks its quotas with their keys"};
 
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out)
 {
-	struct pgcoord_writer w;
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord__writer_init(&w);
-	msgpack_pack_map(&w.pk, 0);
-	pgcoord_err err =
-	    pgcoord__call_decoded(c, "quota.list", &w, timeout_ms, &u, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-
-	const msgpack_object *qs = pgc_map_get(&u.data, "quotas");
-	struct quota_list_box *b = calloc(1, sizeof(*b));
-	bool ok = b && qs && qs->type == MSGPACK_OBJECT_ARRAY;
-	if (ok) {
-		size_t n = qs->via.array.size;
-		b->rows = calloc(n ? n : 1, sizeof(*b->rows));
-		ok = b->rows != NULL;
-		b->pub.rows = b->rows;
-		b->pub.now_at = int_or(&u.data, "now_at", -1);
-		for (size_t i = 0; ok && i < n; i++) {
-			b->pub.count = i + 1;
-			ok = quota_read(&qs->via.array.ptr[i], &b->rows[i]);
-		}
-	}
-	if (ok) {
-		*out = &b->pub;
-	} else {
-		pgcoord_quota_list_free(b ? &b->pub : NULL);
-		pgcoord__set_message(c,
-				     "the quota.list result lacks its quotas with their keys (or "
-				     "memory ran out)");
-		err = PGCOORD_E_PROTOCOL;
-	}
-	msgpack_unpacked_destroy(&u);
-	pgcoord_free(raw);
-	return err;
-}
-
-/* --- permit.list ----------------------------------------------------------- */
-
-struct permit_list_box {
-	struct pgcoord_permit_list pub; /* first: the caller's pointer */
-	struct permit_box **rows;
-};
-
-void pgcoord_permit_list_free(struct pgcoord_permit_list *l)
-{
-	struct permit_list_box *b = (struct permit_list_box *)l;
-	if (!b)
-		return;
-	for (size_t i = 0; b->rows && i < b->pub.count; i++)
-		pgcoord_permit_info_free(&b->rows[i]->pub);
-	free(b->rows);
-	free(b);
-}
-
-pgcoord_err pgcoord_permit_list_get(pgcoord *c, const char *quota, const char *state,
-				    int timeout_ms, struct pgcoord_permit_list **out)
-{
-	msgpack_unpacked u;
-	void *raw = NULL;
-	size_t raw_len = 0;
-
-	if (out)
-		*out = NULL;
-	if (!c || !out)
-		return PGCOORD_E_ARG;
-	pgcoord_err err = pgcoord_permit_list(c, quota, state, timeout_ms, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	struct permit_list_box *b = NULL;
-	bool ok = unpack_map(raw, raw_len, &u);
-	if (ok) {
-		const msgpack_object *ps = pgc_map_get(&u.data, "permits");
-		int64_t now_at = int_or(&u.data, "now_at", -1);
-		b = calloc(1, sizeof(*b));
-		ok = b && ps && ps->type == MSGPACK_OBJECT_ARRAY;
-		if (ok) {
-			size_t n = ps->via.array.size;
-			b->rows = calloc(n ? n : 1, sizeof(*b->rows));
-			ok = b->rows != NULL;
-			b->pub.permits = (const struct pgcoord_permit_info *const *)b->rows;
-			b->pub.truncated = bool_or_false(&u.data, "truncated");
-			b->pub.now_at = now_at;
-			for (size_t i = 0; ok && i < n; i++) {
-				b->rows[i] = permit_from(&ps->via.array.ptr[i], now_at);
-				ok = b->rows[i] != NULL;
-				b->pub.count = ok ? i + 1 : i;
-			}
-		}
-		msgpack_unpacked_destroy(&u);
-	}
-	pgcoord_free(raw);
-	if (!ok) {
-		pgcoord_permit_list_free(b ? &b->pub : NULL);
-		pgcoord__set_message(c, "the permit.list result lacks its permits with id, state "
-					"and quotas (or memory ran out)");
-		return PGCOORD_E_PROTOCOL;
-	}
-	*out = &b->pub;
-	return PGCOORD_OK;
+	return pgcoord__typed_get(c, "quota.list", timeout_ms, &quota_list_kind, (void **)out);
 }
 
 /* --- permit.history -------------------------------------------------------- */
 
-struct permit_history_box {
-	struct pgcoord_permit_history pub; /* first: the caller's pointer */
-	char *id;
-	struct pgcoord_permit_history_event *events;
+#define HF(...) PGCOORD__FIELD(struct pgcoord_permit_history_event, __VA_ARGS__)
+
+static const struct pgcoord__field event_fields[] = {
+    HF("seq", INT, seq, -1, false),    HF("event", STR, event, 0, true),
+    HF("quota", STR, quota, 0, false), HF("delta", INT, delta, 0, false),
+    HF("actor", STR, actor, 0, false), HF("reason", STR, reason, 0, false),
+    HF("state", STR, state, 0, false), HF("phase", STR, phase, 0, false),
+    HF("at", INT, at, -1, false),
 };
+
+static const struct pgcoord__row_kind event_row =
+    PGCOORD__ROW_KIND(struct pgcoord_permit_history_event, event_fields);
 
 void pgcoord_permit_history_free(struct pgcoord_permit_history *h)
 {
-	struct permit_history_box *b = (struct permit_history_box *)h;
-	if (!b)
+	if (!h)
 		return;
-	for (size_t i = 0; b->events && i < b->pub.count; i++) {
-		struct pgcoord_permit_history_event *e = &b->events[i];
-		/* the library's own copies */
-		free((char *)e->event);
-		free((char *)e->quota);
-		free((char *)e->actor);
-		free((char *)e->reason);
-		free((char *)e->state);
-		free((char *)e->phase);
-	}
-	free(b->events);
-	free(b->id);
-	free(b);
+	pgcoord__table_free((void *)h->events, h->count, &event_row);
+	free((char *)h->id); /* the library's own copy */
+	free(h);
 }
 
-static bool history_event(const msgpack_object *m, struct pgcoord_permit_history_event *e)
+static bool history_read(const msgpack_object *m, void *box)
 {
-	bool ok = true;
-	e->seq = int_or(m, "seq", -1);
-	e->event = str_copy(m, "event", &ok);
-	e->quota = str_copy(m, "quota", &ok);
-	e->delta = int_or(m, "delta", 0);
-	e->actor = str_copy(m, "actor", &ok);
-	e->reason = str_copy(m, "reason", &ok);
-	e->state = str_copy(m, "state", &ok);
-	e->phase = str_copy(m, "phase", &ok);
-	e->at = int_or(m, "at", -1);
-	return ok && e->event;
+	struct pgcoord_permit_history *h = box;
+	const msgpack_object *id = pgc_map_get(m, "id");
+	void *rows;
+	bool ok = pgcoord__table_read(m, "events", &event_row, &rows, &h->count);
+	h->events = rows;
+	h->now_at = pgcoord__int_or(m, "now_at", -1);
+	return ok && id && id->type == MSGPACK_OBJECT_STR && (h->id = pgc_obj_strdup(id));
 }
+
+static void history_free_box(void *box)
+{
+	pgcoord_permit_history_free(box);
+}
+
+static const struct pgcoord__reply_kind history_kind = {
+    sizeof(struct pgcoord_permit_history), history_read, history_free_box,
+    "the permit.history result lacks its id or events"};
 
 pgcoord_err pgcoord_permit_history_get(pgcoord *c, const char *id, int timeout_ms,
 				       struct pgcoord_permit_history **out)
 {
-	msgpack_unpacked u;
 	void *raw = NULL;
 	size_t raw_len = 0;
 
@@ -429,35 +353,73 @@ pgcoord_err pgcoord_permit_history_get(pgcoord *c, const char *id, int timeout_m
 	if (!c || !out)
 		return PGCOORD_E_ARG;
 	pgcoord_err err = pgcoord_permit_history(c, id, timeout_ms, &raw, &raw_len);
-	if (err != PGCOORD_OK)
-		return err;
-	struct permit_history_box *b = NULL;
-	bool ok = unpack_map(raw, raw_len, &u);
-	if (ok) {
-		const msgpack_object *es = pgc_map_get(&u.data, "events");
-		b = calloc(1, sizeof(*b));
-		ok = b && es && es->type == MSGPACK_OBJECT_ARRAY;
-		if (ok) {
-			size_t n = es->via.array.size;
-			b->pub.id = b->id = str_copy(&u.data, "id", &ok);
-			b->events = calloc(n ? n : 1, sizeof(*b->events));
-			ok = ok && b->id && b->events;
-			b->pub.events = b->events;
-			b->pub.now_at = int_or(&u.data, "now_at", -1);
-			for (size_t i = 0; ok && i < n; i++) {
-				b->pub.count = i + 1; /* freed on failure too */
-				ok = history_event(&es->via.array.ptr[i], &b->events[i]);
-			}
-		}
-		msgpack_unpacked_destroy(&u);
+	return pgcoord__typed_result(c, err, raw, raw_len, &history_kind, (void **)out);
+}
+
+/* --- permit.check ---------------------------------------------------------- */
+
+#define VF(...) PGCOORD__FIELD(struct pgcoord_check_violation, __VA_ARGS__)
+
+static const struct pgcoord__field violation_fields[] = {
+    VF("key", STR, key, 0, true),
+    VF("limit", INT, limit, -1, false),
+    VF("in_flight", INT, in_flight, -1, false),
+    VF("permit_weights", INT, permit_weights, -1, false),
+    VF("audit_sum", INT, audit_sum, -1, false),
+    VF("problem", STR, problem, 0, false),
+};
+
+#define SQF(...) PGCOORD__FIELD(struct pgcoord_check_stall, __VA_ARGS__)
+
+static const struct pgcoord__field stall_fields[] = {
+    SQF("key", STR, key, 0, true),
+    SQF("head_id", STR, head_id, 0, false),
+    SQF("head_age_ms", INT, head_age_ms, -1, false),
+};
+
+static const struct pgcoord__row_kind violation_row =
+    PGCOORD__ROW_KIND(struct pgcoord_check_violation, violation_fields);
+
+static const struct pgcoord__row_kind stall_row =
+    PGCOORD__ROW_KIND(struct pgcoord_check_stall, stall_fields);
+
+void pgcoord_check_report_free(struct pgcoord_check_report *r)
+{
+	if (!r)
+		return;
+	pgcoord__table_free((void *)r->violations, r->nviolations, &violation_row);
+	pgcoord__table_free((void *)r->stalled_queues, r->nstalled, &stall_row);
+	free(r);
+}
+
+static bool check_read(const msgpack_object *m, void *box)
+{
+	struct pgcoord_check_report *r = box;
+	void *violations = NULL, *stalled = NULL;
+	bool ok =
+	    pgc_obj_bool(pgc_map_get(m, "ok"), &r->ok) &&
+	    pgcoord__table_read(m, "violations", &violation_row, &violations, &r->nviolations);
+	r->violations = violations;
+	/* an agent from before stalled queues were reported sends none */
+	if (ok && pgc_map_get(m, "stalled_queues")) {
+		ok = pgcoord__table_read(m, "stalled_queues", &stall_row, &stalled, &r->nstalled);
+		r->stalled_queues = stalled;
 	}
-	pgcoord_free(raw);
-	if (!ok) {
-		pgcoord_permit_history_free(b ? &b->pub : NULL);
-		pgcoord__set_message(c, "the permit.history result lacks its id or events (or "
-					"memory ran out)");
-		return PGCOORD_E_PROTOCOL;
-	}
-	*out = &b->pub;
-	return PGCOORD_OK;
+	r->quotas = pgcoord__int_or(m, "quotas", -1);
+	r->now_at = pgcoord__int_or(m, "now_at", -1);
+	return ok;
+}
+
+static void check_free_box(void *box)
+{
+	pgcoord_check_report_free(box);
+}
+
+static const struct pgcoord__reply_kind check_kind = {
+    sizeof(struct pgcoord_check_report), check_read, check_free_box,
+    "the permit.check result lacks ok or its violations"};
+
+pgcoord_err pgcoord_permit_check_get(pgcoord *c, int timeout_ms, struct pgcoord_check_report **out)
+{
+	return pgcoord__typed_get(c, "permit.check", timeout_ms, &check_kind, (void **)out);
 }

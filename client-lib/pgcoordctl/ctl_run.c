@@ -289,8 +289,10 @@ static int campaign(struct run *r)
 		return call_failed(r, "session.open", err);
 	if (r->o->keepalive_ms)
 		r->keepalive_at = now_ms() + r->o->keepalive_ms / 3;
-	err = pgcoord_lease_acquire(r->c, r->o->lease, r->o->ttl_ms, true, r->o->timeout_ms, NULL,
-				    NULL);
+	struct pgcoord_lease_opts lo = PGCOORD_LEASE_OPTS_INIT;
+	lo.ttl_ms = r->o->ttl_ms;
+	lo.wait = true;
+	err = pgcoord_lease_acquire_with(r->c, r->o->lease, &lo, r->o->timeout_ms, NULL, NULL);
 	if (err != PGCOORD_OK)
 		return call_failed(r, "lease.acquire", err);
 

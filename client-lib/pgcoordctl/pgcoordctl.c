@@ -600,19 +600,11 @@ static int cmd_ping(struct ctl *ctx, int argc, char **argv)
 
 /* Healthy means what a replica needs from its agent: serving, registered,
  * and its database reachable. Scripts (and scripts/dev) wait on this. */
-static bool status_healthy(const msgpack_object *st, char *why, size_t whylen)
+static bool status_healthy(const struct pgcoord_agent_status *st, char *why, size_t whylen)
 {
-	const msgpack_object *state = ctl_map_get(st, "state");
-	const msgpack_object *db = ctl_map_get(st, "db");
-	bool registered = false;
-	ctl_obj_bool(ctl_map_get(st, "registered"), &registered);
-	if (!ctl_obj_str_eq(state, "serving") || !ctl_obj_str_eq(db, "up") || !registered) {
-		const char *s = "?", *d = "?";
-		size_t sl = 1, dl = 1;
-		ctl_obj_str(state, &s, &sl);
-		ctl_obj_str(db, &d, &dl);
-		snprintf(why, whylen, "state=%.*s db=%.*s registered=%s", (int)sl, s, (int)dl, d,
-			 registered ? "true" : "false");
+	if (strcmp(st->state, "serving") != 0 || !st->db_up || !st->registered) {
+		snprintf(why, whylen, "state=%s db=%s registered=%s", st->state,
+			 st->db_up ? "up" : "down", st->registered ? "true" : "false");
 		return false;
 	}
 	return true;
@@ -621,6 +613,7 @@ static bool status_healthy(const msgpack_object *st, char *why, size_t whylen)
 static int cmd_status(struct ctl *ctx, int argc, char **argv)
 {
 	struct ctl_result r;
+	struct pgcoord_agent_status *st = NULL;
 	char why[160];
 	int rc = ctl_call(ctx, "agent.status", NULL, 0, &r);
 	if (rc != CTL_EXIT_OK)
@@ -629,12 +622,18 @@ static int cmd_status(struct ctl *ctx, int argc, char **argv)
 		ctl_print_json(stdout, r.obj);
 	else
 		ctl_print_fields(stdout, r.obj, ctl_now_ms(r.obj));
+	result_free(&r);
+	/* every field is printed as the agent sent it; the verdict is read
+	 * from the typed status (agent.status never touches the database) */
+	pgcoord_err err = pgcoord_agent_status_get(ctx->conn, ctx->timeout_ms, &st);
+	if (err != PGCOORD_OK)
+		return call_failed(ctx, "agent.status", err);
 	rc = CTL_EXIT_OK;
-	if (!status_healthy(r.obj, why, sizeof(why))) {
+	if (!status_healthy(st, why, sizeof(why))) {
 		fprintf(stderr, "pgcoordctl: the agent is not healthy: %s\n", why);
 		rc = CTL_EXIT_FAILED;
 	}
-	result_free(&r);
+	pgcoord_agent_status_free(st);
 	return rc;
 }
 
@@ -1016,6 +1015,22 @@ static int cmd_permits(struct ctl *ctx, int argc, char **argv)
 			   sub);
 }
 
+/* permit.check's violations as table rows. */
+static void pack_violations(msgpack_packer *pk, const struct pgcoord_check_report *r)
+{
+	msgpack_pack_array(pk, r->nviolations);
+	for (size_t i = 0; i < r->nviolations; i++) {
+		const struct pgcoord_check_violation *v = &r->violations[i];
+		msgpack_pack_map(pk, 6);
+		ctl_pack_kv_str(pk, "key", v->key);
+		ctl_pack_kv_int(pk, "limit", v->limit);
+		ctl_pack_kv_int(pk, "in_flight", v->in_flight);
+		ctl_pack_kv_int(pk, "permit_weights", v->permit_weights);
+		ctl_pack_kv_int(pk, "audit_sum", v->audit_sum);
+		ctl_pack_kv_str(pk, "problem", v->problem ? v->problem : "");
+	}
+}
+
 static int cmd_check(struct ctl *ctx, int argc, char **argv)
 {
 	static const struct ctl_column cols[] = {
@@ -1026,31 +1041,51 @@ static int cmd_check(struct ctl *ctx, int argc, char **argv)
 	    {"AUDIT_SUM", "audit_sum", CTL_FMT_AUTO},
 	    {"PROBLEM", "problem", CTL_FMT_AUTO},
 	};
-	struct ctl_result r;
+	struct pgcoord_check_report *r = NULL;
+	struct ctl_result raw;
 	bool ok = false;
-	int64_t quotas = 0;
-	int rc = ctl_call(ctx, "permit.check", NULL, 0, &r);
 
-	if (rc != CTL_EXIT_OK)
-		return rc;
-	if (!ctl_obj_bool(ctl_map_get(r.obj, "ok"), &ok)) {
-		fprintf(stderr, "pgcoordctl: permit.check: the result has no \"ok\"\n");
-		result_free(&r);
-		return CTL_EXIT_IO;
+	if (ctx->json) { /* the agent's result as it came */
+		int rc = ctl_call(ctx, "permit.check", NULL, 0, &raw);
+		if (rc != CTL_EXIT_OK)
+			return rc;
+		bool has_ok = ctl_obj_bool(ctl_map_get(raw.obj, "ok"), &ok);
+		if (has_ok)
+			ctl_print_json(stdout, raw.obj);
+		else
+			fprintf(stderr, "pgcoordctl: permit.check: the result has no \"ok\"\n");
+		result_free(&raw);
+		return !has_ok ? CTL_EXIT_IO : ok ? CTL_EXIT_OK : CTL_EXIT_FAILED;
 	}
-	ctl_obj_int64(ctl_map_get(r.obj, "quotas"), &quotas);
-	if (ctx->json) {
-		ctl_print_json(stdout, r.obj);
-	} else if (ok) {
+	if (!ctx->conn) {
+		int rc = ctl_connect(ctx);
+		if (rc != CTL_EXIT_OK)
+			return rc;
+	}
+	pgcoord_err err = pgcoord_permit_check_get(ctx->conn, ctx->timeout_ms, &r);
+	if (err != PGCOORD_OK)
+		return call_failed(ctx, "permit.check", err);
+	ok = r->ok;
+	if (ok) {
 		printf("ok: %lld quota%s conserved (in_flight = permit weights = audit sum, none "
 		       "over its limit)\n",
-		       (long long)quotas, quotas == 1 ? "" : "s");
+		       (long long)r->quotas, r->quotas == 1 ? "" : "s");
 	} else {
+		msgpack_sbuffer sb;
+		msgpack_packer pk;
+		msgpack_unpacked u;
+		msgpack_sbuffer_init(&sb);
+		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+		pack_violations(&pk, r);
+		msgpack_unpacked_init(&u);
 		printf("FAILED: the permit ledger breaks conservation:\n");
-		ctl_print_table(stdout, ctl_map_get(r.obj, "violations"), cols,
-				sizeof(cols) / sizeof(cols[0]), ctl_now_ms(r.obj));
+		if (msgpack_unpack_next(&u, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+			ctl_print_table(stdout, &u.data, cols, sizeof(cols) / sizeof(cols[0]),
+					r->now_at);
+		msgpack_unpacked_destroy(&u);
+		msgpack_sbuffer_destroy(&sb);
 	}
-	result_free(&r);
+	pgcoord_check_report_free(r);
 	return ok ? CTL_EXIT_OK : CTL_EXIT_FAILED;
 }
 

@@ -1,13 +1,15 @@
 /*
  * test_typed_reads.c — the typed reads (agent.status, permit.get,
  * permit.list, permit.history, quota.get, quota.list, lease.status,
- * lease.list, record.list) and
- * the record options against a real agent: every field as the database
- * holds it.
+ * lease.list, record.list, fleet.agents, fleet.sessions, permit.check)
+ * and the options structs (records, lease
+ * acquire, permit release and resolve) against a real agent: every field
+ * as the database holds it.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "itest.h"
 #include "pgcoord/pgcoord.h"
@@ -415,6 +417,191 @@ Test(typed_reads, agent_status_matches_the_agents_row)
 	cr_assert_not_null(s->failover);
 	pgcoord_agent_status_free(s);
 	pgcoord_agent_status_free(NULL);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A column of one row as text, compared and freed. */
+static void assert_sql_str(struct harness_db *db, const char *sql, const char *want)
+{
+	char *got = hdb_query_value(db, "%s", sql);
+	cr_assert_str_eq(got, want, "%s", sql);
+	free(got);
+}
+
+Test(typed_reads, lease_release_and_resolve_options_reach_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-opts", NULL);
+	pgcoord *c = NULL;
+	bool leader = false, released = false;
+	int64_t epoch = 0;
+
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "opts", CALL_MS, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_quota_set(c, "q", 3, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "r1", "q");
+	claim_one(c, "r2", "q");
+
+	/* lease.acquire: ttl and the answer as the lease row says */
+	struct pgcoord_lease_opts lo = PGCOORD_LEASE_OPTS_INIT;
+	lo.ttl_ms = 5000;
+	cr_assert_eq(pgcoord_lease_acquire_with(c, "opts-lease", &lo, CALL_MS, &leader, &epoch),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	cr_assert(leader);
+	cr_assert(pgcoord_lease_is_leader(c, "opts-lease"));
+	cr_assert_eq(epoch, hdb_query_long(db, "SELECT epoch FROM pgcoord.leases WHERE name = "
+					       "'opts-lease'"));
+	cr_assert_eq(hdb_query_long(db, "SELECT ttl_ms FROM pgcoord.leases WHERE name = "
+					"'opts-lease'"),
+		     5000);
+	cr_assert_eq(hdb_query_long(db, "SELECT holder_session FROM pgcoord.leases WHERE name "
+					"= 'opts-lease'"),
+		     pgcoord_session_id(c));
+
+	/* release with a reason: the permit and its audit row */
+	struct pgcoord_release_opts ro;
+	pgcoord_release_opts_init(&ro);
+	ro.reason = "finished";
+	cr_assert_eq(pgcoord_permit_release_with(c, "r1", &ro, CALL_MS, &released), PGCOORD_OK,
+		     "%s", pgcoord_last_message(c));
+	cr_assert(released);
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r1'", "released");
+	assert_sql_str(db,
+		       "SELECT reason FROM pgcoord.permit_events WHERE permit_id = 'r1' AND "
+		       "event = 'released'",
+		       "finished");
+
+	/* resolve GONE with evidence: released by it, the evidence audited */
+	cr_assert_eq(pgcoord_permit_mark_uncertain(c, "r2", "lost sight", CALL_MS), PGCOORD_OK);
+	struct pgcoord_resolve_opts so = PGCOORD_RESOLVE_OPTS_INIT;
+	so.evidence = "no such process";
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r2", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_OK, "%s", pgcoord_last_message(c));
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r2'", "released");
+	assert_sql_str(db,
+		       "SELECT reason FROM pgcoord.permit_events WHERE permit_id = 'r2' AND "
+		       "event = 'resolved_gone'",
+		       "gone: no such process");
+
+	/* sizes this library does not know, NULL opts, no evidence: refused
+	 * before anything is sent */
+	claim_one(c, "r3", "q");
+	long events = hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events");
+	ro.size = 1;
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", &ro, CALL_MS, &released), PGCOORD_E_ARG);
+	cr_assert_not(released);
+	ro.size = sizeof(ro) + 8;
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", &ro, CALL_MS, &released), PGCOORD_E_ARG);
+	cr_assert_not_null(strstr(pgcoord_last_message(c), "PGCOORD_RELEASE_OPTS_INIT"));
+	cr_assert_eq(pgcoord_permit_release_with(c, "r3", NULL, CALL_MS, &released), PGCOORD_E_ARG);
+	so.size = 0;
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r3", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_E_ARG);
+	so.size = sizeof(so);
+	so.evidence = NULL;
+	cr_assert_eq(pgcoord_permit_resolve_with(c, "r3", PGCOORD_OUTCOME_GONE, &so, CALL_MS),
+		     PGCOORD_E_ARG);
+	lo.size = sizeof(lo) - 1;
+	cr_assert_eq(pgcoord_lease_acquire_with(c, "other", &lo, CALL_MS, &leader, &epoch),
+		     PGCOORD_E_ARG);
+	cr_assert_not(leader);
+	cr_assert_eq(epoch, 0);
+	assert_sql_str(db, "SELECT state FROM pgcoord.permits WHERE id = 'r3'", "held");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events"), events);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.leases WHERE name = "
+					"'other'"),
+		     0);
+
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+Test(typed_reads, fleet_and_check_match_the_database)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "typed-fleet", NULL);
+	pgcoord *c = NULL;
+	struct pgcoord_agent_list *al = NULL;
+	struct pgcoord_session_list *sl = NULL;
+	struct pgcoord_check_report *r = NULL;
+
+	iwait_janitor(a); /* the agent's own session is open by then */
+	cr_assert_eq(pgcoord_connect(hagent_socket(a), CALL_MS, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "fleet-reader", CALL_MS, NULL), PGCOORD_OK);
+
+	cr_assert_eq(pgcoord_fleet_agents_get(c, CALL_MS, &al), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(al->count, 1);
+	const struct pgcoord_agent_info *ag = &al->agents[0];
+	cr_assert_str_eq(ag->replica_id, "typed-fleet");
+	cr_assert_eq(ag->incarnation, hdb_query_long(db, "SELECT incarnation FROM pgcoord.agents"));
+	cr_assert_eq(ag->pid, hdb_query_long(db, "SELECT pid FROM pgcoord.agents"));
+	assert_sql_str(db, "SELECT host FROM pgcoord.agents", ag->host);
+	cr_assert_not_null(ag->version);
+	cr_assert(ag->live);
+	cr_assert_eq(ag->stopped_at, -1);
+	cr_assert_gt(ag->started_at, 0);
+	cr_assert_geq(ag->heartbeat_at, ag->started_at);
+	cr_assert_gt(ag->expires_at, ag->heartbeat_at);
+	cr_assert_geq(al->now_at, ag->started_at);
+	pgcoord_agent_list_free(al);
+
+	cr_assert_eq(pgcoord_fleet_sessions_get(c, CALL_MS, &sl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq((long)sl->count,
+		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE closed_at "
+					"IS NULL"));
+	bool mine = false, agents_own = false;
+	for (size_t i = 0; i < sl->count; i++) {
+		const struct pgcoord_session_info *s = &sl->sessions[i];
+		cr_assert_str_eq(s->replica_id, "typed-fleet");
+		cr_assert_gt(s->expires_at, s->opened_at);
+		if (s->session == pgcoord_session_id(c)) {
+			mine = true;
+			cr_assert_str_eq(s->name, "fleet-reader");
+			cr_assert_eq(s->owner_uid, (int64_t)getuid());
+			cr_assert_eq(s->incarnation,
+				     hdb_query_long(db,
+						    "SELECT incarnation FROM "
+						    "pgcoord.sessions WHERE id = %lld",
+						    (long long)s->session));
+		} else {
+			agents_own = strcmp(s->name, "pgcoord-agent") == 0;
+		}
+	}
+	cr_assert(mine && agents_own);
+	pgcoord_session_list_free(sl);
+
+	/* permit.check: clean, then a counter edited by SQL is reported */
+	cr_assert_eq(pgcoord_quota_set(c, "q", 2, -1, CALL_MS), PGCOORD_OK);
+	claim_one(c, "c1", "q");
+	cr_assert_eq(pgcoord_permit_check_get(c, CALL_MS, &r), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert(r->ok);
+	cr_assert_eq(r->quotas, hdb_query_long(db, "SELECT count(*) FROM pgcoord.quotas"));
+	cr_assert_eq(r->nviolations, 0);
+	cr_assert_eq(r->nstalled, 0);
+	cr_assert_gt(r->now_at, 0);
+	pgcoord_check_report_free(r);
+
+	hdb_exec(db, "UPDATE pgcoord.quotas SET in_flight = in_flight + 1 WHERE key = 'q'");
+	cr_assert_eq(pgcoord_permit_check_get(c, CALL_MS, &r), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_not(r->ok);
+	cr_assert_geq(r->nviolations, 1);
+	const struct pgcoord_check_violation *v = &r->violations[0];
+	cr_assert_str_eq(v->key, "q");
+	cr_assert_eq(v->limit, 2);
+	cr_assert_eq(v->in_flight, 2);
+	cr_assert_eq(v->permit_weights, 1);
+	cr_assert_eq(v->audit_sum, 1);
+	cr_assert_not_null(strstr(v->problem, "in_flight differs"), "%s", v->problem);
+	pgcoord_check_report_free(r);
+	pgcoord_check_report_free(NULL);
 
 	pgcoord_close(c);
 	hagent_destroy(a);

@@ -239,6 +239,52 @@ struct pgcoord_agent_status {
 pgcoord_err pgcoord_agent_status_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_status **out);
 void pgcoord_agent_status_free(struct pgcoord_agent_status *s);
 
+/*
+ * fleet.agents and fleet.sessions as structs (PROTOCOL.md), for operators'
+ * views of the whole fleet; no session needed. Allocated by the library,
+ * owning their strings: free each list with its free function (NULL
+ * accepted). Fields may be appended, never reordered. Times are ms since
+ * the epoch by the database clock; -1 where the agent sent none.
+ */
+struct pgcoord_agent_info {
+	const char *replica_id;
+	int64_t incarnation; /* the latest */
+	const char *host;
+	int64_t pid;
+	const char *version;
+	int64_t started_at, heartbeat_at, expires_at;
+	int64_t stopped_at; /* -1 while running */
+	bool live;
+};
+
+struct pgcoord_agent_list {
+	size_t count;
+	const struct pgcoord_agent_info *agents; /* every registered replica_id */
+	int64_t now_at;				 /* 0 when the list is empty */
+};
+
+pgcoord_err pgcoord_fleet_agents_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_list **out);
+void pgcoord_agent_list_free(struct pgcoord_agent_list *l);
+
+struct pgcoord_session_info {
+	int64_t session;
+	const char *name; /* "pgcoord-agent" for an agent's own session */
+	const char *replica_id;
+	int64_t incarnation;
+	int64_t opened_at, expires_at;
+	int64_t owner_uid; /* -1: none recorded */
+};
+
+struct pgcoord_session_list {
+	size_t count;
+	const struct pgcoord_session_info *sessions; /* the live sessions of the fleet */
+	int64_t now_at;
+};
+
+pgcoord_err pgcoord_fleet_sessions_get(pgcoord *c, int timeout_ms,
+				       struct pgcoord_session_list **out);
+void pgcoord_session_list_free(struct pgcoord_session_list *l);
+
 /* Opens a session named name (free text, for operators). *session_id may be NULL. */
 pgcoord_err pgcoord_session_open(pgcoord *c, const char *name, int timeout_ms, int64_t *session_id);
 
@@ -517,6 +563,50 @@ pgcoord_err pgcoord_permit_release(pgcoord *c, const char *id, unsigned flags, c
 				   int timeout_ms, bool *released);
 
 /*
+ * The same two calls with options structs. Start from
+ * PGCOORD_RESOLVE_OPTS_INIT / PGCOORD_RELEASE_OPTS_INIT (or the _init
+ * functions) and set what you need; `size` as for pgcoord_claim_opts.
+ * PGCOORD_E_ARG for opts NULL or of a size this library does not know,
+ * and (resolve) for evidence NULL.
+ *
+ *   evidence  what was observed (required, non-empty)
+ *   reason    why it is released (NULL: none)
+ *   flags     PGCOORD_OVERRIDE
+ */
+struct pgcoord_resolve_opts {
+	size_t size; /* sizeof(struct pgcoord_resolve_opts) as the caller knew it */
+	const char *evidence;
+	unsigned flags;
+};
+
+#define PGCOORD_RESOLVE_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_resolve_opts)                                        \
+	}
+
+void pgcoord_resolve_opts_init(struct pgcoord_resolve_opts *opts);
+
+pgcoord_err pgcoord_permit_resolve_with(pgcoord *c, const char *id, pgcoord_outcome outcome,
+					const struct pgcoord_resolve_opts *opts, int timeout_ms);
+
+struct pgcoord_release_opts {
+	size_t size; /* sizeof(struct pgcoord_release_opts) as the caller knew it */
+	const char *reason;
+	unsigned flags;
+};
+
+#define PGCOORD_RELEASE_OPTS_INIT                                                                  \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_release_opts)                                        \
+	}
+
+void pgcoord_release_opts_init(struct pgcoord_release_opts *opts);
+
+pgcoord_err pgcoord_permit_release_with(pgcoord *c, const char *id,
+					const struct pgcoord_release_opts *opts, int timeout_ms,
+					bool *released);
+
+/*
  * Reads: the MessagePack-encoded result map in *result (free with
  * pgcoord_free), as PROTOCOL.md describes for permit.get, permit.list (quota
  * and state filter when non-NULL), permit.history and quota.list. Prefer
@@ -634,9 +724,39 @@ void pgcoord_permit_history_free(struct pgcoord_permit_history *h);
 
 /* Verifies the ledger's conservation in one snapshot: *ok (may be NULL) is
  * false when some quota's counter disagrees with its permits or audit, or
- * went over its limit. result (may be NULL) as for the reads above. */
+ * went over its limit. result (may be NULL) as for the reads above;
+ * pgcoord_permit_check_get below is its typed form. */
 pgcoord_err pgcoord_permit_check(pgcoord *c, int timeout_ms, bool *ok, void **result,
 				 size_t *result_len);
+
+/* permit.check as a struct: one row per quota that breaks conservation,
+ * and one per queue whose head should have been admitted. */
+struct pgcoord_check_violation {
+	const char *key;
+	int64_t limit, in_flight, permit_weights, audit_sum;
+	const char *problem;
+};
+
+struct pgcoord_check_stall {
+	const char *key;
+	const char *head_id;
+	int64_t head_age_ms;
+};
+
+struct pgcoord_check_report {
+	bool ok;	/* conservation holds (stalled queues aside) */
+	int64_t quotas; /* how many were checked */
+	size_t nviolations;
+	const struct pgcoord_check_violation *violations;
+	size_t nstalled;
+	const struct pgcoord_check_stall *stalled_queues;
+	int64_t now_at;
+};
+
+/* On PGCOORD_OK *out owns the report: free it with
+ * pgcoord_check_report_free (NULL accepted). */
+pgcoord_err pgcoord_permit_check_get(pgcoord *c, int timeout_ms, struct pgcoord_check_report **out);
+void pgcoord_check_report_free(struct pgcoord_check_report *r);
 
 /* Admin. Sets key's limit (creating the quota); lapse_after_s: -1 keeps the
  * policy, 0 turns it off, > 0 lets the janitor release permits uncertain
@@ -684,6 +804,32 @@ pgcoord_err pgcoord_quota_get(pgcoord *c, const char *key, int timeout_ms, int64
  */
 pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool wait,
 				  int timeout_ms, bool *leader, int64_t *epoch);
+
+/*
+ * pgcoord_lease_acquire with an options struct: start from
+ * PGCOORD_LEASE_OPTS_INIT (or pgcoord_lease_opts_init); `size` as for
+ * pgcoord_claim_opts. PGCOORD_E_ARG for opts NULL or of a size this library
+ * does not know.
+ *
+ *   ttl_ms  1000..600000, or 0 (the default) for the agent's lease_ttl_ms
+ *   wait    keep campaigning until the session wins or releases
+ */
+struct pgcoord_lease_opts {
+	size_t size; /* sizeof(struct pgcoord_lease_opts) as the caller knew it */
+	int ttl_ms;
+	bool wait;
+};
+
+#define PGCOORD_LEASE_OPTS_INIT                                                                    \
+	{                                                                                          \
+		.size = sizeof(struct pgcoord_lease_opts)                                          \
+	}
+
+void pgcoord_lease_opts_init(struct pgcoord_lease_opts *opts);
+
+pgcoord_err pgcoord_lease_acquire_with(pgcoord *c, const char *name,
+				       const struct pgcoord_lease_opts *opts, int timeout_ms,
+				       bool *leader, int64_t *epoch);
 
 /*
  * Needs a session. Ends the local belief at once, before anything is sent,
