@@ -118,36 +118,6 @@ static bool param_override(struct request *req, bool *override)
 	return true;
 }
 
-/*
- * The lifecycle functions answer (outcome, detail, ...). Answers the
- * refusal when outcome is not "ok" and returns true; `verb` and `who_may`
- * make the message ("release", "its owner or an admin with override").
- */
-static bool refused_at(struct request *req, const struct permit_call *call, const PGresult *res,
-		       int row, int col, const char *verb, const char *who_may)
-{
-	const char *outcome = PQgetvalue(res, row, col), *detail = PQgetvalue(res, row, col + 1);
-	if (strcmp(outcome, "ok") == 0)
-		return false;
-	if (strcmp(outcome, "not_found") == 0)
-		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"%s%s", call->id,
-			 *detail ? "; " : "", detail);
-	else if (strcmp(outcome, "forbidden") == 0)
-		req_fail(req, PGC_E_FORBIDDEN, "cannot %s permit \"%s\": %s; only %s may", verb,
-			 call->id, detail, who_may);
-	else if (strcmp(outcome, "conflict") == 0)
-		req_fail(req, PGC_E_CONFLICT, "cannot %s permit \"%s\": %s", verb, call->id,
-			 detail);
-	else if (strcmp(outcome, "invalid") == 0)
-		req_fail(req, PGC_E_INVALID_PARAMS, "cannot %s permit \"%s\": %s", verb, call->id,
-			 detail);
-	else
-		req_fail(req, PGC_E_INTERNAL, "permit %s: unexpected outcome \"%s\"", verb,
-			 outcome);
-	return true;
-}
-
-/* refused_at for a statement of its own: one row, the outcome first. */
 /* An admin override, audited in the log too: who, which permit, what now. */
 static void log_override(struct request *req, const char *id, const char *what, const char *state)
 {
@@ -157,16 +127,6 @@ static void log_override(struct request *req, const char *id, const char *what, 
 	if (state)
 		log_kv_str(kv, sizeof(kv), "state", state);
 	log_write(&req->ag->log, LOG_LEVEL_WARN, "permits", kv, "%s", what);
-}
-
-static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
-		    const char *verb, const char *who_may)
-{
-	if (PQntuples(res) != 1) {
-		req_fail(req, PGC_E_INTERNAL, "permit %s returned %d rows", verb, PQntuples(res));
-		return true;
-	}
-	return refused_at(req, call, res, 0, 0, verb, who_may);
 }
 
 /* --- permit.claim ---------------------------------------------------- */
@@ -538,11 +498,31 @@ static void reply_permit_row(struct request *req, const struct permit_call *call
 	req_done(req);
 }
 
-/* pgcoord.permit_update's row: outcome and detail are read by refused() */
+/* The columns of pgcoord.permit_change (0004_permits.sql), which the
+ * lifecycle functions answer; each reply sends its own of them. A refusal
+ * arrives as the statement's error (a class-PC SQLSTATE), never as a row. */
+enum { CH_CHANGED, CH_STATE, CH_PHASE, CH_PHASE_AT, CH_STATE_AT, CH_OWNER, CH_DETAIL, CH_NOW };
+
+/* A lifecycle function answers exactly one permit_change row. */
+static bool one_change(struct request *req, const struct reply_kind *kind, const PGresult *res)
+{
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows", req->method->name,
+			 PQntuples(res));
+		return false;
+	}
+	return req_rows_are(req, kind, res, 0);
+}
+
 static const struct reply_col update_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"phase", REPLY_STR, 4, 0},
-    {"state", REPLY_STR, 3, 0},	     {"changed", REPLY_BOOL, 2, 0},  {"phase_at", REPLY_INT, 5, 0},
-    {"now_at", REPLY_INT, 6, 0},
+    {"phase", REPLY_STR, CH_PHASE, 0},
+    {"state", REPLY_STR, CH_STATE, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},
+    {"phase_at", REPLY_INT, CH_PHASE_AT, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},
+    {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
+    {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
+    {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
 static const struct reply_kind update_row = REPLY_KIND(update_cols);
 
@@ -554,8 +534,7 @@ static void updated(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "update", "its owner") &&
-		 req_rows_are(req, &update_row, res, 0))
+	else if (one_change(req, &update_row, res))
 		reply_permit_row(req, call, &update_row, res);
 }
 
@@ -580,8 +559,14 @@ void rpc_permit_update(struct request *req)
 /* --- permit.mark_uncertain ----------------------------------------------- */
 
 static const struct reply_col marked_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"state", REPLY_STR, 3, 0},
-    {"changed", REPLY_BOOL, 2, 0},   {"state_at", REPLY_INT, 4, 0},  {"now_at", REPLY_INT, 5, 0},
+    {"state", REPLY_STR, CH_STATE, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},
+    {"state_at", REPLY_INT, CH_STATE_AT, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},
+    {"phase", REPLY_HIDDEN, CH_PHASE, 0},
+    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0},
+    {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
+    {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
 static const struct reply_kind marked_row = REPLY_KIND(marked_cols);
 
@@ -593,8 +578,7 @@ static void marked(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "mark uncertain", "its owner") &&
-		 req_rows_are(req, &marked_row, res, 0))
+	else if (one_change(req, &marked_row, res))
 		reply_permit_row(req, call, &marked_row, res);
 }
 
@@ -620,9 +604,10 @@ void rpc_permit_mark_uncertain(struct request *req)
 /* --- permit.resolve ------------------------------------------------------ */
 
 static const struct reply_col resolved_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0},	{"state", REPLY_STR, 3, 0},
-    {"owner_session", REPLY_INT, 4, 0}, {"changed", REPLY_BOOL, 2, 0},
-    {"detail", REPLY_STR, 1, 0},	{"now_at", REPLY_INT, 5, 0},
+    {"state", REPLY_STR, CH_STATE, 0},		{"owner_session", REPLY_INT, CH_OWNER, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},	{"detail", REPLY_STR, CH_DETAIL, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},		{"phase", REPLY_HIDDEN, CH_PHASE, 0},
+    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0}, {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
 };
 static const struct reply_kind resolved_row = REPLY_KIND(resolved_cols);
 
@@ -632,16 +617,13 @@ static void resolved(const struct db_result *r, void *arg)
 	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
-	if (!r->ok)
+	if (!r->ok) {
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "resolve",
-			  "its owner, a session of its uid once it is uncertain, or an admin "
-			  "(with override: true while its owner is live)")) {
+	} else if (one_change(req, &resolved_row, res)) {
 		if (call->override)
 			log_override(req, call->id, "resolved by operator override",
-				     PQgetvalue(res, 0, 3));
-		if (req_rows_are(req, &resolved_row, res, 0))
-			reply_permit_row(req, call, &resolved_row, res);
+				     PQgetvalue(res, 0, CH_STATE));
+		reply_permit_row(req, call, &resolved_row, res);
 	}
 }
 
@@ -693,33 +675,88 @@ fail:
 
 /* --- permit.release ------------------------------------------------------ */
 
-/* What a release sends of permit_release's row; `released` false: it was
- * released before (release is idempotent). */
+/* The columns of pgcoord.release_decision; a refusal is the statement's
+ * (or, in a group, the member's) SQLSTATE instead. */
+enum { RD_STATUS, RD_STATE, RD_RELEASED_AT, RD_NOW };
+
+/* What a release sends of its row after `id` and `released`. */
 static const struct reply_col released_cols[] = {
-    {"released", REPLY_BOOL, 2, 0},
-    {"state", REPLY_STR, 3, 0},
-    {"released_at", REPLY_INT, 4, 0},
-    {"now_at", REPLY_INT, 5, 0},
+    {"status", REPLY_HIDDEN, RD_STATUS, 0},
+    {"state", REPLY_STR, RD_STATE, 0},
+    {"released_at", REPLY_INT, RD_RELEASED_AT, 0},
+    {"now_at", REPLY_INT, RD_NOW, 0},
 };
 static const struct reply_kind released_row = REPLY_KIND(released_cols);
 
+/* released: this call released it; already_released: release is
+ * idempotent, `released` false says it was before. */
+static void release_done(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col, bool released)
+{
+	if (call->override && released)
+		log_override(req, call->id, "released by operator override", NULL);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_bool(&m, "released", released);
+	reply_kv_row(&m, &released_row, res, row, col);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+static void release_released(struct request *req, struct permit_call *call, const PGresult *res,
+			     int row, int col)
+{
+	release_done(req, call, res, row, col, true);
+}
+
+static void release_already(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	release_done(req, call, res, row, col, false);
+}
+
+/* There was no permit: the release retired the id (it wrote the tombstone,
+ * so this is an answer of the function, not a raise). */
+static void release_retired(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	(void)res, (void)row, (void)col;
+	req_fail(req, PGC_E_NOT_FOUND,
+		 "no permit \"%s\"; the id is now retired: a claim of it still on its way, or "
+		 "made later, is refused as released",
+		 call->id);
+}
+
+/* pgcoord.release_status, one handler each. */
+static const struct {
+	const char *status;
+	void (*answer)(struct request *req, struct permit_call *call, const PGresult *res, int row,
+		       int col);
+} release_statuses[] = {
+    {"released", release_released},
+    {"already_released", release_already},
+    {"retired", release_retired},
+};
+
 /* Answers a release from its row of permit_release_group: its columns from
- * `col` on are permit_release's. */
+ * `col` on are release_decision's. */
 static void release_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
 	struct permit_call *call = ctx;
+	const char *status = PQgetvalue(res, row, col + RD_STATUS);
 
-	if (!refused_at(req, call, res, row, col, "release",
-			"its owner, or an admin with override: true")) {
-		if (call->override && pgrow_bool(res, row, col + 2))
-			log_override(req, call->id, "released by operator override", NULL);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &released_row, res, row, col);
-		reply_map_end(&m);
-		req_done(req);
+	if (!reply_kind_fits(&released_row, res, col)) {
+		req_rows_are(req, &released_row, res, col);
+		return;
 	}
+	for (size_t i = 0; i < sizeof(release_statuses) / sizeof(release_statuses[0]); i++) {
+		if (strcmp(status, release_statuses[i].status) == 0) {
+			release_statuses[i].answer(req, call, res, row, col);
+			return;
+		}
+	}
+	req_fail(req, PGC_E_INTERNAL, "permit_release: unexpected status \"%s\"", status);
 }
 
 static void release_failed(struct request *req, void *ctx, const struct db_result *r)
