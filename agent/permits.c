@@ -246,7 +246,8 @@ static int64_t claimed_weight(const struct permit_call *call, const char *key)
 	return 0;
 }
 
-/* Columns of pgcoord.permit_claim, in order. */
+/* Columns of pgcoord.claim_decision (0004_permits.sql), in order. A
+ * refusal arrives as the statement's (or the member's) SQLSTATE instead. */
 enum {
 	CL_STATUS,
 	CL_TOKEN,
@@ -259,10 +260,8 @@ enum {
 	CL_DKEY,
 	CL_DLIMIT,
 	CL_DINFLIGHT,
-	CL_DETAIL,
 	CL_NOW,
-	/* permit_wait only (0006_waiting_claims.sql) */
-	CL_POSITION,
+	CL_POSITION, /* queued only */
 	CL_QUEUED_AT,
 	CL_DEADLINE_AT
 };
@@ -296,83 +295,102 @@ static const struct reply_col claim_denied_cols[] = {
 };
 static const struct reply_kind claim_denied_row = REPLY_KIND(claim_denied_cols);
 
-/* Answers a claim from its row of permit_claim_group: its columns from
- * `col` on are permit_claim's. */
+/* admitted, held (a retry of a held id): the grant. */
+static void claim_granted(struct request *req, struct permit_call *call, const PGresult *res,
+			  int row, int col)
+{
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", PQgetvalue(res, row, col + CL_STATUS));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_granted_row, res, row, col);
+	/* a retry through another session finds the grant owned by the
+	 * first one; it says so rather than moving ownership silently */
+	reply_kv_bool(&m, "mine",
+		      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
+			  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+/* A waiting claim: permit.admitted or permit.expired follows on the
+ * connection of the session that queued it (waiters.c). */
+static void claim_queued(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col)
+{
+	int64_t owner = pgrow_int(res, row, col + CL_OWNER);
+	bool mine = req->conn->session && owner == req->conn->session->id;
+	if (mine)
+		waiters_track(req->ag, call->id, owner);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", "queued");
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_queued_row, res, row, col);
+	reply_kv_bool(&m, "mine", mine);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+static void claim_denied(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col)
+{
+	const char *key = PQgetvalue(res, row, col + CL_DKEY);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", "denied");
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_denied_row, res, row, col);
+	reply_kv_int(&m, "weight", claimed_weight(call, key));
+	reply_map_end(&m);
+	req_done(req);
+}
+
+/* The claim drew its token before it found the key has no quota, so the
+ * schema answers it in the row; on the wire it is not_found. */
+static void claim_unknown_quota(struct request *req, struct permit_call *call, const PGresult *res,
+				int row, int col)
+{
+	(void)call;
+	req_fail(req, PGC_E_NOT_FOUND,
+		 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` with the "
+		 "claim",
+		 PQgetvalue(res, row, col + CL_DKEY));
+}
+
+/* pgcoord.claim_status, one handler each. */
+static const struct {
+	const char *status;
+	void (*answer)(struct request *req, struct permit_call *call, const PGresult *res, int row,
+		       int col);
+} claim_statuses[] = {
+    {"admitted", claim_granted},
+    {"held", claim_granted},
+    {"queued", claim_queued},
+    {"denied", claim_denied},
+    {"unknown_quota", claim_unknown_quota},
+};
+
+/* Answers a claim from its row of permit_claim_group (or permit_wait's
+ * own): its columns from `col` on are claim_decision's. */
 static void claim_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
 	struct permit_call *call = ctx;
 	const char *status = PQgetvalue(res, row, col + CL_STATUS);
 
-	metrics_claim_result(req->ag, status);
-	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", status);
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_granted_row, res, row, col);
-		/* a retry through another session finds the grant owned by the
-		 * first one; it says so rather than moving ownership silently */
-		reply_kv_bool(&m, "mine",
-			      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
-				  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "queued") == 0 && PQnfields(res) > col + CL_DEADLINE_AT) {
-		/* a waiting claim: permit.admitted or permit.expired follows on
-		 * the connection of the session that queued it (waiters.c) */
-		int64_t owner = pgrow_int(res, row, col + CL_OWNER);
-		bool mine = req->conn->session && owner == req->conn->session->id;
-		if (mine)
-			waiters_track(req->ag, call->id, owner);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", "queued");
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_queued_row, res, row, col);
-		reply_kv_bool(&m, "mine", mine);
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "denied") == 0) {
-		const char *key = PQgetvalue(res, row, col + CL_DKEY);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", "denied");
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_denied_row, res, row, col);
-		reply_kv_int(&m, "weight", claimed_weight(call, key));
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "unknown_quota") == 0) {
-		req_fail(req, PGC_E_NOT_FOUND,
-			 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` "
-			 "with the claim",
-			 PQgetvalue(res, row, col + CL_DKEY));
-	} else if (strcmp(status, "released") == 0 && PQgetisnull(res, row, col + CL_DETAIL)) {
-		/* a tombstone without quotas: a release retired the id unclaimed */
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit id \"%s\" was retired at %s (ms, database clock) by a release "
-			 "before any claim of it committed; an id is granted at most once: claim "
-			 "with a new id",
-			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
-	} else if (strcmp(status, "released") == 0) {
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit \"%s\" was already granted and released at %s (ms, database "
-			 "clock); an id is granted at most once: claim with a new id",
-			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
-	} else if (strcmp(status, "mismatch") == 0) {
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit \"%s\" already exists with other quotas (%s); one id names one "
-			 "claim",
-			 call->id, PQgetvalue(res, row, col + CL_DETAIL));
-	} else if (strcmp(status, "session_expired") == 0) {
-		req_fail(req, PGC_E_SESSION_EXPIRED,
-			 "this connection's session is no longer live in the database; open a "
-			 "new one");
-	} else if (strcmp(status, "invalid") == 0) {
-		req_fail(req, PGC_E_INVALID_PARAMS, "%s", PQgetvalue(res, row, col + CL_DETAIL));
-	} else {
-		req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
+	if (PQnfields(res) != col + CL_DEADLINE_AT + 1) {
+		req_fail(req, PGC_E_INTERNAL, "permit_claim: %d columns where %d were expected",
+			 PQnfields(res), col + CL_DEADLINE_AT + 1);
+		return;
 	}
+	metrics_claim_result(req->ag, status);
+	for (size_t i = 0; i < sizeof(claim_statuses) / sizeof(claim_statuses[0]); i++) {
+		if (strcmp(status, claim_statuses[i].status) == 0) {
+			claim_statuses[i].answer(req, call, res, row, col);
+			return;
+		}
+	}
+	req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
 }
 
 /* A claim's part of its group, or the whole group, failed: fail closed, a

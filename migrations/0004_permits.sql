@@ -277,14 +277,38 @@ END $$;
 --   mismatch        the id exists with other quotas or weights
 --   session_expired the claiming session is not live
 --   invalid         keys not sorted/distinct, or a limit with several keys
+-- What a claim decides, for permit_claim, permit_claim_as, permit_wait
+-- (0006_waiting_claims.sql) and each member of a claim group:
+-- admitted and held (a retry of a held id) grant it (token, state, phase,
+-- owner, created_at); denied names the first quota without room (denied_*);
+-- unknown_quota names the first key with no quota row (denied_key; a
+-- decision, not a raise: the claim drew a fencing token, and a group's
+-- set-based part answers it too); queued is a waiting claim (owner,
+-- position, queued_at, deadline_at). Every other answer is a refusal that
+-- changes nothing and raises: PCINV (keys), PCSEX (the session is not
+-- live), PCCFL (the id was released or retired, or names other quotas).
+CREATE TYPE pgcoord.claim_status AS ENUM ('admitted', 'held', 'queued', 'denied',
+	'unknown_quota');
+CREATE TYPE pgcoord.claim_decision AS (status pgcoord.claim_status, token bigint,
+	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
+	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
+	now_at bigint, "position" bigint, queued_at bigint, deadline_at bigint);
+
+-- The refusal of a claim whose session is not live (PCSEX): raised by a
+-- lone claim, answered in its row by a claim group's set-based part.
+CREATE FUNCTION pgcoord.claim_session_expired()
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+	SELECT 'this connection''s session is no longer live in the database; open a new one'
+$$;
+
 CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer[],
 	p_session bigint, p_replica text, p_on_owner_loss text, p_intent bytea,
 	p_limit integer, p_actor text)
-RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
-	owner_replica text, created_at bigint, released_at bigint, denied_key text,
-	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
+	v_d pgcoord.claim_decision;
 	v_p pgcoord.permits;
 	v_key text;
 	v_w integer;
@@ -297,17 +321,12 @@ BEGIN
 	IF cardinality(p_keys) IS NULL OR cardinality(p_keys) <> cardinality(p_weights)
 	   OR p_keys <> ARRAY(SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1)
 	   OR (p_limit IS NOT NULL AND cardinality(p_keys) <> 1) THEN
-		RETURN QUERY SELECT 'invalid', NULL::bigint, NULL, NULL, NULL::bigint, NULL,
-			NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
-			'keys must be distinct and sorted; a limit needs exactly one quota',
-			pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'keys must be distinct and sorted; a limit needs exactly one quota'
+			USING ERRCODE = 'PCINV';
 	END IF;
+	-- a lock, not a write: the refusal loses nothing
 	IF NOT pgcoord.session_lock_live(p_session) THEN
-		RETURN QUERY SELECT 'session_expired', NULL::bigint, NULL, NULL, NULL::bigint,
-			NULL, NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
-			NULL, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION USING ERRCODE = 'PCSEX', MESSAGE = pgcoord.claim_session_expired();
 	END IF;
 	-- The presence guard (guarantee 3): the permit row goes in first. A
 	-- duplicate that races us waits here on our insert and then finds the
@@ -368,41 +387,53 @@ BEGIN
 		END IF;
 	END IF;
 
+	v_d.now_at := pgcoord.ms(now());
 	IF v_denied_key IS NOT NULL THEN
-		RETURN QUERY SELECT CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
-				    ELSE 'denied' END,
-			NULL::bigint, NULL, NULL, NULL::bigint, NULL, NULL::bigint, NULL::bigint,
-			v_denied_key, v_denied_limit, v_denied_in_flight, NULL, pgcoord.ms(now());
-		RETURN;
+		v_d.status := CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
+			      ELSE 'denied' END::pgcoord.claim_status;
+		v_d.denied_key := v_denied_key;
+		v_d.denied_limit := v_denied_limit;
+		v_d.denied_in_flight := v_denied_in_flight;
+		RETURN v_d;
 	END IF;
 	IF v_inserted THEN
-		RETURN QUERY SELECT 'admitted', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
-			NULL::integer, NULL::bigint, NULL, pgcoord.ms(now());
-		RETURN;
+		v_d.status := 'admitted';
+		v_d.token := v_p.token;
+		v_d.state := v_p.state;
+		v_d.phase := v_p.phase;
+		v_d.owner_session := v_p.owner_session;
+		v_d.owner_replica := v_p.owner_replica;
+		v_d.created_at := pgcoord.ms(v_p.created_at);
+		RETURN v_d;
 	END IF;
 
-	-- The id exists (committed: ON CONFLICT waited for its inserter).
+	-- The id exists (committed: ON CONFLICT waited for its inserter, and
+	-- inserted nothing): a refusal from here on writes nothing before it.
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id;
 	SELECT string_agg(pq.key || ':' || pq.weight, ',' ORDER BY pq.key) INTO v_quotas
 	FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p_id;
+	IF v_p.state = 'released' AND v_quotas IS NULL THEN
+		-- a tombstone without quotas: a release retired the id unclaimed
+		RAISE EXCEPTION 'permit id "%" was retired at % (ms, database clock) by a release '
+			'before any claim of it committed; an id is granted at most once: claim with '
+			'a new id', p_id, pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
+	END IF;
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'released', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), pgcoord.ms(v_p.released_at),
-			NULL, NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'permit "%" was already granted and released at % (ms, database '
+			'clock); an id is granted at most once: claim with a new id', p_id,
+			pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
 	END IF;
 	IF v_quotas IS DISTINCT FROM (SELECT string_agg(t.k || ':' || t.w, ',' ORDER BY t.k COLLATE "C")
 				      FROM unnest(p_keys, p_weights) AS t(k, w)) THEN
-		RETURN QUERY SELECT 'mismatch', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
-			NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'permit "%" already exists with other quotas (%); one id names one '
+			'claim', p_id, v_quotas USING ERRCODE = 'PCCFL';
 	END IF;
-	RETURN QUERY SELECT 'held', v_p.token, s.effective_state, v_p.phase, v_p.owner_session,
-		v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL, NULL::integer,
-		NULL::bigint, NULL, pgcoord.ms(now())
+	SELECT 'held', v_p.token, s.effective_state, v_p.phase, v_p.owner_session,
+		v_p.owner_replica, pgcoord.ms(v_p.created_at)
+	INTO v_d.status, v_d.token, v_d.state, v_d.phase, v_d.owner_session, v_d.owner_replica,
+		v_d.created_at
 	FROM pgcoord.permit_status s WHERE s.id = p_id;
+	RETURN v_d;
 END $$;
 
 -- The lifecycle functions below (update, mark_uncertain, resolve) answer
@@ -674,9 +705,7 @@ END $$;
 CREATE FUNCTION pgcoord.permit_claim_as(p_uid bigint, p_admin boolean, p_id text,
 	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
 	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text)
-RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
-	owner_replica text, created_at bigint, released_at bigint, denied_key text,
-	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_limit integer := p_limit;
@@ -692,8 +721,9 @@ BEGIN
 	IF FOUND THEN
 		DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
 	END IF;
-	RETURN QUERY SELECT * FROM pgcoord.permit_claim(p_id, p_keys, p_weights, p_session,
-		p_replica, p_on_owner_loss, p_intent, v_limit, p_actor);
+	-- a refusal below rolls the tombstone's delete back with it
+	RETURN pgcoord.permit_claim(p_id, p_keys, p_weights, p_session, p_replica,
+		p_on_owner_loss, p_intent, v_limit, p_actor);
 END $$;
 
 -- permit_release for the caller p_uid: without an override, only a permit
@@ -782,10 +812,11 @@ CREATE FUNCTION pgcoord.permit_claim_members(p_members integer[], p_uids bigint[
 	p_admins boolean[], p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[],
 	p_replicas text[], p_on_owner_loss text[], p_intents bytea[], p_limits integer[],
 	p_actors text[])
-RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
-	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
-	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
-	detail text, now_at bigint)
+RETURNS TABLE (member integer, err_state text, err_message text,
+	status pgcoord.claim_status, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, now_at bigint, "position" bigint,
+	queued_at bigint, deadline_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	i integer;
@@ -798,10 +829,8 @@ BEGIN
 				p_replicas[i], p_on_owner_loss[i], p_intents[i], p_limits[i],
 				p_actors[i]) c;
 		EXCEPTION WHEN OTHERS THEN
-			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
-				NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::text,
-				NULL::bigint, NULL::bigint, NULL::text, NULL::integer, NULL::bigint,
-				NULL::text, NULL::bigint;
+			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text,
+				(NULL::pgcoord.claim_decision).*;
 		END;
 	END LOOP;
 END $$;
@@ -809,10 +838,11 @@ END $$;
 CREATE FUNCTION pgcoord.permit_claim_group(p_uids bigint[], p_admins boolean[],
 	p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[], p_replicas text[],
 	p_on_owner_loss text[], p_intents bytea[], p_limits integer[], p_actors text[])
-RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
-	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
-	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
-	detail text, now_at bigint)
+RETURNS TABLE (member integer, err_state text, err_message text,
+	status pgcoord.claim_status, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, now_at bigint, "position" bigint,
+	queued_at bigint, deadline_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -974,19 +1004,23 @@ BEGIN
 	ORDER BY s.o, a.k COLLATE "C";
 
 	RETURN QUERY
-	SELECT i, NULL::text, NULL::text, 'admitted'::text,
-	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held'::text, 'reserved'::text,
-	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL::bigint, NULL::text,
-	       NULL::integer, NULL::bigint, NULL::text, pgcoord.ms(now())
+	SELECT a.i, a.err_state, a.err_message, (a.d).*
+	FROM (
+	SELECT i, NULL::text AS err_state, NULL::text AS err_message, ('admitted',
+	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held', 'reserved',
+	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL, NULL, NULL, NULL,
+	       pgcoord.ms(now()), NULL, NULL, NULL)::pgcoord.claim_decision
 	FROM unnest(v_adm) AS i
 	UNION ALL
-	SELECT d.i, NULL, NULL, CASE WHEN d.lim IS NULL THEN 'unknown_quota' ELSE 'denied' END,
-	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, NULL, pgcoord.ms(now())
+	SELECT d.i, NULL, NULL, (CASE WHEN d.lim IS NULL THEN 'unknown_quota'
+	       ELSE 'denied' END::pgcoord.claim_status,
+	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, pgcoord.ms(now()), NULL,
+	       NULL, NULL)::pgcoord.claim_decision
 	FROM unnest(v_den, v_den_key, v_den_limit, v_den_in_flight) AS d(i, k, lim, f)
 	UNION ALL
-	SELECT i, NULL, NULL, 'session_expired', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-	       NULL, NULL, NULL, pgcoord.ms(now())
-	FROM unnest(v_dead) AS i;
+	-- the lone claim's refusal, as a member's error (groups.c answers it)
+	SELECT i, 'PCSEX', pgcoord.claim_session_expired(), NULL::pgcoord.claim_decision
+	FROM unnest(v_dead) AS i) a(i, err_state, err_message, d);
 
 	RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_alone, p_uids, p_admins, p_ids,
 		p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
