@@ -298,13 +298,17 @@ END $$;
 
 -- permit.cancel: the owner session takes its claim out of the queue (an
 -- admin may take anyone's: the owner is then told `permit.expired`,
--- reason "cancelled"). Outcomes: ok (status cancelled, or the permit's
--- state when it is no longer queued), not_found, forbidden.
+-- reason "cancelled"). Answers cancelled, or the permit's state when it is
+-- no longer queued (held, released). Refusals raise before any write
+-- (waiter_leave writes only when it answers true): PCFBD another
+-- session's waiter or another uid's permit, PCNFD neither exists.
+CREATE TYPE pgcoord.cancel_status AS ENUM ('cancelled', 'held', 'released');
+CREATE TYPE pgcoord.cancel_decision AS (status pgcoord.cancel_status, now_at bigint);
+
 CREATE FUNCTION pgcoord.permit_cancel(p_uid bigint, p_admin boolean, p_id text,
 	p_session bigint)
-RETURNS TABLE (outcome text, status text, cancelled boolean, detail text, now_at bigint)
+RETURNS pgcoord.cancel_decision
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
 	v_w pgcoord.waiters;
 	v_state text;
@@ -312,29 +316,26 @@ BEGIN
 	SELECT * INTO v_w FROM pgcoord.waiters w WHERE w.id = p_id AND w.state = 'queued';
 	IF FOUND THEN
 		IF v_w.session <> p_session AND NOT p_admin THEN
-			RETURN QUERY SELECT 'forbidden', 'queued', false,
-				'it was queued by session ' || v_w.session, pgcoord.ms(now());
-			RETURN;
+			RAISE EXCEPTION 'cannot cancel "%": it was queued by session %; only the '
+				'session that queued it (or an admin) may', p_id, v_w.session
+				USING ERRCODE = 'PCFBD';
 		END IF;
 		IF pgcoord.waiter_leave(v_w.seq,
 			CASE WHEN v_w.session <> p_session THEN 'expired' END, 'cancelled') THEN
-			RETURN QUERY SELECT 'ok', 'cancelled', true, NULL, pgcoord.ms(now());
-			RETURN;
+			RETURN ('cancelled', pgcoord.ms(now()))::pgcoord.cancel_decision;
 		END IF;
 	END IF;
 	SELECT p.state INTO v_state FROM pgcoord.permits p WHERE p.id = p_id;
 	IF NOT FOUND THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'no queued claim or permit "%"', p_id USING ERRCODE = 'PCNFD';
 	END IF;
 	IF NOT p_admin AND pgcoord.session_owner_uid((SELECT p.owner_session FROM pgcoord.permits p
 						     WHERE p.id = p_id)) IS DISTINCT FROM p_uid THEN
-		RETURN QUERY SELECT 'forbidden', NULL, false, 'it belongs to another uid',
-			pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot cancel "%": it belongs to another uid; only the session that '
+			'queued it (or an admin) may', p_id USING ERRCODE = 'PCFBD';
 	END IF;
-	RETURN QUERY SELECT 'ok', CASE WHEN v_state = 'released' THEN 'released' ELSE 'held' END,
-		false, NULL, pgcoord.ms(now());
+	RETURN (CASE WHEN v_state = 'released' THEN 'released' ELSE 'held' END::pgcoord.cancel_status,
+		pgcoord.ms(now()))::pgcoord.cancel_decision;
 END $$;
 
 -- The poll of one agent, once per wait_poll_ms while it has waiters: its
