@@ -162,7 +162,11 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 	return true;
 }
 
-/* One member's own error, raised and rolled back inside the group. */
+/* One member's own error, raised and rolled back inside the group, or a
+ * refusal the set-based part answers in the same columns (PCSEX): a
+ * deadlock goes again in the next group; anything else is answered through
+ * the one SQLSTATE table (sqlstate.c), a refusal with the schema's message
+ * and final, a timeout retryable. */
 static void member_error(struct group *g, struct member *m, const PGresult *res, int row)
 {
 	char msg[512];

@@ -118,36 +118,6 @@ static bool param_override(struct request *req, bool *override)
 	return true;
 }
 
-/*
- * The lifecycle functions answer (outcome, detail, ...). Answers the
- * refusal when outcome is not "ok" and returns true; `verb` and `who_may`
- * make the message ("release", "its owner or an admin with override").
- */
-static bool refused_at(struct request *req, const struct permit_call *call, const PGresult *res,
-		       int row, int col, const char *verb, const char *who_may)
-{
-	const char *outcome = PQgetvalue(res, row, col), *detail = PQgetvalue(res, row, col + 1);
-	if (strcmp(outcome, "ok") == 0)
-		return false;
-	if (strcmp(outcome, "not_found") == 0)
-		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"%s%s", call->id,
-			 *detail ? "; " : "", detail);
-	else if (strcmp(outcome, "forbidden") == 0)
-		req_fail(req, PGC_E_FORBIDDEN, "cannot %s permit \"%s\": %s; only %s may", verb,
-			 call->id, detail, who_may);
-	else if (strcmp(outcome, "conflict") == 0)
-		req_fail(req, PGC_E_CONFLICT, "cannot %s permit \"%s\": %s", verb, call->id,
-			 detail);
-	else if (strcmp(outcome, "invalid") == 0)
-		req_fail(req, PGC_E_INVALID_PARAMS, "cannot %s permit \"%s\": %s", verb, call->id,
-			 detail);
-	else
-		req_fail(req, PGC_E_INTERNAL, "permit %s: unexpected outcome \"%s\"", verb,
-			 outcome);
-	return true;
-}
-
-/* refused_at for a statement of its own: one row, the outcome first. */
 /* An admin override, audited in the log too: who, which permit, what now. */
 static void log_override(struct request *req, const char *id, const char *what, const char *state)
 {
@@ -157,16 +127,6 @@ static void log_override(struct request *req, const char *id, const char *what, 
 	if (state)
 		log_kv_str(kv, sizeof(kv), "state", state);
 	log_write(&req->ag->log, LOG_LEVEL_WARN, "permits", kv, "%s", what);
-}
-
-static bool refused(struct request *req, const struct permit_call *call, const PGresult *res,
-		    const char *verb, const char *who_may)
-{
-	if (PQntuples(res) != 1) {
-		req_fail(req, PGC_E_INTERNAL, "permit %s returned %d rows", verb, PQntuples(res));
-		return true;
-	}
-	return refused_at(req, call, res, 0, 0, verb, who_may);
 }
 
 /* --- permit.claim ---------------------------------------------------- */
@@ -286,7 +246,8 @@ static int64_t claimed_weight(const struct permit_call *call, const char *key)
 	return 0;
 }
 
-/* Columns of pgcoord.permit_claim, in order. */
+/* Columns of pgcoord.claim_decision (0004_permits.sql), in order. A
+ * refusal arrives as the statement's (or the member's) SQLSTATE instead. */
 enum {
 	CL_STATUS,
 	CL_TOKEN,
@@ -299,10 +260,8 @@ enum {
 	CL_DKEY,
 	CL_DLIMIT,
 	CL_DINFLIGHT,
-	CL_DETAIL,
 	CL_NOW,
-	/* permit_wait only (0006_waiting_claims.sql) */
-	CL_POSITION,
+	CL_POSITION, /* queued only */
 	CL_QUEUED_AT,
 	CL_DEADLINE_AT
 };
@@ -336,83 +295,102 @@ static const struct reply_col claim_denied_cols[] = {
 };
 static const struct reply_kind claim_denied_row = REPLY_KIND(claim_denied_cols);
 
-/* Answers a claim from its row of permit_claim_group: its columns from
- * `col` on are permit_claim's. */
+/* admitted, held (a retry of a held id): the grant. */
+static void claim_granted(struct request *req, struct permit_call *call, const PGresult *res,
+			  int row, int col)
+{
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", PQgetvalue(res, row, col + CL_STATUS));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_granted_row, res, row, col);
+	/* a retry through another session finds the grant owned by the
+	 * first one; it says so rather than moving ownership silently */
+	reply_kv_bool(&m, "mine",
+		      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
+			  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+/* A waiting claim: permit.admitted or permit.expired follows on the
+ * connection of the session that queued it (waiters.c). */
+static void claim_queued(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col)
+{
+	int64_t owner = pgrow_int(res, row, col + CL_OWNER);
+	bool mine = req->conn->session && owner == req->conn->session->id;
+	if (mine)
+		waiters_track(req->ag, call->id, owner);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", "queued");
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_queued_row, res, row, col);
+	reply_kv_bool(&m, "mine", mine);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+static void claim_denied(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col)
+{
+	const char *key = PQgetvalue(res, row, col + CL_DKEY);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "status", "denied");
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_row(&m, &claim_denied_row, res, row, col);
+	reply_kv_int(&m, "weight", claimed_weight(call, key));
+	reply_map_end(&m);
+	req_done(req);
+}
+
+/* The claim drew its token before it found the key has no quota, so the
+ * schema answers it in the row; on the wire it is not_found. */
+static void claim_unknown_quota(struct request *req, struct permit_call *call, const PGresult *res,
+				int row, int col)
+{
+	(void)call;
+	req_fail(req, PGC_E_NOT_FOUND,
+		 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` with the "
+		 "claim",
+		 PQgetvalue(res, row, col + CL_DKEY));
+}
+
+/* pgcoord.claim_status, one handler each. */
+static const struct {
+	const char *status;
+	void (*answer)(struct request *req, struct permit_call *call, const PGresult *res, int row,
+		       int col);
+} claim_statuses[] = {
+    {"admitted", claim_granted},
+    {"held", claim_granted},
+    {"queued", claim_queued},
+    {"denied", claim_denied},
+    {"unknown_quota", claim_unknown_quota},
+};
+
+/* Answers a claim from its row of permit_claim_group (or permit_wait's
+ * own): its columns from `col` on are claim_decision's. */
 static void claim_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
 	struct permit_call *call = ctx;
 	const char *status = PQgetvalue(res, row, col + CL_STATUS);
 
-	metrics_claim_result(req->ag, status);
-	if (strcmp(status, "admitted") == 0 || strcmp(status, "held") == 0) {
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", status);
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_granted_row, res, row, col);
-		/* a retry through another session finds the grant owned by the
-		 * first one; it says so rather than moving ownership silently */
-		reply_kv_bool(&m, "mine",
-			      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
-				  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "queued") == 0 && PQnfields(res) > col + CL_DEADLINE_AT) {
-		/* a waiting claim: permit.admitted or permit.expired follows on
-		 * the connection of the session that queued it (waiters.c) */
-		int64_t owner = pgrow_int(res, row, col + CL_OWNER);
-		bool mine = req->conn->session && owner == req->conn->session->id;
-		if (mine)
-			waiters_track(req->ag, call->id, owner);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", "queued");
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_queued_row, res, row, col);
-		reply_kv_bool(&m, "mine", mine);
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "denied") == 0) {
-		const char *key = PQgetvalue(res, row, col + CL_DKEY);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "status", "denied");
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &claim_denied_row, res, row, col);
-		reply_kv_int(&m, "weight", claimed_weight(call, key));
-		reply_map_end(&m);
-		req_done(req);
-	} else if (strcmp(status, "unknown_quota") == 0) {
-		req_fail(req, PGC_E_NOT_FOUND,
-			 "quota \"%s\" does not exist: create it with quota.set, or pass `limit` "
-			 "with the claim",
-			 PQgetvalue(res, row, col + CL_DKEY));
-	} else if (strcmp(status, "released") == 0 && PQgetisnull(res, row, col + CL_DETAIL)) {
-		/* a tombstone without quotas: a release retired the id unclaimed */
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit id \"%s\" was retired at %s (ms, database clock) by a release "
-			 "before any claim of it committed; an id is granted at most once: claim "
-			 "with a new id",
-			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
-	} else if (strcmp(status, "released") == 0) {
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit \"%s\" was already granted and released at %s (ms, database "
-			 "clock); an id is granted at most once: claim with a new id",
-			 call->id, PQgetvalue(res, row, col + CL_RELEASED));
-	} else if (strcmp(status, "mismatch") == 0) {
-		req_fail(req, PGC_E_CONFLICT,
-			 "permit \"%s\" already exists with other quotas (%s); one id names one "
-			 "claim",
-			 call->id, PQgetvalue(res, row, col + CL_DETAIL));
-	} else if (strcmp(status, "session_expired") == 0) {
-		req_fail(req, PGC_E_SESSION_EXPIRED,
-			 "this connection's session is no longer live in the database; open a "
-			 "new one");
-	} else if (strcmp(status, "invalid") == 0) {
-		req_fail(req, PGC_E_INVALID_PARAMS, "%s", PQgetvalue(res, row, col + CL_DETAIL));
-	} else {
-		req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
+	if (PQnfields(res) != col + CL_DEADLINE_AT + 1) {
+		req_fail(req, PGC_E_INTERNAL, "permit_claim: %d columns where %d were expected",
+			 PQnfields(res), col + CL_DEADLINE_AT + 1);
+		return;
 	}
+	metrics_claim_result(req->ag, status);
+	for (size_t i = 0; i < sizeof(claim_statuses) / sizeof(claim_statuses[0]); i++) {
+		if (strcmp(status, claim_statuses[i].status) == 0) {
+			claim_statuses[i].answer(req, call, res, row, col);
+			return;
+		}
+	}
+	req_fail(req, PGC_E_INTERNAL, "permit_claim: unexpected status \"%s\"", status);
 }
 
 /* A claim's part of its group, or the whole group, failed: fail closed, a
@@ -538,11 +516,31 @@ static void reply_permit_row(struct request *req, const struct permit_call *call
 	req_done(req);
 }
 
-/* pgcoord.permit_update's row: outcome and detail are read by refused() */
+/* The columns of pgcoord.permit_change (0004_permits.sql), which the
+ * lifecycle functions answer; each reply sends its own of them. A refusal
+ * arrives as the statement's error (a class-PC SQLSTATE), never as a row. */
+enum { CH_CHANGED, CH_STATE, CH_PHASE, CH_PHASE_AT, CH_STATE_AT, CH_OWNER, CH_DETAIL, CH_NOW };
+
+/* A lifecycle function answers exactly one permit_change row. */
+static bool one_change(struct request *req, const struct reply_kind *kind, const PGresult *res)
+{
+	if (PQntuples(res) != 1) {
+		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows", req->method->name,
+			 PQntuples(res));
+		return false;
+	}
+	return req_rows_are(req, kind, res, 0);
+}
+
 static const struct reply_col update_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"phase", REPLY_STR, 4, 0},
-    {"state", REPLY_STR, 3, 0},	     {"changed", REPLY_BOOL, 2, 0},  {"phase_at", REPLY_INT, 5, 0},
-    {"now_at", REPLY_INT, 6, 0},
+    {"phase", REPLY_STR, CH_PHASE, 0},
+    {"state", REPLY_STR, CH_STATE, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},
+    {"phase_at", REPLY_INT, CH_PHASE_AT, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},
+    {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
+    {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
+    {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
 static const struct reply_kind update_row = REPLY_KIND(update_cols);
 
@@ -554,8 +552,7 @@ static void updated(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "update", "its owner") &&
-		 req_rows_are(req, &update_row, res, 0))
+	else if (one_change(req, &update_row, res))
 		reply_permit_row(req, call, &update_row, res);
 }
 
@@ -580,8 +577,14 @@ void rpc_permit_update(struct request *req)
 /* --- permit.mark_uncertain ----------------------------------------------- */
 
 static const struct reply_col marked_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0}, {"detail", REPLY_HIDDEN, 1, 0}, {"state", REPLY_STR, 3, 0},
-    {"changed", REPLY_BOOL, 2, 0},   {"state_at", REPLY_INT, 4, 0},  {"now_at", REPLY_INT, 5, 0},
+    {"state", REPLY_STR, CH_STATE, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},
+    {"state_at", REPLY_INT, CH_STATE_AT, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},
+    {"phase", REPLY_HIDDEN, CH_PHASE, 0},
+    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0},
+    {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
+    {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
 static const struct reply_kind marked_row = REPLY_KIND(marked_cols);
 
@@ -593,8 +596,7 @@ static void marked(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "mark uncertain", "its owner") &&
-		 req_rows_are(req, &marked_row, res, 0))
+	else if (one_change(req, &marked_row, res))
 		reply_permit_row(req, call, &marked_row, res);
 }
 
@@ -620,9 +622,10 @@ void rpc_permit_mark_uncertain(struct request *req)
 /* --- permit.resolve ------------------------------------------------------ */
 
 static const struct reply_col resolved_cols[] = {
-    {"outcome", REPLY_HIDDEN, 0, 0},	{"state", REPLY_STR, 3, 0},
-    {"owner_session", REPLY_INT, 4, 0}, {"changed", REPLY_BOOL, 2, 0},
-    {"detail", REPLY_STR, 1, 0},	{"now_at", REPLY_INT, 5, 0},
+    {"state", REPLY_STR, CH_STATE, 0},		{"owner_session", REPLY_INT, CH_OWNER, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},	{"detail", REPLY_STR, CH_DETAIL, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},		{"phase", REPLY_HIDDEN, CH_PHASE, 0},
+    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0}, {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
 };
 static const struct reply_kind resolved_row = REPLY_KIND(resolved_cols);
 
@@ -632,16 +635,13 @@ static void resolved(const struct db_result *r, void *arg)
 	struct permit_call *call = req->ctx;
 	const PGresult *res = r->res;
 
-	if (!r->ok)
+	if (!r->ok) {
 		req_fail_db(req, r);
-	else if (!refused(req, call, res, "resolve",
-			  "its owner, a session of its uid once it is uncertain, or an admin "
-			  "(with override: true while its owner is live)")) {
+	} else if (one_change(req, &resolved_row, res)) {
 		if (call->override)
 			log_override(req, call->id, "resolved by operator override",
-				     PQgetvalue(res, 0, 3));
-		if (req_rows_are(req, &resolved_row, res, 0))
-			reply_permit_row(req, call, &resolved_row, res);
+				     PQgetvalue(res, 0, CH_STATE));
+		reply_permit_row(req, call, &resolved_row, res);
 	}
 }
 
@@ -693,33 +693,88 @@ fail:
 
 /* --- permit.release ------------------------------------------------------ */
 
-/* What a release sends of permit_release's row; `released` false: it was
- * released before (release is idempotent). */
+/* The columns of pgcoord.release_decision; a refusal is the statement's
+ * (or, in a group, the member's) SQLSTATE instead. */
+enum { RD_STATUS, RD_STATE, RD_RELEASED_AT, RD_NOW };
+
+/* What a release sends of its row after `id` and `released`. */
 static const struct reply_col released_cols[] = {
-    {"released", REPLY_BOOL, 2, 0},
-    {"state", REPLY_STR, 3, 0},
-    {"released_at", REPLY_INT, 4, 0},
-    {"now_at", REPLY_INT, 5, 0},
+    {"status", REPLY_HIDDEN, RD_STATUS, 0},
+    {"state", REPLY_STR, RD_STATE, 0},
+    {"released_at", REPLY_INT, RD_RELEASED_AT, 0},
+    {"now_at", REPLY_INT, RD_NOW, 0},
 };
 static const struct reply_kind released_row = REPLY_KIND(released_cols);
 
+/* released: this call released it; already_released: release is
+ * idempotent, `released` false says it was before. */
+static void release_done(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col, bool released)
+{
+	if (call->override && released)
+		log_override(req, call->id, "released by operator override", NULL);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_bool(&m, "released", released);
+	reply_kv_row(&m, &released_row, res, row, col);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+static void release_released(struct request *req, struct permit_call *call, const PGresult *res,
+			     int row, int col)
+{
+	release_done(req, call, res, row, col, true);
+}
+
+static void release_already(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	release_done(req, call, res, row, col, false);
+}
+
+/* There was no permit: the release retired the id (it wrote the tombstone,
+ * so this is an answer of the function, not a raise). */
+static void release_retired(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	(void)res, (void)row, (void)col;
+	req_fail(req, PGC_E_NOT_FOUND,
+		 "no permit \"%s\"; the id is now retired: a claim of it still on its way, or "
+		 "made later, is refused as released",
+		 call->id);
+}
+
+/* pgcoord.release_status, one handler each. */
+static const struct {
+	const char *status;
+	void (*answer)(struct request *req, struct permit_call *call, const PGresult *res, int row,
+		       int col);
+} release_statuses[] = {
+    {"released", release_released},
+    {"already_released", release_already},
+    {"retired", release_retired},
+};
+
 /* Answers a release from its row of permit_release_group: its columns from
- * `col` on are permit_release's. */
+ * `col` on are release_decision's. */
 static void release_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
 {
 	struct permit_call *call = ctx;
+	const char *status = PQgetvalue(res, row, col + RD_STATUS);
 
-	if (!refused_at(req, call, res, row, col, "release",
-			"its owner, or an admin with override: true")) {
-		if (call->override && pgrow_bool(res, row, col + 2))
-			log_override(req, call->id, "released by operator override", NULL);
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_str(&m, "id", call->id);
-		reply_kv_row(&m, &released_row, res, row, col);
-		reply_map_end(&m);
-		req_done(req);
+	if (!reply_kind_fits(&released_row, res, col)) {
+		req_rows_are(req, &released_row, res, col);
+		return;
 	}
+	for (size_t i = 0; i < sizeof(release_statuses) / sizeof(release_statuses[0]); i++) {
+		if (strcmp(status, release_statuses[i].status) == 0) {
+			release_statuses[i].answer(req, call, res, row, col);
+			return;
+		}
+	}
+	req_fail(req, PGC_E_INTERNAL, "permit_release: unexpected status \"%s\"", status);
 }
 
 static void release_failed(struct request *req, void *ctx, const struct db_result *r)

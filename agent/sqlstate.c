@@ -15,7 +15,7 @@ static const struct {
 	enum pgc_error_code code;
 } refusals[] = {
     {"PCNFD", PGC_E_NOT_FOUND}, {"PCFEN", PGC_E_FENCED},	  {"PCCFL", PGC_E_CONFLICT},
-    {"PCFBD", PGC_E_FORBIDDEN}, {"PCSEX", PGC_E_SESSION_EXPIRED},
+    {"PCFBD", PGC_E_FORBIDDEN}, {"PCSEX", PGC_E_SESSION_EXPIRED}, {"PCINV", PGC_E_INVALID_PARAMS},
 };
 
 bool db_sqlstate_is_refusal(const char *sqlstate)

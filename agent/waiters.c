@@ -91,14 +91,22 @@ void waiters_track(struct agent *ag, const char *id, int64_t session_id)
 
 /* --- permit.cancel ------------------------------------------------------ */
 
-/* The row of pgcoord.permit_cancel, in the order its reply sends it. */
-enum { PC_OUTCOME, PC_STATUS, PC_GONE, PC_DETAIL, PC_NOW };
+/* The columns of pgcoord.cancel_decision (0006_waiting_claims.sql); a
+ * refusal arrives as the statement's SQLSTATE instead. */
+enum { CD_STATUS, CD_NOW };
+/* What a cancel sends after `id` and `cancelled`. */
 static const struct reply_col cancel_cols[] = {
-    {"outcome", REPLY_HIDDEN, PC_OUTCOME, 0}, {"cancelled", REPLY_BOOL, PC_GONE, 0},
-    {"status", REPLY_STR, PC_STATUS, 0},      {"detail", REPLY_HIDDEN, PC_DETAIL, 0},
-    {"now_at", REPLY_INT, PC_NOW, 0},
+    {"status", REPLY_STR, CD_STATUS, 0},
+    {"now_at", REPLY_INT, CD_NOW, 0},
 };
 static const struct reply_kind cancel_row = REPLY_KIND(cancel_cols);
+
+/* pgcoord.cancel_status: whether this call took the claim out of the
+ * queue (the others name the permit's state: it was not queued). */
+static const struct {
+	const char *status;
+	bool cancelled;
+} cancel_statuses[] = {{"cancelled", true}, {"held", false}, {"released", false}};
 
 struct cancel_call {
 	char *id;
@@ -114,37 +122,31 @@ static void cancelled(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	struct cancel_call *call = req->ctx;
+	const PGresult *res = r->res;
+	size_t i = 0, n = sizeof(cancel_statuses) / sizeof(cancel_statuses[0]);
 
 	if (!r->ok) {
 		req_fail_db(req, r);
-	} else {
-		const PGresult *res = r->res;
-		const char *outcome = PQgetvalue(res, 0, PC_OUTCOME);
-		if (!req_rows_are(req, &cancel_row, res, 0)) {
-			/* answered */
-		} else if (strcmp(outcome, "not_found") == 0) {
-			req_fail(req, PGC_E_NOT_FOUND, "no queued claim or permit \"%s\"",
-				 call->id);
-		} else if (strcmp(outcome, "forbidden") == 0) {
-			req_fail(req, PGC_E_FORBIDDEN,
-				 "cannot cancel \"%s\": %s; only the session that queued it (or an "
-				 "admin) may",
-				 call->id, pgrow_text(res, 0, PC_DETAIL));
-		} else if (strcmp(outcome, "ok") != 0) {
-			req_fail(req, PGC_E_INTERNAL, "permit_cancel: unexpected outcome \"%s\"",
-				 outcome);
-		} else {
-			bool gone = pgrow_bool(res, 0, PC_GONE);
-			if (gone && waiter_reg(req->ag))
-				forget(waiter_reg(req->ag), call->id, call->session_id);
-			struct reply_map m;
-			reply_map_begin(&m, req_result(req));
-			reply_kv_str(&m, "id", call->id);
-			reply_kv_row(&m, &cancel_row, res, 0, 0);
-			reply_map_end(&m);
-			req_done(req);
-		}
+		return;
 	}
+	if (!req_rows_are(req, &cancel_row, res, 0))
+		return;
+	if (PQntuples(res) == 1)
+		while (i < n && strcmp(PQgetvalue(res, 0, CD_STATUS), cancel_statuses[i].status))
+			i++;
+	if (PQntuples(res) != 1 || i == n) {
+		req_fail(req, PGC_E_INTERNAL, "permit_cancel: unexpected answer");
+		return;
+	}
+	if (cancel_statuses[i].cancelled && waiter_reg(req->ag))
+		forget(waiter_reg(req->ag), call->id, call->session_id);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_bool(&m, "cancelled", cancel_statuses[i].cancelled);
+	reply_kv_row(&m, &cancel_row, res, 0, 0);
+	reply_map_end(&m);
+	req_done(req);
 }
 
 void rpc_permit_cancel(struct request *req)

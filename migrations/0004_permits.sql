@@ -277,14 +277,38 @@ END $$;
 --   mismatch        the id exists with other quotas or weights
 --   session_expired the claiming session is not live
 --   invalid         keys not sorted/distinct, or a limit with several keys
+-- What a claim decides, for permit_claim, permit_claim_as, permit_wait
+-- (0006_waiting_claims.sql) and each member of a claim group:
+-- admitted and held (a retry of a held id) grant it (token, state, phase,
+-- owner, created_at); denied names the first quota without room (denied_*);
+-- unknown_quota names the first key with no quota row (denied_key; a
+-- decision, not a raise: the claim drew a fencing token, and a group's
+-- set-based part answers it too); queued is a waiting claim (owner,
+-- position, queued_at, deadline_at). Every other answer is a refusal that
+-- changes nothing and raises: PCINV (keys), PCSEX (the session is not
+-- live), PCCFL (the id was released or retired, or names other quotas).
+CREATE TYPE pgcoord.claim_status AS ENUM ('admitted', 'held', 'queued', 'denied',
+	'unknown_quota');
+CREATE TYPE pgcoord.claim_decision AS (status pgcoord.claim_status, token bigint,
+	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
+	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
+	now_at bigint, "position" bigint, queued_at bigint, deadline_at bigint);
+
+-- The refusal of a claim whose session is not live (PCSEX): raised by a
+-- lone claim, answered in its row by a claim group's set-based part.
+CREATE FUNCTION pgcoord.claim_session_expired()
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+	SELECT 'this connection''s session is no longer live in the database; open a new one'
+$$;
+
 CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer[],
 	p_session bigint, p_replica text, p_on_owner_loss text, p_intent bytea,
 	p_limit integer, p_actor text)
-RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
-	owner_replica text, created_at bigint, released_at bigint, denied_key text,
-	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
+	v_d pgcoord.claim_decision;
 	v_p pgcoord.permits;
 	v_key text;
 	v_w integer;
@@ -297,17 +321,12 @@ BEGIN
 	IF cardinality(p_keys) IS NULL OR cardinality(p_keys) <> cardinality(p_weights)
 	   OR p_keys <> ARRAY(SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1)
 	   OR (p_limit IS NOT NULL AND cardinality(p_keys) <> 1) THEN
-		RETURN QUERY SELECT 'invalid', NULL::bigint, NULL, NULL, NULL::bigint, NULL,
-			NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
-			'keys must be distinct and sorted; a limit needs exactly one quota',
-			pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'keys must be distinct and sorted; a limit needs exactly one quota'
+			USING ERRCODE = 'PCINV';
 	END IF;
+	-- a lock, not a write: the refusal loses nothing
 	IF NOT pgcoord.session_lock_live(p_session) THEN
-		RETURN QUERY SELECT 'session_expired', NULL::bigint, NULL, NULL, NULL::bigint,
-			NULL, NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
-			NULL, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION USING ERRCODE = 'PCSEX', MESSAGE = pgcoord.claim_session_expired();
 	END IF;
 	-- The presence guard (guarantee 3): the permit row goes in first. A
 	-- duplicate that races us waits here on our insert and then finds the
@@ -368,47 +387,104 @@ BEGIN
 		END IF;
 	END IF;
 
+	v_d.now_at := pgcoord.ms(now());
 	IF v_denied_key IS NOT NULL THEN
-		RETURN QUERY SELECT CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
-				    ELSE 'denied' END,
-			NULL::bigint, NULL, NULL, NULL::bigint, NULL, NULL::bigint, NULL::bigint,
-			v_denied_key, v_denied_limit, v_denied_in_flight, NULL, pgcoord.ms(now());
-		RETURN;
+		v_d.status := CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
+			      ELSE 'denied' END::pgcoord.claim_status;
+		v_d.denied_key := v_denied_key;
+		v_d.denied_limit := v_denied_limit;
+		v_d.denied_in_flight := v_denied_in_flight;
+		RETURN v_d;
 	END IF;
 	IF v_inserted THEN
-		RETURN QUERY SELECT 'admitted', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
-			NULL::integer, NULL::bigint, NULL, pgcoord.ms(now());
-		RETURN;
+		v_d.status := 'admitted';
+		v_d.token := v_p.token;
+		v_d.state := v_p.state;
+		v_d.phase := v_p.phase;
+		v_d.owner_session := v_p.owner_session;
+		v_d.owner_replica := v_p.owner_replica;
+		v_d.created_at := pgcoord.ms(v_p.created_at);
+		RETURN v_d;
 	END IF;
 
-	-- The id exists (committed: ON CONFLICT waited for its inserter).
+	-- The id exists (committed: ON CONFLICT waited for its inserter, and
+	-- inserted nothing): a refusal from here on writes nothing before it.
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id;
 	SELECT string_agg(pq.key || ':' || pq.weight, ',' ORDER BY pq.key) INTO v_quotas
 	FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p_id;
+	IF v_p.state = 'released' AND v_quotas IS NULL THEN
+		-- a tombstone without quotas: a release retired the id unclaimed
+		RAISE EXCEPTION 'permit id "%" was retired at % (ms, database clock) by a release '
+			'before any claim of it committed; an id is granted at most once: claim with '
+			'a new id', p_id, pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
+	END IF;
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'released', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), pgcoord.ms(v_p.released_at),
-			NULL, NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'permit "%" was already granted and released at % (ms, database '
+			'clock); an id is granted at most once: claim with a new id', p_id,
+			pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
 	END IF;
 	IF v_quotas IS DISTINCT FROM (SELECT string_agg(t.k || ':' || t.w, ',' ORDER BY t.k COLLATE "C")
 				      FROM unnest(p_keys, p_weights) AS t(k, w)) THEN
-		RETURN QUERY SELECT 'mismatch', v_p.token, v_p.state, v_p.phase, v_p.owner_session,
-			v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL,
-			NULL::integer, NULL::bigint, v_quotas, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'permit "%" already exists with other quotas (%); one id names one '
+			'claim', p_id, v_quotas USING ERRCODE = 'PCCFL';
 	END IF;
-	RETURN QUERY SELECT 'held', v_p.token, s.effective_state, v_p.phase, v_p.owner_session,
-		v_p.owner_replica, pgcoord.ms(v_p.created_at), NULL::bigint, NULL, NULL::integer,
-		NULL::bigint, NULL, pgcoord.ms(now())
+	SELECT 'held', v_p.token, s.effective_state, v_p.phase, v_p.owner_session,
+		v_p.owner_replica, pgcoord.ms(v_p.created_at)
+	INTO v_d.status, v_d.token, v_d.state, v_d.phase, v_d.owner_session, v_d.owner_replica,
+		v_d.created_at
 	FROM pgcoord.permit_status s WHERE s.id = p_id;
+	RETURN v_d;
+END $$;
+
+-- The lifecycle functions below (update, mark_uncertain, resolve) answer
+-- one permit_change; permit_release answers one release_decision. A
+-- refusal changes nothing and raises its SQLSTATE (migrations/README.md)
+-- with the client's message; every refusal branch comes before the
+-- function's first write (row locks only), so the raise loses nothing.
+CREATE TYPE pgcoord.permit_change AS (changed boolean, state text, phase text,
+	phase_at bigint, state_at bigint, owner_session bigint, detail text, now_at bigint);
+
+-- released: this call released it; already_released: it was (release is
+-- idempotent); retired: there was no permit, and the call retired the id
+-- (a write, so an answer rather than a raise).
+CREATE TYPE pgcoord.release_status AS ENUM ('released', 'already_released', 'retired');
+CREATE TYPE pgcoord.release_decision AS (status pgcoord.release_status, state text,
+	released_at bigint, now_at bigint);
+
+-- Refuses p_verb on permit p_id because p_why (PCFBD), naming who may.
+CREATE FUNCTION pgcoord.permit_forbid(p_verb text, p_id text, p_why text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'cannot % permit "%": %; only % may', p_verb, p_id, p_why,
+		CASE p_verb
+		WHEN 'release' THEN 'its owner, or an admin with override: true'
+		WHEN 'resolve' THEN 'its owner, a session of its uid once it is uncertain, '
+			'or an admin (with override: true while its owner is live)'
+		ELSE 'its owner' END
+		USING ERRCODE = 'PCFBD';
+END $$;
+
+-- The _as functions' uid check: a permit answers to the uid of its owner
+-- session; another uid's permit is admin work.
+CREATE FUNCTION pgcoord.permit_check_uid(p_uid bigint, p_id text, p_verb text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_owner bigint;
+BEGIN
+	SELECT pgcoord.session_owner_uid(p.owner_session) INTO v_owner
+	FROM pgcoord.permits p WHERE p.id = p_id;
+	IF FOUND AND v_owner IS DISTINCT FROM p_uid THEN
+		PERFORM pgcoord.permit_forbid(p_verb, p_id, format('it belongs to uid %s; %s '
+			'another uid''s permit needs admin', coalesce(v_owner::text, 'none'),
+			CASE p_verb WHEN 'release' THEN 'releasing' ELSE 'resolving' END));
+	END IF;
 END $$;
 
 -- The owner moves its permit forward: reserved -> dispatched -> running.
 CREATE FUNCTION pgcoord.permit_update(p_id text, p_session bigint, p_phase text, p_actor text)
-RETURNS TABLE (outcome text, detail text, changed boolean, state text, phase text,
-	phase_at bigint, now_at bigint)
+RETURNS pgcoord.permit_change
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_p pgcoord.permits;
@@ -417,89 +493,73 @@ DECLARE
 BEGIN
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
 	IF NOT FOUND THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL, NULL::bigint,
-			pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'no permit "%"', p_id USING ERRCODE = 'PCNFD';
 	END IF;
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'conflict', 'it was released at ' || pgcoord.ms(v_p.released_at),
-			false, v_p.state, v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot update permit "%": it was released at %', p_id,
+			pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
 	END IF;
 	IF v_p.owner_session IS DISTINCT FROM p_session THEN
-		RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
-			coalesce(v_p.owner_session::text, 'none (operator)'), false, v_p.state,
-			v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		PERFORM pgcoord.permit_forbid('update', p_id, 'it is owned by session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'));
 	END IF;
 	IF v_p.state = 'uncertain' THEN
-		RETURN QUERY SELECT 'conflict', 'it is uncertain: resolve it first', false, v_p.state,
-			v_p.phase, pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot update permit "%": it is uncertain: resolve it first', p_id
+			USING ERRCODE = 'PCCFL';
 	END IF;
 	v_old := array_position(ARRAY['reserved', 'dispatched', 'running'], v_p.phase);
 	v_new := array_position(ARRAY['reserved', 'dispatched', 'running'], p_phase);
 	IF v_new IS NULL THEN
-		RETURN QUERY SELECT 'invalid', 'unknown phase', false, v_p.state, v_p.phase,
-			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot update permit "%": unknown phase', p_id
+			USING ERRCODE = 'PCINV';
 	END IF;
 	IF v_new < v_old THEN
-		RETURN QUERY SELECT 'conflict', 'phase moves forward only (reserved, '
-			'dispatched, running) and it is ' || v_p.phase, false, v_p.state, v_p.phase,
-			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot update permit "%": phase moves forward only (reserved, '
+			'dispatched, running) and it is %', p_id, v_p.phase USING ERRCODE = 'PCCFL';
 	END IF;
 	IF v_new = v_old THEN
-		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, v_p.phase,
-			pgcoord.ms(v_p.phase_at), pgcoord.ms(now());
-		RETURN;
+		RETURN (false, v_p.state, v_p.phase, pgcoord.ms(v_p.phase_at), NULL, NULL, NULL,
+			pgcoord.ms(now()))::pgcoord.permit_change;
 	END IF;
 	UPDATE pgcoord.permits p SET phase = p_phase, phase_at = now() WHERE p.id = p_id;
 	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
 	VALUES (p_id, 'phase', p_actor, v_p.phase || ' -> ' || p_phase, v_p.state, p_phase);
-	RETURN QUERY SELECT 'ok', NULL, true, v_p.state, p_phase, pgcoord.ms(now()),
-		pgcoord.ms(now());
+	RETURN (true, v_p.state, p_phase, pgcoord.ms(now()), NULL, NULL, NULL,
+		pgcoord.ms(now()))::pgcoord.permit_change;
 END $$;
 
 -- The owner says it lost sight of the work (a connector dropped before it
 -- confirmed): the permit keeps counting, visibly uncertain (guarantee 5).
 CREATE FUNCTION pgcoord.permit_mark_uncertain(p_id text, p_session bigint, p_reason text,
 	p_actor text)
-RETURNS TABLE (outcome text, detail text, changed boolean, state text, state_at bigint,
-	now_at bigint)
+RETURNS pgcoord.permit_change
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_p pgcoord.permits;
 BEGIN
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
 	IF NOT FOUND THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'no permit "%"', p_id USING ERRCODE = 'PCNFD';
 	END IF;
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'conflict', 'it was released at ' || pgcoord.ms(v_p.released_at),
-			false, v_p.state, pgcoord.ms(v_p.state_at), pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot mark uncertain permit "%": it was released at %', p_id,
+			pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
 	END IF;
 	IF v_p.owner_session IS DISTINCT FROM p_session THEN
-		RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
-			coalesce(v_p.owner_session::text, 'none (operator)'), false, v_p.state,
-			pgcoord.ms(v_p.state_at), pgcoord.ms(now());
-		RETURN;
+		PERFORM pgcoord.permit_forbid('mark uncertain', p_id, 'it is owned by session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'));
 	END IF;
 	IF v_p.state = 'uncertain' THEN
-		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.state_at),
-			pgcoord.ms(now());
-		RETURN;
+		RETURN (false, v_p.state, NULL, NULL, pgcoord.ms(v_p.state_at), NULL, NULL,
+			pgcoord.ms(now()))::pgcoord.permit_change;
 	END IF;
 	UPDATE pgcoord.permits p SET state = 'uncertain', uncertain_reason = p_reason,
 		state_at = now()
 	WHERE p.id = p_id;
 	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
 	VALUES (p_id, 'uncertain', p_actor, p_reason, 'uncertain', v_p.phase);
-	RETURN QUERY SELECT 'ok', NULL, true, 'uncertain'::text, pgcoord.ms(now()),
-		pgcoord.ms(now());
+	RETURN (true, 'uncertain', NULL, NULL, pgcoord.ms(now()), NULL, NULL,
+		pgcoord.ms(now()))::pgcoord.permit_change;
 END $$;
 
 -- Ends a permit: by its owner (held only: an uncertain permit leaves by a
@@ -515,17 +575,14 @@ END $$;
 -- burn one).
 CREATE FUNCTION pgcoord.permit_release(p_id text, p_session bigint, p_override boolean,
 	p_actor text, p_reason text)
-RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
-	now_at bigint)
+RETURNS pgcoord.release_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_p pgcoord.permits;
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
 		IF p_override OR p_session IS NULL THEN
-			RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint,
-				pgcoord.ms(now());
-			RETURN;
+			RAISE EXCEPTION 'no permit "%"', p_id USING ERRCODE = 'PCNFD';
 		END IF;
 		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
 			phase, on_owner_loss, released_at)
@@ -538,44 +595,37 @@ BEGIN
 				phase)
 			VALUES (p_id, 'retired', p_actor, coalesce(p_reason,
 				'released before any claim of it committed'), 'released', 'reserved');
-			RETURN QUERY SELECT 'not_found', 'the id is now retired: a claim of it still '
-				'on its way, or made later, is refused as released', false,
-				'released'::text, pgcoord.ms(now()), pgcoord.ms(now());
-			RETURN;
+			RETURN ('retired', 'released', pgcoord.ms(now()),
+				pgcoord.ms(now()))::pgcoord.release_decision;
 		END IF;
 		-- a claim of the id committed while we waited: release it as usual
+		-- (the insert above wrote nothing, so this may still refuse)
 		IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
-			RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint,
-				pgcoord.ms(now());
-			RETURN;
+			RAISE EXCEPTION 'no permit "%"', p_id USING ERRCODE = 'PCNFD';
 		END IF;
 	END IF;
 	PERFORM pgcoord.permits_lock_quotas(ARRAY[p_id]);
 	SELECT * INTO v_p FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.released_at),
-			pgcoord.ms(now());
-		RETURN;
+		RETURN ('already_released', v_p.state, pgcoord.ms(v_p.released_at),
+			pgcoord.ms(now()))::pgcoord.release_decision;
 	END IF;
 	IF NOT p_override THEN
 		IF v_p.owner_session IS DISTINCT FROM p_session THEN
-			RETURN QUERY SELECT 'forbidden', 'it is owned by session ' ||
-				coalesce(v_p.owner_session::text, 'none (operator)'), false,
-				v_p.state, NULL::bigint, pgcoord.ms(now());
-			RETURN;
+			PERFORM pgcoord.permit_forbid('release', p_id, 'it is owned by session ' ||
+				coalesce(v_p.owner_session::text, 'none (operator)'));
 		END IF;
 		IF v_p.state = 'uncertain' THEN
-			RETURN QUERY SELECT 'conflict', 'it is uncertain (' ||
-				coalesce(v_p.uncertain_reason, '?') || '): resolve it with evidence',
-				false, v_p.state, NULL::bigint, pgcoord.ms(now());
-			RETURN;
+			RAISE EXCEPTION 'cannot release permit "%": it is uncertain (%): resolve it '
+				'with evidence', p_id, coalesce(v_p.uncertain_reason, '?')
+				USING ERRCODE = 'PCCFL';
 		END IF;
 	END IF;
 	PERFORM pgcoord.permits_release_locked(ARRAY[p_id],
 		CASE WHEN p_override THEN 'override_released' ELSE 'released' END, p_actor,
 		p_reason);
-	RETURN QUERY SELECT 'ok', NULL, true, 'released'::text, pgcoord.ms(now()),
-		pgcoord.ms(now());
+	RETURN ('released', 'released', pgcoord.ms(now()),
+		pgcoord.ms(now()))::pgcoord.release_decision;
 END $$;
 
 -- Settles an uncertain permit from observed evidence (guarantee 5):
@@ -585,21 +635,18 @@ END $$;
 -- their owner is no longer live) or its own; an override may resolve any.
 CREATE FUNCTION pgcoord.permit_resolve(p_id text, p_session bigint, p_replica text,
 	p_outcome text, p_evidence text, p_override boolean, p_actor text)
-RETURNS TABLE (outcome text, detail text, changed boolean, state text, owner_session bigint,
-	now_at bigint)
+RETURNS pgcoord.permit_change
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_p pgcoord.permit_status;
 	v_uncertain boolean;
 BEGIN
 	IF p_outcome NOT IN ('running', 'gone') OR coalesce(btrim(p_evidence), '') = '' THEN
-		RETURN QUERY SELECT 'invalid', 'outcome running|gone and evidence are required',
-			false, NULL, NULL::bigint, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot resolve permit "%": outcome running|gone and evidence are '
+			'required', p_id USING ERRCODE = 'PCINV';
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = p_id) THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, NULL::bigint, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'no permit "%"', p_id USING ERRCODE = 'PCNFD';
 	END IF;
 	IF p_outcome = 'gone' THEN
 		PERFORM pgcoord.permits_lock_quotas(ARRAY[p_id]);
@@ -607,37 +654,30 @@ BEGIN
 	PERFORM 1 FROM pgcoord.permits p WHERE p.id = p_id FOR UPDATE;
 	SELECT * INTO v_p FROM pgcoord.permit_status s WHERE s.id = p_id;
 	IF v_p.state = 'released' THEN
-		IF p_outcome = 'gone' THEN
-			RETURN QUERY SELECT 'ok', 'already released', false, v_p.state,
-				v_p.owner_session, pgcoord.ms(now());
-		ELSE
-			RETURN QUERY SELECT 'conflict', 'it was released at ' ||
-				pgcoord.ms(v_p.released_at), false, v_p.state, v_p.owner_session,
-				pgcoord.ms(now());
+		IF p_outcome <> 'gone' THEN
+			RAISE EXCEPTION 'cannot resolve permit "%": it was released at %', p_id,
+				pgcoord.ms(v_p.released_at) USING ERRCODE = 'PCCFL';
 		END IF;
-		RETURN;
+		RETURN (false, v_p.state, NULL, NULL, NULL, v_p.owner_session, 'already released',
+			pgcoord.ms(now()))::pgcoord.permit_change;
 	END IF;
 	v_uncertain := v_p.effective_state = 'uncertain';
 	IF NOT p_override AND NOT v_uncertain
 	   AND v_p.owner_session IS DISTINCT FROM p_session THEN
-		RETURN QUERY SELECT 'forbidden', 'it is held by live session ' ||
-			coalesce(v_p.owner_session::text, 'none (operator)'), false,
-			v_p.state, v_p.owner_session, pgcoord.ms(now());
-		RETURN;
+		PERFORM pgcoord.permit_forbid('resolve', p_id, 'it is held by live session ' ||
+			coalesce(v_p.owner_session::text, 'none (operator)'));
 	END IF;
 	IF p_outcome = 'gone' THEN
 		PERFORM pgcoord.permits_release_locked(ARRAY[p_id],
 			CASE WHEN p_override THEN 'override_released' ELSE 'resolved_gone' END,
 			p_actor, 'gone: ' || p_evidence);
-		RETURN QUERY SELECT 'ok', NULL, true, 'released'::text, v_p.owner_session,
-			pgcoord.ms(now());
-		RETURN;
+		RETURN (true, 'released', NULL, NULL, NULL, v_p.owner_session, NULL,
+			pgcoord.ms(now()))::pgcoord.permit_change;
 	END IF;
 	IF v_p.state = 'held' AND v_p.owner_session IS NOT DISTINCT FROM p_session
 	   AND NOT v_uncertain THEN
-		RETURN QUERY SELECT 'ok', 'already held by this session', false, v_p.state,
-			v_p.owner_session, pgcoord.ms(now());
-		RETURN;
+		RETURN (false, v_p.state, NULL, NULL, NULL, v_p.owner_session,
+			'already held by this session', pgcoord.ms(now()))::pgcoord.permit_change;
 	END IF;
 	UPDATE pgcoord.permits p SET owner_session = p_session, owner_replica = p_replica,
 		state = 'held', uncertain_reason = NULL, state_at = now()
@@ -645,7 +685,8 @@ BEGIN
 	INSERT INTO pgcoord.permit_events (permit_id, event, actor, reason, state, phase)
 	VALUES (p_id, 'adopted', p_actor, format('running: %s (was %s, owner %s)', p_evidence,
 		v_p.effective_state, coalesce(v_p.owner_session::text, 'none')), 'held', v_p.phase);
-	RETURN QUERY SELECT 'ok', NULL, true, 'held'::text, p_session, pgcoord.ms(now());
+	RETURN (true, 'held', NULL, NULL, NULL, p_session, NULL,
+		pgcoord.ms(now()))::pgcoord.permit_change;
 END $$;
 
 -- permit_claim for the caller p_uid:
@@ -664,9 +705,7 @@ END $$;
 CREATE FUNCTION pgcoord.permit_claim_as(p_uid bigint, p_admin boolean, p_id text,
 	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
 	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text)
-RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
-	owner_replica text, created_at bigint, released_at bigint, denied_key text,
-	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint)
+RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_limit integer := p_limit;
@@ -682,8 +721,9 @@ BEGIN
 	IF FOUND THEN
 		DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
 	END IF;
-	RETURN QUERY SELECT * FROM pgcoord.permit_claim(p_id, p_keys, p_weights, p_session,
-		p_replica, p_on_owner_loss, p_intent, v_limit, p_actor);
+	-- a refusal below rolls the tombstone's delete back with it
+	RETURN pgcoord.permit_claim(p_id, p_keys, p_weights, p_session, p_replica,
+		p_on_owner_loss, p_intent, v_limit, p_actor);
 END $$;
 
 -- permit_release for the caller p_uid: without an override, only a permit
@@ -691,28 +731,13 @@ END $$;
 -- permit_release). An override is the agent's to allow (admins only).
 CREATE FUNCTION pgcoord.permit_release_as(p_uid bigint, p_id text, p_session bigint,
 	p_override boolean, p_actor text, p_reason text)
-RETURNS TABLE (outcome text, detail text, released boolean, state text, released_at bigint,
-	now_at bigint)
+RETURNS pgcoord.release_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
-DECLARE
-	v_state text;
-	v_session bigint;
-	v_owner bigint;
 BEGIN
 	IF NOT p_override THEN
-		SELECT p.state, p.owner_session, pgcoord.session_owner_uid(p.owner_session)
-		INTO v_state, v_session, v_owner
-		FROM pgcoord.permits p WHERE p.id = p_id;
-		IF FOUND AND v_owner IS DISTINCT FROM p_uid THEN
-			RETURN QUERY SELECT 'forbidden'::text, format('it belongs to uid %s; '
-				'releasing another uid''s permit needs admin',
-				coalesce(v_owner::text, 'none')), false, v_state, NULL::bigint,
-				pgcoord.ms(now());
-			RETURN;
-		END IF;
+		PERFORM pgcoord.permit_check_uid(p_uid, p_id, 'release');
 	END IF;
-	RETURN QUERY SELECT * FROM pgcoord.permit_release(p_id, p_session, p_override, p_actor,
-		p_reason);
+	RETURN pgcoord.permit_release(p_id, p_session, p_override, p_actor, p_reason);
 END $$;
 
 -- permit_resolve for the caller p_uid: a non-admin resolves only permits
@@ -720,28 +745,14 @@ END $$;
 CREATE FUNCTION pgcoord.permit_resolve_as(p_uid bigint, p_admin boolean, p_id text,
 	p_session bigint, p_replica text, p_outcome text, p_evidence text, p_override boolean,
 	p_actor text)
-RETURNS TABLE (outcome text, detail text, changed boolean, state text, owner_session bigint,
-	now_at bigint)
+RETURNS pgcoord.permit_change
 LANGUAGE plpgsql AS $$
-DECLARE
-	v_state text;
-	v_session bigint;
-	v_owner bigint;
 BEGIN
 	IF NOT p_admin THEN
-		SELECT p.state, p.owner_session, pgcoord.session_owner_uid(p.owner_session)
-		INTO v_state, v_session, v_owner
-		FROM pgcoord.permits p WHERE p.id = p_id;
-		IF FOUND AND v_owner IS DISTINCT FROM p_uid THEN
-			RETURN QUERY SELECT 'forbidden'::text, format('it belongs to uid %s; '
-				'resolving another uid''s permit needs admin',
-				coalesce(v_owner::text, 'none')), false, v_state,
-				v_session, pgcoord.ms(now());
-			RETURN;
-		END IF;
+		PERFORM pgcoord.permit_check_uid(p_uid, p_id, 'resolve');
 	END IF;
-	RETURN QUERY SELECT * FROM pgcoord.permit_resolve(p_id, p_session, p_replica, p_outcome,
-		p_evidence, p_override, p_actor);
+	RETURN pgcoord.permit_resolve(p_id, p_session, p_replica, p_outcome, p_evidence,
+		p_override, p_actor);
 END $$;
 
 -- A claim group of several members, in a fixed handful of statements,
@@ -801,10 +812,11 @@ CREATE FUNCTION pgcoord.permit_claim_members(p_members integer[], p_uids bigint[
 	p_admins boolean[], p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[],
 	p_replicas text[], p_on_owner_loss text[], p_intents bytea[], p_limits integer[],
 	p_actors text[])
-RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
-	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
-	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
-	detail text, now_at bigint)
+RETURNS TABLE (member integer, err_state text, err_message text,
+	status pgcoord.claim_status, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, now_at bigint, "position" bigint,
+	queued_at bigint, deadline_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	i integer;
@@ -817,10 +829,8 @@ BEGIN
 				p_replicas[i], p_on_owner_loss[i], p_intents[i], p_limits[i],
 				p_actors[i]) c;
 		EXCEPTION WHEN OTHERS THEN
-			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
-				NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::text,
-				NULL::bigint, NULL::bigint, NULL::text, NULL::integer, NULL::bigint,
-				NULL::text, NULL::bigint;
+			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text,
+				(NULL::pgcoord.claim_decision).*;
 		END;
 	END LOOP;
 END $$;
@@ -828,10 +838,11 @@ END $$;
 CREATE FUNCTION pgcoord.permit_claim_group(p_uids bigint[], p_admins boolean[],
 	p_ids text[], p_keys text[], p_weights text[], p_sessions bigint[], p_replicas text[],
 	p_on_owner_loss text[], p_intents bytea[], p_limits integer[], p_actors text[])
-RETURNS TABLE (member integer, err_state text, err_message text, status text, token bigint,
-	state text, phase text, owner_session bigint, owner_replica text, created_at bigint,
-	released_at bigint, denied_key text, denied_limit integer, denied_in_flight bigint,
-	detail text, now_at bigint)
+RETURNS TABLE (member integer, err_state text, err_message text,
+	status pgcoord.claim_status, token bigint, state text, phase text, owner_session bigint,
+	owner_replica text, created_at bigint, released_at bigint, denied_key text,
+	denied_limit integer, denied_in_flight bigint, now_at bigint, "position" bigint,
+	queued_at bigint, deadline_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -993,19 +1004,23 @@ BEGIN
 	ORDER BY s.o, a.k COLLATE "C";
 
 	RETURN QUERY
-	SELECT i, NULL::text, NULL::text, 'admitted'::text,
-	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held'::text, 'reserved'::text,
-	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL::bigint, NULL::text,
-	       NULL::integer, NULL::bigint, NULL::text, pgcoord.ms(now())
+	SELECT a.i, a.err_state, a.err_message, (a.d).*
+	FROM (
+	SELECT i, NULL::text AS err_state, NULL::text AS err_message, ('admitted',
+	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held', 'reserved',
+	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL, NULL, NULL, NULL,
+	       pgcoord.ms(now()), NULL, NULL, NULL)::pgcoord.claim_decision
 	FROM unnest(v_adm) AS i
 	UNION ALL
-	SELECT d.i, NULL, NULL, CASE WHEN d.lim IS NULL THEN 'unknown_quota' ELSE 'denied' END,
-	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, NULL, pgcoord.ms(now())
+	SELECT d.i, NULL, NULL, (CASE WHEN d.lim IS NULL THEN 'unknown_quota'
+	       ELSE 'denied' END::pgcoord.claim_status,
+	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, pgcoord.ms(now()), NULL,
+	       NULL, NULL)::pgcoord.claim_decision
 	FROM unnest(v_den, v_den_key, v_den_limit, v_den_in_flight) AS d(i, k, lim, f)
 	UNION ALL
-	SELECT i, NULL, NULL, 'session_expired', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-	       NULL, NULL, NULL, pgcoord.ms(now())
-	FROM unnest(v_dead) AS i;
+	-- the lone claim's refusal, as a member's error (groups.c answers it)
+	SELECT i, 'PCSEX', pgcoord.claim_session_expired(), NULL::pgcoord.claim_decision
+	FROM unnest(v_dead) AS i) a(i, err_state, err_message, d);
 
 	RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_alone, p_uids, p_admins, p_ids,
 		p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
@@ -1038,8 +1053,8 @@ END $$;
 -- second release of an id must see the first.
 CREATE FUNCTION pgcoord.permit_release_group(p_uids bigint[], p_ids text[],
 	p_sessions bigint[], p_overrides boolean[], p_actors text[], p_reasons text[])
-RETURNS TABLE (member integer, err_state text, err_message text, outcome text, detail text,
-	released boolean, state text, released_at bigint, now_at bigint)
+RETURNS TABLE (member integer, err_state text, err_message text,
+	status pgcoord.release_status, state text, released_at bigint, now_at bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -1055,8 +1070,8 @@ BEGIN
 				FROM pgcoord.permit_release_as(p_uids[i], p_ids[i], p_sessions[i],
 					p_overrides[i], p_actors[i], p_reasons[i]) r;
 			EXCEPTION WHEN OTHERS THEN
-				RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
-					NULL::text, NULL::boolean, NULL::text, NULL::bigint,
+				RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text,
+					NULL::pgcoord.release_status, NULL::text, NULL::bigint,
 					NULL::bigint;
 			END;
 		END LOOP;
@@ -1098,7 +1113,7 @@ BEGIN
 		FROM s ORDER BY s.i, s.key)
 	SELECT coalesce(array_agg(r.i::integer), '{}') INTO v_done FROM r;
 
-	RETURN QUERY SELECT d.i, NULL::text, NULL::text, 'ok'::text, NULL::text, true,
+	RETURN QUERY SELECT d.i, NULL::text, NULL::text, 'released'::pgcoord.release_status,
 		'released'::text, pgcoord.ms(now()), pgcoord.ms(now())
 	FROM unnest(v_done) AS d(i);
 	IF cardinality(v_done) = v_n THEN
@@ -1119,8 +1134,8 @@ BEGIN
 			FROM pgcoord.permit_release_as(p_uids[i], p_ids[i], p_sessions[i],
 				p_overrides[i], p_actors[i], p_reasons[i]) r;
 		EXCEPTION WHEN OTHERS THEN
-			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text, NULL::text,
-				NULL::text, NULL::boolean, NULL::text, NULL::bigint, NULL::bigint;
+			RETURN QUERY SELECT i, SQLSTATE::text, SQLERRM::text,
+				NULL::pgcoord.release_status, NULL::text, NULL::bigint, NULL::bigint;
 		END;
 	END LOOP;
 END $$;

@@ -229,91 +229,86 @@ END $$;
 -- permit.claim with wait_ms > 0 for the caller p_uid: an immediate claim
 -- (permit_claim_as) first; when it is denied, the claim queues and
 -- the hand-over runs at once (room may have come between the denial and
--- the queue's lock). Columns: permit_claim's, then the queue's. Statuses:
--- permit_claim's, plus queued (position, queued_at, deadline_at;
--- owner_session is the session that queued it).
+-- the queue's lock). Answers a pgcoord.claim_decision (0004_permits.sql):
+-- permit_claim's, or queued (position, queued_at, deadline_at;
+-- owner_session is the session that queued it); raises permit_claim's
+-- refusals, and PCCFL for a retry of a queued id with other quotas.
 CREATE FUNCTION pgcoord.permit_wait(p_uid bigint, p_admin boolean, p_id text,
 	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
 	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text, p_wait_ms integer)
-RETURNS TABLE (status text, token bigint, state text, phase text, owner_session bigint,
-	owner_replica text, created_at bigint, released_at bigint, denied_key text,
-	denied_limit integer, denied_in_flight bigint, detail text, now_at bigint,
-	"position" bigint, queued_at bigint, deadline_at bigint)
+RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
 	v_w pgcoord.waiters;
-	c record;
+	v_c pgcoord.claim_decision;
+	v_d pgcoord.claim_decision;
 	v_seq bigint;
 BEGIN
 	-- a retry of a queued id answers where it stands; its wait_ms stands
 	SELECT * INTO v_w FROM pgcoord.waiters w WHERE w.id = p_id AND w.state = 'queued';
-	IF FOUND THEN
-		IF v_w.keys <> p_keys OR v_w.weights <> p_weights THEN
-			RETURN QUERY SELECT 'mismatch', NULL::bigint, NULL, NULL, v_w.session, v_w.replica,
-				NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint,
-				(SELECT string_agg(t.k || ':' || t.w, ',' ORDER BY t.k)
-				 FROM unnest(v_w.keys, v_w.weights) AS t(k, w)),
-				pgcoord.ms(now()), NULL::bigint, NULL::bigint, NULL::bigint;
-			RETURN;
+	IF FOUND AND (v_w.keys <> p_keys OR v_w.weights <> p_weights) THEN
+		-- a read only so far: the refusal loses nothing
+		RAISE EXCEPTION 'permit "%" already exists with other quotas (%); one id names one '
+			'claim', p_id, (SELECT string_agg(t.k || ':' || t.w, ',' ORDER BY t.k)
+				       FROM unnest(v_w.keys, v_w.weights) AS t(k, w))
+			USING ERRCODE = 'PCCFL';
+	END IF;
+	IF NOT FOUND THEN
+		v_c := pgcoord.permit_claim_as(p_uid, p_admin, p_id, p_keys, p_weights,
+			p_session, p_replica, p_on_owner_loss, p_intent, p_limit, p_actor);
+		IF v_c.status <> 'denied' THEN
+			RETURN v_c;
 		END IF;
-		RETURN QUERY SELECT 'queued', NULL::bigint, NULL, NULL, v_w.session, v_w.replica,
-			NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint, NULL,
-			pgcoord.ms(now()), pgcoord.waiter_position(v_w.seq), pgcoord.ms(v_w.queued_at),
-			pgcoord.ms(v_w.deadline_at);
-		RETURN;
+		PERFORM 1 FROM pgcoord.quotas q WHERE q.key = ANY (p_keys) ORDER BY q.key
+		FOR NO KEY UPDATE;
+		INSERT INTO pgcoord.waiters AS w (id, uid, session, replica, keys, weights, intent,
+			on_owner_loss, actor, deadline_at)
+		VALUES (p_id, p_uid, p_session, p_replica, p_keys, p_weights, p_intent,
+			p_on_owner_loss, p_actor, now() + pgcoord.ms_interval(p_wait_ms))
+		ON CONFLICT (id) WHERE state = 'queued' DO NOTHING
+		RETURNING w.seq INTO v_seq;
+		IF v_seq IS NULL THEN
+			-- the same id queued by a concurrent call: answer as a retry
+			RETURN pgcoord.permit_wait(p_uid, p_admin, p_id, p_keys, p_weights, p_session,
+				p_replica, p_on_owner_loss, p_intent, p_limit, p_actor, p_wait_ms);
+		END IF;
+		UPDATE pgcoord.quotas q SET waiting = q.waiting + 1 WHERE q.key = ANY (p_keys);
+		PERFORM pgcoord.waiters_admit(p_keys);
+		SELECT * INTO v_w FROM pgcoord.waiters w WHERE w.seq = v_seq;
 	END IF;
-	SELECT * INTO c FROM pgcoord.permit_claim_as(p_uid, p_admin, p_id, p_keys, p_weights,
-		p_session, p_replica, p_on_owner_loss, p_intent, p_limit, p_actor) c;
-	IF c.status <> 'denied' THEN
-		RETURN QUERY SELECT c.status, c.token, c.state, c.phase, c.owner_session,
-			c.owner_replica, c.created_at, c.released_at, c.denied_key, c.denied_limit,
-			c.denied_in_flight, c.detail, c.now_at, NULL::bigint, NULL::bigint,
-			NULL::bigint;
-		RETURN;
-	END IF;
-	PERFORM 1 FROM pgcoord.quotas q WHERE q.key = ANY (p_keys) ORDER BY q.key
-	FOR NO KEY UPDATE;
-	INSERT INTO pgcoord.waiters AS w (id, uid, session, replica, keys, weights, intent,
-		on_owner_loss, actor, deadline_at)
-	VALUES (p_id, p_uid, p_session, p_replica, p_keys, p_weights, p_intent, p_on_owner_loss,
-		p_actor, now() + pgcoord.ms_interval(p_wait_ms))
-	ON CONFLICT (id) WHERE state = 'queued' DO NOTHING
-	RETURNING w.seq INTO v_seq;
-	IF v_seq IS NULL THEN
-		-- the same id queued by a concurrent call: answer as a retry
-		RETURN QUERY SELECT * FROM pgcoord.permit_wait(p_uid, p_admin, p_id, p_keys,
-			p_weights, p_session, p_replica, p_on_owner_loss, p_intent, p_limit, p_actor,
-			p_wait_ms);
-		RETURN;
-	END IF;
-	UPDATE pgcoord.quotas q SET waiting = q.waiting + 1 WHERE q.key = ANY (p_keys);
-	PERFORM pgcoord.waiters_admit(p_keys);
-	SELECT * INTO v_w FROM pgcoord.waiters w WHERE w.seq = v_seq;
+	v_d.now_at := pgcoord.ms(now());
 	IF v_w.state = 'admitted' THEN
 		-- admitted at once: the reply tells it, no notification follows
 		DELETE FROM pgcoord.waiters w WHERE w.seq = v_seq;
-		RETURN QUERY SELECT 'admitted', p.token, p.state, p.phase, p.owner_session,
-			p.owner_replica, pgcoord.ms(p.created_at), NULL::bigint, NULL, NULL::integer,
-			NULL::bigint, NULL, pgcoord.ms(now()), NULL::bigint, NULL::bigint, NULL::bigint
+		SELECT 'admitted', p.token, p.state, p.phase, p.owner_session, p.owner_replica,
+			pgcoord.ms(p.created_at)
+		INTO v_d.status, v_d.token, v_d.state, v_d.phase, v_d.owner_session,
+			v_d.owner_replica, v_d.created_at
 		FROM pgcoord.permits p WHERE p.id = p_id;
-		RETURN;
+		RETURN v_d;
 	END IF;
-	RETURN QUERY SELECT 'queued', NULL::bigint, NULL, NULL, v_w.session, v_w.replica,
-		NULL::bigint, NULL::bigint, NULL, NULL::integer, NULL::bigint, NULL, pgcoord.ms(now()),
-		pgcoord.waiter_position(v_w.seq), pgcoord.ms(v_w.queued_at),
-		pgcoord.ms(v_w.deadline_at);
+	v_d.status := 'queued';
+	v_d.owner_session := v_w.session;
+	v_d.owner_replica := v_w.replica;
+	v_d."position" := pgcoord.waiter_position(v_w.seq);
+	v_d.queued_at := pgcoord.ms(v_w.queued_at);
+	v_d.deadline_at := pgcoord.ms(v_w.deadline_at);
+	RETURN v_d;
 END $$;
 
 -- permit.cancel: the owner session takes its claim out of the queue (an
 -- admin may take anyone's: the owner is then told `permit.expired`,
--- reason "cancelled"). Outcomes: ok (status cancelled, or the permit's
--- state when it is no longer queued), not_found, forbidden.
+-- reason "cancelled"). Answers cancelled, or the permit's state when it is
+-- no longer queued (held, released). Refusals raise before any write
+-- (waiter_leave writes only when it answers true): PCFBD another
+-- session's waiter or another uid's permit, PCNFD neither exists.
+CREATE TYPE pgcoord.cancel_status AS ENUM ('cancelled', 'held', 'released');
+CREATE TYPE pgcoord.cancel_decision AS (status pgcoord.cancel_status, now_at bigint);
+
 CREATE FUNCTION pgcoord.permit_cancel(p_uid bigint, p_admin boolean, p_id text,
 	p_session bigint)
-RETURNS TABLE (outcome text, status text, cancelled boolean, detail text, now_at bigint)
+RETURNS pgcoord.cancel_decision
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
 	v_w pgcoord.waiters;
 	v_state text;
@@ -321,29 +316,26 @@ BEGIN
 	SELECT * INTO v_w FROM pgcoord.waiters w WHERE w.id = p_id AND w.state = 'queued';
 	IF FOUND THEN
 		IF v_w.session <> p_session AND NOT p_admin THEN
-			RETURN QUERY SELECT 'forbidden', 'queued', false,
-				'it was queued by session ' || v_w.session, pgcoord.ms(now());
-			RETURN;
+			RAISE EXCEPTION 'cannot cancel "%": it was queued by session %; only the '
+				'session that queued it (or an admin) may', p_id, v_w.session
+				USING ERRCODE = 'PCFBD';
 		END IF;
 		IF pgcoord.waiter_leave(v_w.seq,
 			CASE WHEN v_w.session <> p_session THEN 'expired' END, 'cancelled') THEN
-			RETURN QUERY SELECT 'ok', 'cancelled', true, NULL, pgcoord.ms(now());
-			RETURN;
+			RETURN ('cancelled', pgcoord.ms(now()))::pgcoord.cancel_decision;
 		END IF;
 	END IF;
 	SELECT p.state INTO v_state FROM pgcoord.permits p WHERE p.id = p_id;
 	IF NOT FOUND THEN
-		RETURN QUERY SELECT 'not_found', NULL, false, NULL, pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'no queued claim or permit "%"', p_id USING ERRCODE = 'PCNFD';
 	END IF;
 	IF NOT p_admin AND pgcoord.session_owner_uid((SELECT p.owner_session FROM pgcoord.permits p
 						     WHERE p.id = p_id)) IS DISTINCT FROM p_uid THEN
-		RETURN QUERY SELECT 'forbidden', NULL, false, 'it belongs to another uid',
-			pgcoord.ms(now());
-		RETURN;
+		RAISE EXCEPTION 'cannot cancel "%": it belongs to another uid; only the session that '
+			'queued it (or an admin) may', p_id USING ERRCODE = 'PCFBD';
 	END IF;
-	RETURN QUERY SELECT 'ok', CASE WHEN v_state = 'released' THEN 'released' ELSE 'held' END,
-		false, NULL, pgcoord.ms(now());
+	RETURN (CASE WHEN v_state = 'released' THEN 'released' ELSE 'held' END::pgcoord.cancel_status,
+		pgcoord.ms(now()))::pgcoord.cancel_decision;
 END $$;
 
 -- The poll of one agent, once per wait_poll_ms while it has waiters: its

@@ -52,6 +52,10 @@ static const char *const cells[] = {
     "ok",
     "session_expired",
     "unknown_quota",
+    "queued",
+    "already_released",
+    "retired",
+    "cancelled",
     "-1",
     "9223372036854775807",
     "",
@@ -64,7 +68,7 @@ static const char *const cells[] = {
 };
 #define NCELLS (sizeof(cells) / sizeof(cells[0]))
 
-static const char *const refusals[] = {"PCNFD", "PCFEN", "PCCFL", "PCFBD", "PCSEX"};
+static const char *const refusals[] = {"PCNFD", "PCFEN", "PCCFL", "PCFBD", "PCSEX", "PCINV"};
 
 struct db *db_create(struct event_base *base, const struct db_settings *settings,
 		     struct logger *log, db_state_fn on_state, void *state_arg)

@@ -378,9 +378,27 @@ static long release_mix_setup(struct harness_db *db, const char *x, int64_t s1, 
 }
 
 #define RELEASE_ROW                                                                                \
-	"coalesce(err_state, '') || '|' || coalesce(outcome, '') || '|' || coalesce(detail, '') "  \
-	"|| "                                                                                      \
-	"'|' || coalesce(released::text, '') || '|' || coalesce(state, '')"
+	"coalesce(err_state, '') || '|' || coalesce(err_message, '') || '|' || "                   \
+	"coalesce(status::text, '') || '|' || coalesce(state, '')"
+
+/* Cuts the set's prefix ("a-", "g-") off the ids quoted in messages, so the
+ * lone and grouped answers compare. */
+static void unprefix(char *s)
+{
+	for (char *q; (q = strstr(s, "\"a-")) || (q = strstr(s, "\"g-"));)
+		memmove(q + 1, q + 3, strlen(q + 3) + 1);
+}
+
+/* A lone call's row as a group member's: what `sql` (one text from a
+ * call) selects, or, when the call raised, `raised` formatted with its
+ * SQLSTATE and message, as a group shows a member that raised. */
+static void define_lone(struct harness_db *db)
+{
+	hdb_exec(db, "CREATE FUNCTION public.lone(p_sql text, p_raised text) RETURNS text "
+		     "LANGUAGE plpgsql AS $$ DECLARE v text; BEGIN EXECUTE p_sql INTO v; RETURN v; "
+		     "EXCEPTION WHEN OTHERS THEN RETURN format(p_raised, SQLSTATE, SQLERRM); "
+		     "END $$");
+}
 
 /* What the rows of set x say, with x cut off the ids and keys. */
 static char *rows_of(struct harness_db *db, const char *x)
@@ -408,6 +426,7 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	int64_t s1 = isession_open(fd1, "one"), s2 = isession_open(fd2, "two"),
 		s3 = isession_open(fd3, "three");
 	hdb_exec(db, "UPDATE pgcoord.sessions SET owner_uid = 4242 WHERE id = %lld", (long long)s3);
+	define_lone(db);
 	long uid = release_mix_setup(db, "g", s1, s2, s3);
 	cr_assert_eq(release_mix_setup(db, "a", s1, s2, s3), uid);
 
@@ -416,9 +435,11 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	for (size_t i = 0; i < NMIX; i++) {
 		char *row = hdb_query_value(
 		    db,
-		    "SELECT " RELEASE_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
-		    "pgcoord.permit_release_as(%ld, 'a-%s', %lld, %s, 'test', NULL)) r",
-		    uid, release_mix[i], (long long)s1, i == 7 ? "true" : "false");
+		    "SELECT public.lone(format('SELECT %%s FROM (SELECT NULL::text AS err_state, "
+		    "NULL::text AS err_message, * FROM pgcoord.permit_release_as(%ld, %%L, %lld, "
+		    "%s, ''test'', NULL)) r', $r$" RELEASE_ROW "$r$, 'a-%s'), '%%s|%%s||')",
+		    uid, (long long)s1, i == 7 ? "true" : "false", release_mix[i]);
+		unprefix(row);
 		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
 			 i ? "\n" : "", row);
 		free(row);
@@ -442,17 +463,21 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	    "FROM pgcoord.permit_release_group('{%s}', '{%s}', '{%s}', '{%s}', "
 	    "array_fill('test'::text, ARRAY[%zu]), array_fill(NULL::text, ARRAY[%zu]))",
 	    uids, ids, sessions, overrides, NMIX, NMIX);
+	unprefix(grouped);
 	char want[4200];
 	snprintf(want, sizeof(want), "%s#%zu", alone, NMIX);
 	cr_assert_str_eq(grouped, want, "in a group:\n%s\nalone:\n%s", grouped, want);
 	free(grouped);
 
 	/* what each answer says, not only that both agree */
-	cr_assert(strstr(alone, "|ok||true|released\n|ok||false|released\n|not_found|"), "%s",
+	cr_assert(strstr(alone, "||released|released\n||already_released|released\n||retired|"),
+		  "%s", alone);
+	cr_assert(strstr(alone, "PCFBD|cannot release permit \"4\": it is owned by session"), "%s",
 		  alone);
-	cr_assert(strstr(alone, "|forbidden|it is owned by session"), "%s", alone);
-	cr_assert(strstr(alone, "|forbidden|it belongs to uid 4242"), "%s", alone);
-	cr_assert(strstr(alone, "|conflict|it is uncertain (test)"), "%s", alone);
+	cr_assert(strstr(alone, "PCFBD|cannot release permit \"5\": it belongs to uid 4242"), "%s",
+		  alone);
+	cr_assert(strstr(alone, "PCCFL|cannot release permit \"6\": it is uncertain (test)"), "%s",
+		  alone);
 
 	/* the same rows either way; the waiter was handed the freed room */
 	char *g = rows_of(db, "g"), *al = rows_of(db, "a");
@@ -474,7 +499,7 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 			    "pgcoord.permit_release_group('{%ld,%ld}', '{g-4,g-4}', '{%lld,%lld}', "
 			    "'{true,true}', '{t,t}', '{NULL,NULL}')",
 			    uid, uid, (long long)s1, (long long)s1);
-	cr_assert_str_eq(twice, "|ok||true|released,|ok||false|released");
+	cr_assert_str_eq(twice, "||released|released,||already_released|released");
 	free(twice);
 	assert_conserved(db);
 	close(fd1);
@@ -643,15 +668,15 @@ static void claim_mix_setup(struct harness_db *db, const char *x, long uid, int6
 }
 
 #define CLAIM_ROW                                                                                  \
-	"coalesce(err_state, '') || '|' || coalesce(status, '') || '|' || (token IS NOT NULL) || " \
-	"'|' || coalesce(state, '') || '|' || coalesce(phase, '') || '|' || (owner_session IS "    \
-	"NOT "                                                                                     \
-	"NULL) || '|' || coalesce(owner_replica, '') || '|' || (created_at IS NOT NULL) || '|' "   \
-	"|| "                                                                                      \
-	"coalesce(released_at::text, '') || '|' || coalesce(substr(denied_key, 3), '') || '|' || " \
-	"coalesce(denied_limit::text, '') || '|' || coalesce(denied_in_flight::text, '') || '|' "  \
-	"|| "                                                                                      \
-	"coalesce(detail, '')"
+	"coalesce(err_state, '') || '|' || coalesce(status::text, '') || '|' || (token IS NOT "    \
+	"NULL) || '|' || coalesce(state, '') || '|' || coalesce(phase, '') || '|' || "             \
+	"(owner_session IS NOT NULL) || '|' || coalesce(owner_replica, '') || '|' || (created_at " \
+	"IS NOT NULL) || '|' || coalesce(released_at::text, '') || '|' || coalesce(substr("        \
+	"denied_key, 3), '') || '|' || coalesce(denied_limit::text, '') || '|' || "                \
+	"coalesce(denied_in_flight::text, '') || '|' || coalesce(err_message, '')"
+/* CLAIM_ROW of a member that raised, for lone() (after printf: its
+ * SQLSTATE, its message) */
+#define CLAIM_RAISED "%%s||false|||false||false|||||%%s"
 
 /* The shares, limits and queue of set x, beside rows_of's permits,
  * counters and audit rows. */
@@ -690,6 +715,7 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 	long uid = hdb_query_long(db, "SELECT owner_uid FROM pgcoord.sessions WHERE id = %lld",
 				  (long long)s);
 	int64_t dead = hdb_query_long(db, "SELECT max(id) + 1000 FROM pgcoord.sessions");
+	define_lone(db);
 	claim_mix_setup(db, "g", uid, s);
 	claim_mix_setup(db, "a", uid, s);
 	char keys[64];
@@ -702,11 +728,12 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 		prefixed_keys(keys, sizeof(keys), "a", c->keys);
 		char *row = hdb_query_value(
 		    db,
-		    "SELECT " CLAIM_ROW " FROM (SELECT NULL::text AS err_state, * FROM "
-		    "pgcoord.permit_claim_as(%ld, false, 'a-%s', '%s', '{%s}', %lld, 'test', "
-		    "'uncertain', NULL, %s, 'test')) r",
-		    uid, c->id, keys, c->weights, (long long)(c->dead_session ? dead : s),
-		    c->limit);
+		    "SELECT public.lone(format('SELECT %%s FROM (SELECT NULL::text AS err_state, "
+		    "NULL::text AS err_message, * FROM pgcoord.permit_claim_as(%ld, false, %%L, "
+		    "%%L, ''{%s}'', %lld, ''test'', ''uncertain'', NULL, %s, ''test'')) r', "
+		    "$r$" CLAIM_ROW "$r$, 'a-%s', '%s'), '" CLAIM_RAISED "')",
+		    uid, c->weights, (long long)(c->dead_session ? dead : s), c->limit, c->id,
+		    keys);
 		snprintf(alone + strlen(alone), sizeof(alone) - strlen(alone), "%s%s",
 			 i ? "\n" : "", row);
 		free(row);
@@ -748,14 +775,15 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 		     tokens_drawn(db) - t0, alone_tokens);
 
 	/* what each answer says, not only that both agree */
-	static const char *const says[] = {"|admitted|true|held|reserved|true|test|true|||||",
-					   "|denied|false|||false||false||q|5|0|",
-					   "|denied|false|||false||false||hot|3|2|",
-					   "|held|true|held|reserved|true|test|true|||||",
-					   "|unknown_quota|false|||false||false||zz|||",
-					   "|session_expired|",
-					   "|invalid|",
-					   "|denied|false|||false||false||two|5|5|"};
+	static const char *const says[] = {
+	    "|admitted|true|held|reserved|true|test|true|||||",
+	    "|denied|false|||false||false||q|5|0|",
+	    "|denied|false|||false||false||hot|3|2|",
+	    "|held|true|held|reserved|true|test|true|||||",
+	    "|unknown_quota|false|||false||false||zz|||",
+	    "PCSEX||false|||false||false|||||this connection's session",
+	    "PCINV||false|||false||false|||||keys must be distinct",
+	    "|denied|false|||false||false||two|5|5|"};
 	for (size_t i = 0; i < sizeof(says) / sizeof(says[0]); i++)
 		cr_assert(strstr(alone, says[i]), "no \"%s\" in:\n%s", says[i], alone);
 
@@ -804,7 +832,8 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 	/* keys that do not parse: that member's own error, the others judged */
 	char *unparsed = hdb_query_value(
 	    db,
-	    "SELECT string_agg(coalesce(err_state, '') || ':' || coalesce(status, ''), ',' ORDER "
+	    "SELECT string_agg(coalesce(err_state, '') || ':' || coalesce(status::text, ''), ',' "
+	    "ORDER "
 	    "BY "
 	    "member) FROM pgcoord.permit_claim_group('{%ld,%ld}', '{f,f}', '{g-f,g-u}', "
 	    "'{\"{g-rk}\",\"{g-rk\"}', '{\"{1}\",\"{1}\"}', '{%lld,%lld}', '{t,t}', "

@@ -311,7 +311,8 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	cr_assert(str_is(res, "status", "cancelled"));
 	ireply_destroy(&r);
 	id_call(fb, "permit.cancel", "mine", &r);
-	ierr(&r, "not_found", false, NULL);
+	ierr(&r, "not_found", false,
+	     (const char *const[]){"no queued claim or permit \"mine\"", NULL});
 	ireply_destroy(&r);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.waiters"), 0);
 	cr_assert_eq(hdb_query_long(db, "SELECT waiting FROM pgcoord.quotas WHERE key = 'q'"), 0);

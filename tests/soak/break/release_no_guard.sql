@@ -11,9 +11,8 @@
 -- @function pgcoord.permit_release
 -- @replace
 	IF v_p.state = 'released' THEN
-		RETURN QUERY SELECT 'ok', NULL, false, v_p.state, pgcoord.ms(v_p.released_at),
-			pgcoord.ms(now());
-		RETURN;
+		RETURN ('already_released', v_p.state, pgcoord.ms(v_p.released_at),
+			pgcoord.ms(now()))::pgcoord.release_decision;
 	END IF;
 -- @with
 -- @end
