@@ -1036,11 +1036,17 @@ END $$;
 --
 -- A group that names one id twice keeps the member-by-member loop: the
 -- second release of an id must see the first.
+--
+-- Generic plans, always: its statements take arrays, whose size a custom
+-- plan sees and a generic one does not, so PL/pgSQL kept re-planning the
+-- release statement on every call (planning cost as much as running it;
+-- docs/PERFORMANCE.md). With sequential scans off every generic plan here
+-- is a primary-key walk per member, on empty and on large tables alike.
 CREATE FUNCTION pgcoord.permit_release_group(p_uids bigint[], p_ids text[],
 	p_sessions bigint[], p_overrides boolean[], p_actors text[], p_reasons text[])
 RETURNS TABLE (member integer, err_state text, err_message text, outcome text, detail text,
 	released boolean, state text, released_at bigint, now_at bigint)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
 	v_n integer := coalesce(cardinality(p_ids), 0);
