@@ -1051,11 +1051,22 @@ END $$;
 --
 -- A group that names one id twice keeps the member-by-member loop: the
 -- second release of an id must see the first.
+--
+-- Generic plans, always: its statements take arrays, whose size a custom
+-- plan sees and a generic one does not, so PL/pgSQL kept re-planning the
+-- release statement on every call (planning cost as much as running it;
+-- docs/PERFORMANCE.md). With sequential scans off every generic plan here
+-- is a primary-key walk per member, on empty and on large tables alike.
+-- Hash and merge joins are off too: a generic plan does not know how many
+-- members a group has, and either join walks a whole index (every open
+-- permit, every quota key) where a loop of primary-key lookups per member
+-- is what a group of any size needs.
 CREATE FUNCTION pgcoord.permit_release_group(p_uids bigint[], p_ids text[],
 	p_sessions bigint[], p_overrides boolean[], p_actors text[], p_reasons text[])
 RETURNS TABLE (member integer, err_state text, err_message text,
 	status pgcoord.release_status, state text, released_at bigint, now_at bigint)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+	SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
 	v_n integer := coalesce(cardinality(p_ids), 0);

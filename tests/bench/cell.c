@@ -312,6 +312,24 @@ static void take(const struct cell_spec *spec, PGconn *monitor, pid_t postmaster
 	s->wal = bench_wal_lsn(monitor);
 }
 
+/*
+ * Each cell starts from vacuumed tables. The Postgres CPU of a cell counts
+ * every server process, autovacuum's too, and a x32 cell leaves thousands
+ * of dead permit rows: the x1 cell after it paid for vacuuming them, which
+ * made hot x1 (run after spread x32) look twice as costly as spread x1
+ * (docs/PERFORMANCE.md). The cell's own dead rows still count in it.
+ */
+static void settle(PGconn *monitor)
+{
+	PGresult *r = PQexec(monitor, "VACUUM pgcoord.quotas, pgcoord.permits, "
+				      "pgcoord.permit_quotas, pgcoord.permit_events, bench.quotas");
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		fprintf(stderr, "pgcoord-bench: vacuum before the cell: %s",
+			PQresultErrorMessage(r));
+	PQclear(r);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -344,6 +362,7 @@ void bench_run_cell(const struct bench_cfg *cfg, const struct cell_spec *spec, P
 		snprintf(out->why, sizeof(out->why), "out of memory");
 		return;
 	}
+	settle(monitor);
 	atomic_init(&run.phase, PHASE_WARMUP);
 	pthread_barrier_init(&run.connected, NULL, (unsigned)spec->workers + 1);
 	for (int i = 0; i < spec->workers; i++) {
