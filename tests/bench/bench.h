@@ -127,6 +127,9 @@ long proc_rss_kb(pid_t pid);
 double proc_children_cpu_ms(pid_t parent);
 /* The parent of pid, or -1. */
 pid_t proc_parent(pid_t pid);
+/* ppid and CPU ticks (utime + stime) of pid from /proc/<pid>/stat; either
+ * pointer may be NULL. False when pid is gone. */
+bool proc_read_stat(pid_t pid, pid_t *ppid, unsigned long long *ticks);
 
 /* --- cell.c ------------------------------------------------------------------- */
 

@@ -9,9 +9,9 @@
  * counter itself.
  */
 #include "bench.h"
+#include "pgq.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,74 +20,9 @@
 
 #define BENCH_DB "bench"
 
-__attribute__((noreturn, format(printf, 1, 2))) static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "pgcoord-bench: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n");
-	exit(2);
-}
-
-static void ignore_notice(void *arg, const char *message)
-{
-	(void)arg;
-	(void)message;
-}
-
-static PGconn *connect_to(const char *conninfo, const char *appname)
-{
-	const char *keys[] = {"dbname", "application_name", NULL};
-	const char *values[] = {conninfo, appname, NULL};
-	PGconn *c = PQconnectdbParams(keys, values, 1);
-
-	if (PQstatus(c) != CONNECTION_OK)
-		die("cannot connect to %s: %s", conninfo, PQerrorMessage(c));
-	PQsetNoticeProcessor(c, ignore_notice, NULL);
-	return c;
-}
-
 PGconn *bench_db_connect(const struct bench_cfg *cfg, const char *appname)
 {
-	return connect_to(cfg->direct_conninfo, appname);
-}
-
-__attribute__((format(printf, 2, 3))) static void exec_or_die(PGconn *c, const char *fmt, ...)
-{
-	char sql[4096];
-	va_list ap;
-	PGresult *r;
-
-	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
-	va_end(ap);
-	r = PQexec(c, sql);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
-		die("setting up the database: %s  statement: %.300s", PQresultErrorMessage(r), sql);
-	PQclear(r);
-}
-
-/* The first column of the first row as a number; -1 on any failure. */
-__attribute__((format(printf, 2, 3))) static long long query_ll(PGconn *c, const char *fmt, ...)
-{
-	char sql[4096];
-	long long v = -1;
-	va_list ap;
-	PGresult *r;
-
-	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
-	va_end(ap);
-	r = PQexec(c, sql);
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	else
-		fprintf(stderr, "pgcoord-bench: %s  query: %.300s\n", PQresultErrorMessage(r), sql);
-	PQclear(r);
-	return v;
+	return pgq_connect(cfg->direct_conninfo, appname);
 }
 
 static void conninfo(char *buf, size_t size, const char *dbname)
@@ -114,7 +49,7 @@ static void migrate(const struct bench_cfg *cfg)
 	}
 	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
 	    WEXITSTATUS(status) != 0)
-		die("`%s migrate` failed", cfg->agent_bin);
+		pgq_die("`%s migrate` failed", cfg->agent_bin);
 }
 
 /*
@@ -127,10 +62,10 @@ static void make_durable(const struct bench_cfg *cfg, PGconn *admin)
 {
 	PGconn *c;
 
-	exec_or_die(admin, "ALTER SYSTEM SET fsync = on");
-	exec_or_die(admin, "ALTER SYSTEM SET full_page_writes = on");
-	exec_or_die(admin, "ALTER SYSTEM SET synchronous_commit = on");
-	exec_or_die(admin, "SELECT pg_reload_conf()");
+	pgq_exec_or_die(admin, "ALTER SYSTEM SET fsync = on");
+	pgq_exec_or_die(admin, "ALTER SYSTEM SET full_page_writes = on");
+	pgq_exec_or_die(admin, "ALTER SYSTEM SET synchronous_commit = on");
+	pgq_exec_or_die(admin, "SELECT pg_reload_conf()");
 	for (int tries = 0;; tries++) {
 		PGresult *r;
 		bool durable;
@@ -146,7 +81,8 @@ static void make_durable(const struct bench_cfg *cfg, PGconn *admin)
 		if (durable)
 			return;
 		if (tries == 50)
-			die("the server did not take fsync/full_page_writes/synchronous_commit = "
+			pgq_die(
+			    "the server did not take fsync/full_page_writes/synchronous_commit = "
 			    "on");
 		bench_sleep(0.1);
 	}
@@ -167,18 +103,20 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		return;
 	fprintf(stderr, "pgcoord-bench: preloading %ld released permits on %ld quota keys\n",
 		cfg->history_permits, cfg->history_keys);
-	exec_or_die(c, "BEGIN");
-	exec_or_die(c,
-		    "INSERT INTO pgcoord.quotas (key, \"limit\") "
-		    "SELECT 'history-' || lpad(i::text, 7, '0'), 1 FROM generate_series(0, %ld) i",
-		    cfg->history_keys - 1);
-	exec_or_die(c,
-		    "INSERT INTO pgcoord.permit_events (key, event, actor, reason) "
-		    "SELECT 'history-' || lpad(i::text, 7, '0'), 'limit_set', 'bench-history', "
-		    "'limit none -> 1, lapse_after_s off -> off' FROM generate_series(0, %ld) i",
-		    cfg->history_keys - 1);
+	pgq_exec_or_die(c, "BEGIN");
+	pgq_exec_or_die(
+	    c,
+	    "INSERT INTO pgcoord.quotas (key, \"limit\") "
+	    "SELECT 'history-' || lpad(i::text, 7, '0'), 1 FROM generate_series(0, %ld) i",
+	    cfg->history_keys - 1);
+	pgq_exec_or_die(
+	    c,
+	    "INSERT INTO pgcoord.permit_events (key, event, actor, reason) "
+	    "SELECT 'history-' || lpad(i::text, 7, '0'), 'limit_set', 'bench-history', "
+	    "'limit none -> 1, lapse_after_s off -> off' FROM generate_series(0, %ld) i",
+	    cfg->history_keys - 1);
 	if (cfg->history_permits > 0) {
-		exec_or_die(
+		pgq_exec_or_die(
 		    c,
 		    "INSERT INTO pgcoord.permits (id, token, owner_replica, state, phase, "
 		    "on_owner_loss, created_at, phase_at, state_at, released_at) "
@@ -187,39 +125,39 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		    "FROM generate_series(1, %ld) i, LATERAL (SELECT now() - interval "
 		    "'1 day' + i * interval '1 ms' AS t) ts",
 		    cfg->history_permits);
-		exec_or_die(
+		pgq_exec_or_die(
 		    c,
 		    "INSERT INTO pgcoord.permit_quotas (permit_id, key, weight) "
 		    "SELECT 'history-' || i, 'history-' || lpad((i %% %ld)::text, 7, '0'), 1 "
 		    "FROM generate_series(1, %ld) i",
 		    cfg->history_keys, cfg->history_permits);
-		exec_or_die(
+		pgq_exec_or_die(
 		    c, "INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, "
 		       "state, phase) SELECT permit_id, key, 1, 'admitted', 'agent@bench-history', "
 		       "'held', 'reserved' FROM pgcoord.permit_quotas "
 		       "WHERE permit_id LIKE 'history-%%' ORDER BY permit_id");
-		exec_or_die(
+		pgq_exec_or_die(
 		    c,
 		    "INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, "
 		    "state, phase) SELECT permit_id, key, -1, 'released', 'agent@bench-history', "
 		    "'released', 'reserved' FROM pgcoord.permit_quotas "
 		    "WHERE permit_id LIKE 'history-%%' ORDER BY permit_id");
 	}
-	exec_or_die(c, "COMMIT");
-	exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_quotas, "
-		       "pgcoord.permit_events");
+	pgq_exec_or_die(c, "COMMIT");
+	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_quotas, "
+			   "pgcoord.permit_events");
 	/* folded for permit.check as the janitor would long since have folded
 	 * it (migrations/0005_permit_audit.sql), so that the cells do not pay for folding at once
 	 * a backlog the preload made at once; an agent without 0011 has none */
-	if (query_ll(c, "SELECT (to_regprocedure('pgcoord.janitor_fold_audit(integer)') "
-			"IS NOT NULL)::int")) {
+	if (pgq_query_ll(c, "SELECT (to_regprocedure('pgcoord.janitor_fold_audit(integer)') "
+			    "IS NOT NULL)::int")) {
 		for (int i = 0;
-		     i < 10 && query_ll(c, "SELECT (folded_upto < (SELECT coalesce(max(id), "
-					   "0) FROM pgcoord.permit_events))::int "
-					   "FROM pgcoord.permit_audit_horizon");
+		     i < 10 && pgq_query_ll(c, "SELECT (folded_upto < (SELECT coalesce(max(id), "
+					       "0) FROM pgcoord.permit_events))::int "
+					       "FROM pgcoord.permit_audit_horizon");
 		     i++)
-			query_ll(c, "SELECT pgcoord.janitor_fold_audit(1000000)");
-		exec_or_die(c, "VACUUM ANALYZE pgcoord.permit_audit_totals");
+			pgq_query_ll(c, "SELECT pgcoord.janitor_fold_audit(1000000)");
+		pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.permit_audit_totals");
 	}
 	fprintf(stderr, "pgcoord-bench: history preloaded in %.1f s\n", bench_now() - t0);
 }
@@ -237,19 +175,20 @@ void bench_key(const struct bench_cfg *cfg, enum bench_shape shape, int worker, 
  * and the same keys and limits in the direct cycle's own table. */
 static void create_quotas(const struct bench_cfg *cfg, PGconn *c)
 {
-	exec_or_die(c,
-		    "SELECT pgcoord.quota_set('bench-spread-' || lpad(i::text, 4, '0'), %d, NULL, "
-		    "'bench') FROM generate_series(0, %d) i",
-		    BENCH_SPREAD_LIMIT, cfg->spread_keys - 1);
-	exec_or_die(c, "SELECT pgcoord.quota_set('%s', %d, NULL, 'bench')", BENCH_HOT_KEY,
-		    BENCH_HOT_LIMIT);
-	exec_or_die(c, "CREATE SCHEMA bench");
-	exec_or_die(c, "CREATE TABLE bench.quotas (key text COLLATE \"C\" PRIMARY KEY, "
-		       "\"limit\" integer NOT NULL, in_flight bigint NOT NULL DEFAULT 0 "
-		       "CHECK (in_flight >= 0))");
-	exec_or_die(c, "INSERT INTO bench.quotas (key, \"limit\") SELECT key, \"limit\" "
-		       "FROM pgcoord.quotas WHERE key LIKE 'bench-%%'");
-	exec_or_die(c, "ANALYZE bench.quotas");
+	pgq_exec_or_die(
+	    c,
+	    "SELECT pgcoord.quota_set('bench-spread-' || lpad(i::text, 4, '0'), %d, NULL, "
+	    "'bench') FROM generate_series(0, %d) i",
+	    BENCH_SPREAD_LIMIT, cfg->spread_keys - 1);
+	pgq_exec_or_die(c, "SELECT pgcoord.quota_set('%s', %d, NULL, 'bench')", BENCH_HOT_KEY,
+			BENCH_HOT_LIMIT);
+	pgq_exec_or_die(c, "CREATE SCHEMA bench");
+	pgq_exec_or_die(c, "CREATE TABLE bench.quotas (key text COLLATE \"C\" PRIMARY KEY, "
+			   "\"limit\" integer NOT NULL, in_flight bigint NOT NULL DEFAULT 0 "
+			   "CHECK (in_flight >= 0))");
+	pgq_exec_or_die(c, "INSERT INTO bench.quotas (key, \"limit\") SELECT key, \"limit\" "
+			   "FROM pgcoord.quotas WHERE key LIKE 'bench-%%'");
+	pgq_exec_or_die(c, "ANALYZE bench.quotas");
 }
 
 void bench_db_setup(struct bench_cfg *cfg)
@@ -258,13 +197,14 @@ void bench_db_setup(struct bench_cfg *cfg)
 	PGconn *admin;
 
 	if (!getenv("PGCOORD_TEST_PGHOST") || !getenv("PGCOORD_TEST_PGPORT"))
-		die("PGCOORD_TEST_PGHOST/PORT are not set: run under tests/harness/with-postgres "
+		pgq_die(
+		    "PGCOORD_TEST_PGHOST/PORT are not set: run under tests/harness/with-postgres "
 		    "(scripts/bench does)");
 	conninfo(admin_info, sizeof(admin_info), "postgres");
 	conninfo(cfg->direct_conninfo, sizeof(cfg->direct_conninfo), BENCH_DB);
-	admin = connect_to(admin_info, "pgcoord-bench-setup");
-	exec_or_die(admin, "DROP DATABASE IF EXISTS " BENCH_DB " WITH (FORCE)");
-	exec_or_die(admin, "CREATE DATABASE " BENCH_DB);
+	admin = pgq_connect(admin_info, "pgcoord-bench-setup");
+	pgq_exec_or_die(admin, "DROP DATABASE IF EXISTS " BENCH_DB " WITH (FORCE)");
+	pgq_exec_or_die(admin, "CREATE DATABASE " BENCH_DB);
 	make_durable(cfg, admin);
 	PQfinish(admin);
 
@@ -326,34 +266,35 @@ bool bench_db_check(PGconn *c, long granted, bool leaked)
 
 	printf("\nConservation after the run%s:\n",
 	       leaked ? " (one slot left taken on purpose in each path)" : "");
-	ok &= expect_ll("agent quotas of the workload with in_flight <> 0",
-			query_ll(c, "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE 'bench-%%' "
-				    "AND in_flight <> 0"),
+	ok &= expect_ll(
+	    "agent quotas of the workload with in_flight <> 0",
+	    pgq_query_ll(c, "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE 'bench-%%' "
+			    "AND in_flight <> 0"),
+	    left);
+	ok &= expect_ll("direct-SQL counters not back to 0",
+			pgq_query_ll(c, "SELECT count(*) FROM bench.quotas WHERE in_flight <> 0"),
 			left);
-	ok &=
-	    expect_ll("direct-SQL counters not back to 0",
-		      query_ll(c, "SELECT count(*) FROM bench.quotas WHERE in_flight <> 0"), left);
 	ok &= expect_ll("workload permits not released",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permits WHERE id LIKE '%s%%' "
-				 "AND state <> 'released'",
-				 BENCH_PERMIT_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permits WHERE id LIKE '%s%%' "
+				     "AND state <> 'released'",
+				     BENCH_PERMIT_PREFIX),
 			left);
 	ok &= expect_ll("workload permits admitted (audit) = claims granted",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
-				 "LIKE '%s%%' AND event = 'admitted'",
-				 BENCH_PERMIT_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
+				     "LIKE '%s%%' AND event = 'admitted'",
+				     BENCH_PERMIT_PREFIX),
 			granted);
 	ok &= expect_ll("workload permits released (audit) = claims granted, less any left taken",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
-				 "LIKE '%s%%' AND event = 'released'",
-				 BENCH_PERMIT_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
+				     "LIKE '%s%%' AND event = 'released'",
+				     BENCH_PERMIT_PREFIX),
 			granted - left);
 	ok &= expect_ll("quotas whose in_flight differs from their live permits' weights or audit",
-			query_ll(c, "SELECT count(*) FROM pgcoord.permits_check() "
-				    "WHERE problem <> ''"),
+			pgq_query_ll(c, "SELECT count(*) FROM pgcoord.permits_check() "
+					"WHERE problem <> ''"),
 			0);
 	return ok;
 }

@@ -13,7 +13,7 @@
 
 /* The fields of /proc/<pid>/stat after the command name, which may hold
  * spaces and parentheses: everything after the last ')'. */
-static bool read_stat(pid_t pid, pid_t *ppid, unsigned long long *ticks)
+bool proc_read_stat(pid_t pid, pid_t *ppid, unsigned long long *ticks)
 {
 	char path[64], buf[1024], *p;
 	unsigned long long utime, stime;
@@ -56,14 +56,14 @@ double proc_cpu_ms(pid_t pid)
 {
 	unsigned long long ticks;
 
-	return read_stat(pid, NULL, &ticks) ? ticks_to_ms(ticks) : -1;
+	return proc_read_stat(pid, NULL, &ticks) ? ticks_to_ms(ticks) : -1;
 }
 
 pid_t proc_parent(pid_t pid)
 {
 	pid_t ppid;
 
-	return read_stat(pid, &ppid, NULL) ? ppid : -1;
+	return proc_read_stat(pid, &ppid, NULL) ? ppid : -1;
 }
 
 long proc_rss_kb(pid_t pid)
@@ -95,7 +95,7 @@ double proc_children_cpu_ms(pid_t parent)
 	while ((e = readdir(d))) {
 		if (!isdigit((unsigned char)e->d_name[0]))
 			continue;
-		if (read_stat((pid_t)atoi(e->d_name), &ppid, &ticks) && ppid == parent)
+		if (proc_read_stat((pid_t)atoi(e->d_name), &ppid, &ticks) && ppid == parent)
 			sum += ticks;
 	}
 	closedir(d);

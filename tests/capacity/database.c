@@ -6,8 +6,8 @@
  * connections), and checked for conservation after the run.
  */
 #include "capacity.h"
+#include "pgq.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,75 +40,9 @@ static const char kind_sql[] =
 /* The runtime role as an SQL literal: only its statements are the agents'. */
 static char runtime_role_literal[160];
 
-__attribute__((noreturn, format(printf, 1, 2))) static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "pgcoord-capacity: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n");
-	exit(2);
-}
-
-static void ignore_notice(void *arg, const char *message)
-{
-	(void)arg;
-	(void)message;
-}
-
-static PGconn *connect_to(const char *conninfo, const char *appname)
-{
-	const char *keys[] = {"dbname", "application_name", NULL};
-	const char *values[] = {conninfo, appname, NULL};
-	PGconn *c = PQconnectdbParams(keys, values, 1);
-
-	if (PQstatus(c) != CONNECTION_OK)
-		die("cannot connect to %s: %s", conninfo, PQerrorMessage(c));
-	PQsetNoticeProcessor(c, ignore_notice, NULL);
-	return c;
-}
-
 PGconn *cap_db_connect(const struct cap_cfg *cfg, const char *appname)
 {
-	return connect_to(cfg->owner_conninfo, appname);
-}
-
-__attribute__((format(printf, 2, 3))) static void exec_or_die(PGconn *c, const char *fmt, ...)
-{
-	char sql[4096];
-	va_list ap;
-	PGresult *r;
-
-	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
-	va_end(ap);
-	r = PQexec(c, sql);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
-		die("setting up the database: %s  statement: %.300s", PQresultErrorMessage(r), sql);
-	PQclear(r);
-}
-
-/* The first column of the first row as a number; -1 on any failure. */
-__attribute__((format(printf, 2, 3))) static long long query_ll(PGconn *c, const char *fmt, ...)
-{
-	char sql[4096];
-	long long v = -1;
-	va_list ap;
-	PGresult *r;
-
-	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
-	va_end(ap);
-	r = PQexec(c, sql);
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	else
-		fprintf(stderr, "pgcoord-capacity: %s  query: %.300s\n", PQresultErrorMessage(r),
-			sql);
-	PQclear(r);
-	return v;
+	return pgq_connect(cfg->owner_conninfo, appname);
 }
 
 /* Runs argv to completion with stdout on stderr (stdout is the table's). */
@@ -137,14 +71,14 @@ static void load_pg_stat_statements(PGconn **admin, const char *admin_info)
 	const char *pgdata = getenv("PGCOORD_TEST_PGDATA");
 
 	if (!cluster || !pgdata)
-		die("PGCOORD_TEST_CLUSTER/PGDATA are not set: run under "
-		    "tests/harness/with-postgres (scripts/capacity does)");
-	exec_or_die(*admin, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
+		pgq_die("PGCOORD_TEST_CLUSTER/PGDATA are not set: run under "
+			"tests/harness/with-postgres (scripts/capacity does)");
+	pgq_exec_or_die(*admin, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
 	PQfinish(*admin);
 	const char *argv[] = {cluster, "restart", pgdata, NULL};
 	if (!run(argv))
-		die("restarting the server with pg_stat_statements failed");
-	*admin = connect_to(admin_info, "pgcoord-capacity-setup");
+		pgq_die("restarting the server with pg_stat_statements failed");
+	*admin = pgq_connect(admin_info, "pgcoord-capacity-setup");
 }
 
 static void conninfo(char *buf, size_t size, const char *host, const char *port, const char *user,
@@ -158,9 +92,9 @@ static const char *need_env(const char *name)
 	const char *v = getenv(name);
 
 	if (!v || !*v)
-		die("%s is not set: run under tests/harness/with-postgres --pgbouncer "
-		    "(scripts/capacity does)",
-		    name);
+		pgq_die("%s is not set: run under tests/harness/with-postgres --pgbouncer "
+			"(scripts/capacity does)",
+			name);
 	return v;
 }
 
@@ -190,15 +124,15 @@ static void tune_bouncer(const struct cap_cfg *cfg)
 	PGresult *r = bouncer_console(cfg, "SET server_idle_timeout = 600");
 
 	if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
-		die("PgBouncer refused SET server_idle_timeout: %s",
-		    r ? PQresultErrorMessage(r) : "no console");
+		pgq_die("PgBouncer refused SET server_idle_timeout: %s",
+			r ? PQresultErrorMessage(r) : "no console");
 	PQclear(r);
 	if (cfg->bouncer_pool_size > 0) {
 		snprintf(sql, sizeof(sql), "SET default_pool_size = %d", cfg->bouncer_pool_size);
 		r = bouncer_console(cfg, sql);
 		if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
-			die("PgBouncer refused %s: %s", sql,
-			    r ? PQresultErrorMessage(r) : "no console");
+			pgq_die("PgBouncer refused %s: %s", sql,
+				r ? PQresultErrorMessage(r) : "no console");
 		PQclear(r);
 	}
 }
@@ -234,18 +168,19 @@ static void preload_closed_sessions(const struct cap_cfg *cfg, PGconn *c)
 	if (cfg->closed_sessions == 0)
 		return;
 	fprintf(stderr, "pgcoord-capacity: preloading %ld closed sessions\n", cfg->closed_sessions);
-	exec_or_die(c, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
-		       "started_at, heartbeat_at, expires_at, stopped_at) VALUES ('" CAP_PREFIX
-		       "past', 1, 'past', 1, 'past', now() - interval '2 days', "
-		       "now() - interval '1 day', now() - interval '1 day', now() - interval "
-		       "'1 day')");
-	exec_or_die(c,
-		    "INSERT INTO pgcoord.sessions (replica_id, incarnation, name, opened_at, "
-		    "expires_at, closed_at, close_reason) SELECT '" CAP_PREFIX "past', 1, "
-		    "'past-' || i, now() - interval '2 days', now() - interval '1 day', "
-		    "now() - interval '1 day', 'agent stopped' FROM generate_series(1, %ld) i",
-		    cfg->closed_sessions);
-	exec_or_die(c, "VACUUM ANALYZE pgcoord.sessions, pgcoord.agents");
+	pgq_exec_or_die(c,
+			"INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+			"started_at, heartbeat_at, expires_at, stopped_at) VALUES ('" CAP_PREFIX
+			"past', 1, 'past', 1, 'past', now() - interval '2 days', "
+			"now() - interval '1 day', now() - interval '1 day', now() - interval "
+			"'1 day')");
+	pgq_exec_or_die(c,
+			"INSERT INTO pgcoord.sessions (replica_id, incarnation, name, opened_at, "
+			"expires_at, closed_at, close_reason) SELECT '" CAP_PREFIX "past', 1, "
+			"'past-' || i, now() - interval '2 days', now() - interval '1 day', "
+			"now() - interval '1 day', 'agent stopped' FROM generate_series(1, %ld) i",
+			cfg->closed_sessions);
+	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.sessions, pgcoord.agents");
 	fprintf(stderr, "pgcoord-capacity: preloaded in %.1f s\n", cap_now() - t0);
 }
 
@@ -276,33 +211,33 @@ void cap_db_setup(struct cap_cfg *cfg)
 
 	if (!cfg->direct)
 		tune_bouncer(cfg);
-	admin = connect_to(admin_info, "pgcoord-capacity-setup");
-	if (query_ll(admin, "SELECT count(*) FROM pg_available_extensions "
-			    "WHERE name = 'pg_stat_statements'") != 1)
-		die("pg_stat_statements is not available in this PostgreSQL installation");
+	admin = pgq_connect(admin_info, "pgcoord-capacity-setup");
+	if (pgq_query_ll(admin, "SELECT count(*) FROM pg_available_extensions "
+				"WHERE name = 'pg_stat_statements'") != 1)
+		pgq_die("pg_stat_statements is not available in this PostgreSQL installation");
 	load_pg_stat_statements(&admin, admin_info);
-	exec_or_die(admin, "DROP DATABASE IF EXISTS " CAP_DB " WITH (FORCE)");
-	exec_or_die(admin, "CREATE DATABASE " CAP_DB);
+	pgq_exec_or_die(admin, "DROP DATABASE IF EXISTS " CAP_DB " WITH (FORCE)");
+	pgq_exec_or_die(admin, "CREATE DATABASE " CAP_DB);
 	PQfinish(admin);
 
 	const char *argv[] = {
 	    cfg->agent_bin,    "migrate", "--database-url", cfg->owner_conninfo, "--runtime-role",
 	    cfg->runtime_role, NULL};
 	if (!run(argv))
-		die("`%s migrate` failed", cfg->agent_bin);
+		pgq_die("`%s migrate` failed", cfg->agent_bin);
 
 	PGconn *c = cap_db_connect(cfg, "pgcoord-capacity-setup");
 	char *role = PQescapeLiteral(c, cfg->runtime_role, strlen(cfg->runtime_role));
 	if (!role)
-		die("quoting the runtime role: %s", PQerrorMessage(c));
+		pgq_die("quoting the runtime role: %s", PQerrorMessage(c));
 	snprintf(runtime_role_literal, sizeof(runtime_role_literal), "%s", role);
 	PQfreemem(role);
-	exec_or_die(c, "CREATE EXTENSION pg_stat_statements");
+	pgq_exec_or_die(c, "CREATE EXTENSION pg_stat_statements");
 	/* one key per agent, room for every claim its worker makes */
-	exec_or_die(c,
-		    "SELECT pgcoord.quota_set('" CAP_PREFIX "a' || i, 1000000, NULL, "
-		    "'pgcoord-capacity') FROM generate_series(0, %d) i",
-		    CAP_MAX_AGENTS - 1);
+	pgq_exec_or_die(c,
+			"SELECT pgcoord.quota_set('" CAP_PREFIX "a' || i, 1000000, NULL, "
+			"'pgcoord-capacity') FROM generate_series(0, %d) i",
+			CAP_MAX_AGENTS - 1);
 	preload_closed_sessions(cfg, c);
 	PQfinish(c);
 }
@@ -364,10 +299,10 @@ void cap_window_close(PGconn *c, pid_t postmaster, struct window *w)
 
 int cap_server_conns(PGconn *c)
 {
-	return (int)query_ll(c,
-			     "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
-			     "AND backend_type = 'client backend'",
-			     runtime_role_literal);
+	return (int)pgq_query_ll(c,
+				 "SELECT count(*) FROM pg_stat_activity WHERE usename = %s "
+				 "AND backend_type = 'client backend'",
+				 runtime_role_literal);
 }
 
 /* The clients PgBouncer holds for the runtime role in the capacity
@@ -434,32 +369,32 @@ bool cap_db_check(PGconn *c, long granted)
 
 	printf("\nConservation after the run:\n");
 	ok &= expect_ll("workload quotas with in_flight <> 0",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE '%s%%' "
-				 "AND in_flight <> 0",
-				 CAP_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE '%s%%' "
+				     "AND in_flight <> 0",
+				     CAP_PREFIX),
 			0);
 	ok &= expect_ll("workload permits not released",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permits WHERE id LIKE '%s%%' "
-				 "AND state <> 'released'",
-				 CAP_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permits WHERE id LIKE '%s%%' "
+				     "AND state <> 'released'",
+				     CAP_PREFIX),
 			0);
 	ok &= expect_ll("workload permits admitted (audit) = claims granted",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
-				 "LIKE '%s%%' AND event = 'admitted'",
-				 CAP_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
+				     "LIKE '%s%%' AND event = 'admitted'",
+				     CAP_PREFIX),
 			granted);
 	ok &= expect_ll("workload permits released (audit) = claims granted",
-			query_ll(c,
-				 "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
-				 "LIKE '%s%%' AND event = 'released'",
-				 CAP_PREFIX),
+			pgq_query_ll(c,
+				     "SELECT count(*) FROM pgcoord.permit_events WHERE permit_id "
+				     "LIKE '%s%%' AND event = 'released'",
+				     CAP_PREFIX),
 			granted);
 	ok &= expect_ll("quotas whose in_flight differs from their live permits' weights or audit",
-			query_ll(c, "SELECT count(*) FROM pgcoord.permits_check() "
-				    "WHERE problem <> ''"),
+			pgq_query_ll(c, "SELECT count(*) FROM pgcoord.permits_check() "
+					"WHERE problem <> ''"),
 			0);
 	return ok;
 }

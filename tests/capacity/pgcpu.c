@@ -9,6 +9,7 @@
  * its exit is lost, which undercounts a little, never goes negative.
  */
 #include "capacity.h"
+#include "bench.h" /* proc_read_stat */
 
 #include <ctype.h>
 #include <dirent.h>
@@ -25,31 +26,6 @@ struct pg_cpu_snap {
 	unsigned long long ticks[MAX_CHILDREN];
 };
 
-/* ppid and utime + stime of pid, from the fields after the last ')'. */
-static bool read_stat(pid_t pid, pid_t *ppid, unsigned long long *ticks)
-{
-	char path[64], buf[1024], *p;
-	unsigned long long utime, stime;
-	int parent;
-	FILE *f;
-	size_t n;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	f = fopen(path, "re");
-	if (!f)
-		return false;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	p = strrchr(buf, ')');
-	if (!p || sscanf(p + 1, " %*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &parent,
-			 &utime, &stime) != 3)
-		return false;
-	*ppid = parent;
-	*ticks = utime + stime;
-	return true;
-}
-
 /* Calls fn for every child of parent with its CPU ticks. */
 static void each_child(pid_t parent, void (*fn)(void *, pid_t, unsigned long long), void *arg)
 {
@@ -65,7 +41,7 @@ static void each_child(pid_t parent, void (*fn)(void *, pid_t, unsigned long lon
 		if (!isdigit((unsigned char)e->d_name[0]))
 			continue;
 		pid = (pid_t)atoi(e->d_name);
-		if (read_stat(pid, &ppid, &ticks) && ppid == parent)
+		if (proc_read_stat(pid, &ppid, &ticks) && ppid == parent)
 			fn(arg, pid, ticks);
 	}
 	closedir(d);

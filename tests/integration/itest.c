@@ -3,15 +3,18 @@
  */
 #include "itest.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -384,4 +387,85 @@ long irss_kib(pid_t pid)
 		kib = strtol(p + 6, NULL, 10);
 	free(status);
 	return kib;
+}
+
+/* GET path from the HTTP listener of an agent started with --metrics-listen 127.0.0.1:0; the
+ * whole response, malloc'd. */
+char *ihttp_get(struct hagent *a, const char *path)
+{
+	const char key[] = "metrics_listen=127.0.0.1:";
+	int64_t deadline = hnow_ms() + 5000;
+	const char *at;
+	while (!(at = strstr(hagent_log(a), key))) {
+		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
+		hsleep_ms(20);
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)atoi(at + strlen(key))),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct timeval tv = {10, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	char req[256], buf[4096];
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	size_t len = 0;
+	char *resp = calloc(1, 1);
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof(buf))) > 0) {
+		resp = realloc(resp, len + (size_t)n + 1);
+		cr_assert_not_null(resp);
+		memcpy(resp + len, buf, (size_t)n);
+		len += (size_t)n;
+		resp[len] = '\0';
+	}
+	close(fd);
+	return resp;
+}
+
+/* Reads fd until the notification `method` arrives (other messages are
+ * dropped); fails after timeout_ms. out->m.params is its map. */
+void ihear(int fd, const char *method, int timeout_ms, struct ireply *out)
+{
+	int64_t deadline = hnow_ms() + timeout_ms;
+	char err[256];
+
+	for (;;) {
+		int left = (int)(deadline - hnow_ms());
+		cr_assert_gt(left, 0, "no %s within %d ms", method, timeout_ms);
+		msgpack_unpacked_init(&out->u);
+		enum hraw_result got = hraw_recv_msg(fd, left, &out->u);
+		cr_assert(got == HRAW_MSG || got == HRAW_TIMEOUT, "the connection broke (%d)", got);
+		if (got == HRAW_MSG) {
+			memset(&out->m, 0, sizeof(out->m));
+			cr_assert(pgc_parse_message(&out->u.data, &out->m, err, sizeof(err)), "%s",
+				  err);
+			if (out->m.type == PGC_RPC_NOTIFY && out->m.method_len == strlen(method) &&
+			    memcmp(out->m.method, method, out->m.method_len) == 0)
+				return;
+		}
+		ireply_destroy(out);
+	}
+}
+
+bool istr_is(const msgpack_object *map, const char *key, const char *want)
+{
+	char *v = istr(map, key);
+	bool same = strcmp(v, want) == 0;
+	free(v);
+	return same;
+}
+
+void iquota_set(int fd, const char *key, int64_t limit)
+{
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "limit", limit);
+	icall_ok(fd, "quota.set", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
 }

@@ -122,4 +122,21 @@ const char *ihostname(void);
 /* Resident memory of pid in KiB (VmRSS), or -1. */
 long irss_kib(pid_t pid);
 
+/* --- notifications, quotas and the HTTP listener ----------------------- */
+
+/* Reads fd until the notification `method` arrives (other messages are
+ * dropped); fails after timeout_ms. out->m.params is its map. */
+void ihear(int fd, const char *method, int timeout_ms, struct ireply *out);
+
+/* Whether map[key] is the string want. */
+bool istr_is(const msgpack_object *map, const char *key, const char *want);
+
+/* quota.set {key, limit}; fails the test unless it is ok. */
+void iquota_set(int fd, const char *key, int64_t limit);
+
+/* GET path from the HTTP listener of an agent started with
+ * --metrics-listen 127.0.0.1:0 (its port read from its log); the whole
+ * response, malloc'd. */
+char *ihttp_get(struct hagent *a, const char *path);
+
 #endif

@@ -41,18 +41,6 @@ static void claim_params(struct iparams *p, const char *id, const char *key)
 	pgc_pack_kv_int(pk, "weight", 1);
 }
 
-static void quota_set(int fd, const char *key, int limit)
-{
-	struct iparams p;
-	struct ireply r;
-	msgpack_packer *pk = iparams_begin(&p, 2);
-	pgc_pack_kv_str(pk, "key", key);
-	pgc_pack_kv_int(pk, "limit", limit);
-	icall_ok(fd, "quota.set", &p, &r);
-	ireply_destroy(&r);
-	iparams_destroy(&p);
-}
-
 /* The claims of one run: ids <prefix>-1..10 on key (limit 5: five
  * admitted, five denied, in arrival order), then <prefix>-1 again (held,
  * its first token), then one on a quota that does not exist (not_found,
@@ -197,8 +185,8 @@ Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
 	struct outcome grouped[NCLAIMS], alone[NCLAIMS];
 
 	isession_open(fd, "grouped");
-	quota_set(fd, "grp", 5);
-	quota_set(fd, "one", 5);
+	iquota_set(fd, "grp", 5);
+	iquota_set(fd, "one", 5);
 
 	/* one at a time: each answered before the next is sent */
 	for (int i = 0; i < NCLAIMS; i++) {
@@ -267,8 +255,8 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	struct outcome first[1], failed[NCLAIMS], retried[NCLAIMS];
 
 	isession_open(fd, "failing");
-	quota_set(fd, "fa", 50);
-	quota_set(fd, "fb", 50);
+	iquota_set(fd, "fa", 50);
+	iquota_set(fd, "fb", 50);
 
 	/* claim 0 waits on fa; claims 1..9 queue, then run as one group and
 	 * wait on fb, where the group's backend is terminated */
@@ -536,7 +524,7 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 
 	isession_open(fd, "holder");
 	isession_open(fd2, "waiter");
-	quota_set(fd, "rw", 4);
+	iquota_set(fd, "rw", 4);
 	send_claims(fd, 5000, 0, 4, "rw", "rw");
 	read_answers(fd, 5000, 4, claimed);
 	for (int i = 0; i < 4; i++)

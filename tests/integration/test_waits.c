@@ -28,87 +28,6 @@ static const char *const wait_args[] = {"--wait-poll-ms", "50", NULL};
 static const char *const http_args[] = {"--wait-poll-ms", "50", "--metrics-listen", "127.0.0.1:0",
 					NULL};
 
-/* GET path from the HTTP listener of an agent started with http_args; the
- * whole response, malloc'd. */
-static char *http_get(struct hagent *a, const char *path)
-{
-	static const char key[] = "metrics_listen=127.0.0.1:";
-	int64_t deadline = hnow_ms() + 5000;
-	const char *at;
-	while (!(at = strstr(hagent_log(a), key))) {
-		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
-		hsleep_ms(20);
-	}
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)atoi(at + strlen(key))),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	struct timeval tv = {10, 0};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	char req[256], buf[4096];
-	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
-	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
-	size_t len = 0;
-	char *resp = calloc(1, 1);
-	ssize_t n;
-	while ((n = read(fd, buf, sizeof(buf))) > 0) {
-		resp = realloc(resp, len + (size_t)n + 1);
-		cr_assert_not_null(resp);
-		memcpy(resp + len, buf, (size_t)n);
-		len += (size_t)n;
-		resp[len] = '\0';
-	}
-	close(fd);
-	return resp;
-}
-
-/* Reads fd until the notification `method` arrives (other messages are
- * dropped); fails after timeout_ms. out->m.params is its map. */
-static void hear(int fd, const char *method, int timeout_ms, struct ireply *out)
-{
-	int64_t deadline = hnow_ms() + timeout_ms;
-	char err[256];
-
-	for (;;) {
-		int left = (int)(deadline - hnow_ms());
-		cr_assert_gt(left, 0, "no %s within %d ms", method, timeout_ms);
-		msgpack_unpacked_init(&out->u);
-		enum hraw_result got = hraw_recv_msg(fd, left, &out->u);
-		cr_assert(got == HRAW_MSG || got == HRAW_TIMEOUT, "the connection broke (%d)", got);
-		if (got == HRAW_MSG) {
-			memset(&out->m, 0, sizeof(out->m));
-			cr_assert(pgc_parse_message(&out->u.data, &out->m, err, sizeof(err)), "%s",
-				  err);
-			if (out->m.type == PGC_RPC_NOTIFY && out->m.method_len == strlen(method) &&
-			    memcmp(out->m.method, method, out->m.method_len) == 0)
-				return;
-		}
-		ireply_destroy(out);
-	}
-}
-
-static bool str_is(const msgpack_object *map, const char *key, const char *want)
-{
-	char *v = istr(map, key);
-	bool same = strcmp(v, want) == 0;
-	free(v);
-	return same;
-}
-
-static void quota_set(int fd, const char *key, int64_t limit)
-{
-	struct iparams p;
-	struct ireply r;
-	msgpack_packer *pk = iparams_begin(&p, 2);
-	pgc_pack_kv_str(pk, "key", key);
-	pgc_pack_kv_int(pk, "limit", limit);
-	icall_ok(fd, "quota.set", &p, &r);
-	ireply_destroy(&r);
-	iparams_destroy(&p);
-}
-
 /* permit.claim {id, quotas: [{key, weight}], wait_ms?}; the reply in r. */
 static void claim_call(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
 		       struct ireply *r)
@@ -179,7 +98,7 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 	}
 	holder = iconnect(hagent_socket(ag[0]));
 	isession_open(holder, "holder");
-	quota_set(holder, "slot", 1);
+	iquota_set(holder, "slot", 1);
 	claim(holder, "first", "slot", 1, 0, "admitted");
 	for (int i = 0; i < 3 * WAITERS_PER_AGENT; i++) {
 		fds[i] = iconnect(hagent_socket(ag[i % 3]));
@@ -192,13 +111,13 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 	/* nobody overtakes the queue, even with room: not an immediate claim */
 	claim(holder, "pushy", "slot", 1, 0, "denied");
 	/* the queue on the status page; this agent's waiters in its metrics */
-	char *page = http_get(ag[0], "/status");
+	char *page = ihttp_get(ag[0], "/status");
 	cr_assert(strstr(page, "<table id=\"queues\">") &&
 		      strstr(page, "<td>slot</td><td>30</td>") &&
 		      strstr(page, "<td>w-00</td><td>1</td>"),
 		  "%s", page);
 	free(page);
-	page = http_get(ag[0], "/metrics");
+	page = ihttp_get(ag[0], "/metrics");
 	cr_assert(strstr(page, "\npgcoord_permit_waiters 10\n"), "%s", page);
 	free(page);
 	cr_assert_eq(istatus_int(ag[1], "waiters"), WAITERS_PER_AGENT);
@@ -207,8 +126,8 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 	for (int i = 0; i < 3 * WAITERS_PER_AGENT; i++) {
 		struct ireply n;
 		snprintf(id, sizeof(id), "w-%02d", i);
-		hear(fds[i], "permit.admitted", HEAR_MS, &n);
-		cr_assert(str_is(n.m.params, "id", id));
+		ihear(fds[i], "permit.admitted", HEAR_MS, &n);
+		cr_assert(istr_is(n.m.params, "id", id));
 		cr_assert_gt(iint(n.m.params, "token"), 0);
 		cr_assert_eq(iint(n.m.params, "owner_session"),
 			     hdb_query_long(db,
@@ -241,7 +160,7 @@ Test(waits, thirty_waiters_on_three_agents_are_admitted_once_in_order)
 		     0);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'pushy'"),
 		     0);
-	page = http_get(ag[0], "/metrics");
+	page = ihttp_get(ag[0], "/metrics");
 	cr_assert(strstr(page, "\npgcoord_permit_waiters 0\n") &&
 		      strstr(page, "\npgcoord_permit_queue_admitted_total 10\n"),
 		  "%s", page);
@@ -269,7 +188,7 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	isession_open(fa, "a");
 	isession_open(fb, "b");
 	int64_t sd = isession_open(fd, "d");
-	quota_set(holder, "q", 1);
+	iquota_set(holder, "q", 1);
 	claim(holder, "held", "q", 1, 0, "admitted");
 
 	cr_assert_eq(claim(fa, "short", "q", 1, 300, "queued"), 1);
@@ -284,9 +203,9 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	ierr(&r, "invalid_params", false, NULL);
 	ireply_destroy(&r);
 
-	hear(fa, "permit.expired", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "id", "short"));
-	cr_assert(str_is(n.m.params, "reason", "wait_ms elapsed"));
+	ihear(fa, "permit.expired", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "id", "short"));
+	cr_assert(istr_is(n.m.params, "reason", "wait_ms elapsed"));
 	ireply_destroy(&n);
 	cr_assert_eq(claim(fb, "long", "q", 1, 30000, "queued"), 1);
 	/* the expired id is free again */
@@ -299,16 +218,16 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	res = iok(&r, "permit.cancel");
 	cr_assert(ibool(res, "cancelled"));
 	ireply_destroy(&r);
-	hear(fb, "permit.expired", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "id", "long"));
-	cr_assert(str_is(n.m.params, "reason", "cancelled"));
+	ihear(fb, "permit.expired", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "id", "long"));
+	cr_assert(istr_is(n.m.params, "reason", "cancelled"));
 	ireply_destroy(&n);
 	/* its own session cancels, once */
 	cr_assert_eq(claim(fb, "mine", "q", 1, 30000, "queued"), 1);
 	id_call(fb, "permit.cancel", "mine", &r);
 	res = iok(&r, "permit.cancel");
 	cr_assert(ibool(res, "cancelled"));
-	cr_assert(str_is(res, "status", "cancelled"));
+	cr_assert(istr_is(res, "status", "cancelled"));
 	ireply_destroy(&r);
 	id_call(fb, "permit.cancel", "mine", &r);
 	ierr(&r, "not_found", false,
@@ -329,19 +248,19 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 
 	/* a raised limit admits the head in the same commit */
 	claim(fb, "next", "q", 1, 30000, "queued");
-	quota_set(holder, "q", 2);
+	iquota_set(holder, "q", 2);
 	cr_assert_eq(
 	    hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'next' AND state = "
 			       "'held'"),
 	    1);
-	hear(fb, "permit.admitted", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "id", "next"));
+	ihear(fb, "permit.admitted", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "id", "next"));
 	ireply_destroy(&n);
 	/* admitted: cancel says the caller holds it */
 	res = id_call(fb, "permit.cancel", "next", &r);
 	res = iok(&r, "permit.cancel");
 	cr_assert_not(ibool(res, "cancelled"));
-	cr_assert(str_is(res, "status", "held"));
+	cr_assert(istr_is(res, "status", "held"));
 	ireply_destroy(&r);
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 2);
 
@@ -365,7 +284,7 @@ Test(waits, a_heavy_head_blocks_lighter_waiters_behind_it)
 	isession_open(holder, "holder");
 	isession_open(fh, "heavy");
 	isession_open(fl, "light");
-	quota_set(holder, "w", 3);
+	iquota_set(holder, "w", 3);
 	claim(holder, "big", "w", 2, 0, "admitted");
 	cr_assert_eq(claim(fh, "heavy", "w", 2, 30000, "queued"), 1);
 	/* one unit is free, but the light claim waits behind the heavy one */
@@ -388,14 +307,14 @@ Test(waits, a_heavy_head_blocks_lighter_waiters_behind_it)
 	check = icall_ok(holder, "permit.check", NULL, &c);
 	stalled = pgc_map_get(check, "stalled_queues");
 	cr_assert(stalled && stalled->type == MSGPACK_OBJECT_ARRAY && stalled->via.array.size == 1);
-	cr_assert(str_is(&stalled->via.array.ptr[0], "head_id", "heavy"));
+	cr_assert(istr_is(&stalled->via.array.ptr[0], "head_id", "heavy"));
 	ireply_destroy(&c);
 	hdb_exec(db, "UPDATE pgcoord.quotas SET \"limit\" = 3 WHERE key = 'w'");
 
 	release(holder, "big");
-	hear(fh, "permit.admitted", HEAR_MS, &n);
+	ihear(fh, "permit.admitted", HEAR_MS, &n);
 	ireply_destroy(&n);
-	hear(fl, "permit.admitted", HEAR_MS, &n);
+	ihear(fl, "permit.admitted", HEAR_MS, &n);
 	ireply_destroy(&n);
 	char *order = hdb_query_value(
 	    db, "SELECT string_agg(permit_id, ',' ORDER BY id) FROM pgcoord.permit_events "

@@ -56,31 +56,6 @@ static int64_t watch(int fd, const char *method, const char *key, const char *va
 	return id;
 }
 
-/* Reads fd until the notification `method` arrives (other messages are
- * dropped); fails after timeout_ms. out->m.params is its map. */
-static void hear(int fd, const char *method, int timeout_ms, struct ireply *out)
-{
-	int64_t deadline = hnow_ms() + timeout_ms;
-	char err[256];
-
-	for (;;) {
-		int left = (int)(deadline - hnow_ms());
-		cr_assert_gt(left, 0, "no %s within %d ms", method, timeout_ms);
-		msgpack_unpacked_init(&out->u);
-		enum hraw_result got = hraw_recv_msg(fd, left, &out->u);
-		cr_assert(got == HRAW_MSG || got == HRAW_TIMEOUT, "the connection broke (%d)", got);
-		if (got == HRAW_MSG) {
-			memset(&out->m, 0, sizeof(out->m));
-			cr_assert(pgc_parse_message(&out->u.data, &out->m, err, sizeof(err)), "%s",
-				  err);
-			if (out->m.type == PGC_RPC_NOTIFY && out->m.method_len == strlen(method) &&
-			    memcmp(out->m.method, method, out->m.method_len) == 0)
-				return;
-		}
-		ireply_destroy(out);
-	}
-}
-
 /* Fails when any message arrives on fd within ms. */
 static void hear_nothing(int fd, int ms, const char *why)
 {
@@ -89,26 +64,6 @@ static void hear_nothing(int fd, int ms, const char *why)
 	enum hraw_result got = hraw_recv_msg(fd, ms, &u);
 	msgpack_unpacked_destroy(&u);
 	cr_assert_eq(got, HRAW_TIMEOUT, "%s: a message arrived (%d)", why, got);
-}
-
-static bool str_is(const msgpack_object *map, const char *key, const char *want)
-{
-	char *v = istr(map, key);
-	bool same = strcmp(v, want) == 0;
-	free(v);
-	return same;
-}
-
-static void quota_set(int fd, const char *key, int64_t limit)
-{
-	struct iparams p;
-	struct ireply r;
-	msgpack_packer *pk = iparams_begin(&p, 2);
-	pgc_pack_kv_str(pk, "key", key);
-	pgc_pack_kv_int(pk, "limit", limit);
-	icall_ok(fd, "quota.set", &p, &r);
-	ireply_destroy(&r);
-	iparams_destroy(&p);
 }
 
 static void claim(int fd, const char *id, const char *key)
@@ -122,7 +77,7 @@ static void claim(int fd, const char *id, const char *key)
 	msgpack_pack_map(pk, 1);
 	pgc_pack_kv_str(pk, "key", key);
 	const msgpack_object *res = icall_ok(fd, "permit.claim", &p, &r);
-	cr_assert(str_is(res, "status", "admitted"), "permit %s was not admitted", id);
+	cr_assert(istr_is(res, "status", "admitted"), "permit %s was not admitted", id);
 	ireply_destroy(&r);
 	iparams_destroy(&p);
 }
@@ -133,42 +88,6 @@ static void call_ok(int fd, const char *method, struct iparams *p)
 	icall_ok(fd, method, p, &r);
 	ireply_destroy(&r);
 	iparams_destroy(p);
-}
-
-/* GET path from the HTTP listener of an agent started with http_args; the
- * whole response, malloc'd. */
-static char *http_get(struct hagent *a, const char *path)
-{
-	static const char key[] = "metrics_listen=127.0.0.1:";
-	int64_t deadline = hnow_ms() + 5000;
-	const char *at;
-	while (!(at = strstr(hagent_log(a), key))) {
-		cr_assert_lt(hnow_ms(), deadline, "no %s in the log:\n%s", key, hagent_log(a));
-		hsleep_ms(20);
-	}
-	struct sockaddr_in sa = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)atoi(at + strlen(key))),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	struct timeval tv = {10, 0};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	cr_assert_geq(fd, 0);
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	char req[256], buf[4096];
-	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
-	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
-	size_t len = 0;
-	char *resp = calloc(1, 1);
-	ssize_t n;
-	while ((n = read(fd, buf, sizeof(buf))) > 0) {
-		resp = realloc(resp, len + (size_t)n + 1);
-		cr_assert_not_null(resp);
-		memcpy(resp + len, buf, (size_t)n);
-		len += (size_t)n;
-		resp[len] = '\0';
-	}
-	close(fd);
-	return resp;
 }
 
 /* --- quotas -------------------------------------------------------------- */
@@ -188,16 +107,16 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 	isession_open(fb, "dashboard");
 	/* an unknown key is fine: the first notification says it is absent */
 	int64_t w = watch(fb, "quota.watch", "key", "gpu");
-	hear(fb, "quota.changed", HEAR_MS, &n);
+	ihear(fb, "quota.changed", HEAR_MS, &n);
 	cr_assert_eq(iint(n.m.params, "watch"), w);
-	cr_assert(str_is(n.m.params, "key", "gpu"));
+	cr_assert(istr_is(n.m.params, "key", "gpu"));
 	cr_assert_not(ibool(n.m.params, "exists"));
 	cr_assert_eq(iint(n.m.params, "room"), 0);
 	ireply_destroy(&n);
 	hear_nothing(fb, 3 * POLL_MS, "nothing changed");
 
-	quota_set(fa, "gpu", 1);
-	hear(fb, "quota.changed", HEAR_MS, &n);
+	iquota_set(fa, "gpu", 1);
+	ihear(fb, "quota.changed", HEAR_MS, &n);
 	cr_assert(ibool(n.m.params, "exists"));
 	cr_assert_eq(iint(n.m.params, "limit"), 1);
 	cr_assert_eq(iint(n.m.params, "in_flight"), 0);
@@ -205,7 +124,7 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 	ireply_destroy(&n);
 
 	claim(fa, "job-1", "gpu");
-	hear(fb, "quota.changed", HEAR_MS, &n);
+	ihear(fb, "quota.changed", HEAR_MS, &n);
 	cr_assert_eq(iint(n.m.params, "in_flight"), 1);
 	cr_assert_eq(iint(n.m.params, "held"), 1);
 	cr_assert_eq(iint(n.m.params, "uncertain"), 0);
@@ -214,12 +133,12 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'gpu'"),
 		     1);
 	/* the status page shows what is watched here, as the last poll read it */
-	page = http_get(b, "/status");
+	page = ihttp_get(b, "/status");
 	cr_assert(strstr(page, "<table id=\"watched\">") &&
 		      strstr(page, "<td>gpu</td><td>1</td><td>1</td><td>1</td>"),
 		  "%s", page);
 	free(page);
-	page = http_get(b, "/metrics");
+	page = ihttp_get(b, "/metrics");
 	cr_assert(strstr(page, "\npgcoord_watches 1\n") &&
 		      strstr(page, "pgcoord_watch_polls_total "),
 		  "%s", page);
@@ -229,7 +148,7 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 	p_str(&p, "id", "job-1");
 	int64_t freed_at = hnow_ms();
 	call_ok(fa, "permit.release", &p);
-	hear(fb, "quota.changed", HEAR_MS, &n);
+	ihear(fb, "quota.changed", HEAR_MS, &n);
 	int64_t took = hnow_ms() - freed_at;
 	cr_assert_eq(iint(n.m.params, "in_flight"), 0);
 	cr_assert_eq(iint(n.m.params, "room"), 1);
@@ -250,7 +169,7 @@ Test(watches, a_watcher_on_another_agent_hears_a_quota_free_up_within_a_poll)
 		      "a second cancel finds nothing");
 	ireply_destroy(&r);
 	iparams_destroy(&c);
-	quota_set(fa, "gpu", 2);
+	iquota_set(fa, "gpu", 2);
 	hear_nothing(fb, 3 * POLL_MS, "the watch was cancelled");
 	cr_assert_eq(istatus_int(b, "watches"), 0);
 
@@ -276,16 +195,16 @@ Test(watches, permit_watch_hears_held_then_uncertain_then_released)
 	int64_t sa = isession_open(fa, "worker");
 	isession_open(fb, "scheduler");
 	isession_open(fu, "curious");
-	quota_set(fa, "slots", 3);
+	iquota_set(fa, "slots", 3);
 	claim(fa, "p1", "slots");
 
 	int64_t w = watch(fb, "permit.watch", "id", "p1");
-	hear(fb, "permit.changed", HEAR_MS, &n);
+	ihear(fb, "permit.changed", HEAR_MS, &n);
 	cr_assert_eq(iint(n.m.params, "watch"), w);
-	cr_assert(str_is(n.m.params, "id", "p1"));
+	cr_assert(istr_is(n.m.params, "id", "p1"));
 	cr_assert(ibool(n.m.params, "exists"));
-	cr_assert(str_is(n.m.params, "state", "held"));
-	cr_assert(str_is(n.m.params, "phase", "reserved"));
+	cr_assert(istr_is(n.m.params, "state", "held"));
+	cr_assert(istr_is(n.m.params, "phase", "reserved"));
 	cr_assert_eq(iint(n.m.params, "owner_session"), sa);
 	int64_t token = iint(n.m.params, "token");
 	cr_assert_eq(token,
@@ -295,7 +214,7 @@ Test(watches, permit_watch_hears_held_then_uncertain_then_released)
 
 	/* an id nobody claimed: watched all the same, reported absent */
 	watch(fu, "permit.watch", "id", "no-such-permit");
-	hear(fu, "permit.changed", HEAR_MS, &n);
+	ihear(fu, "permit.changed", HEAR_MS, &n);
 	cr_assert_not(ibool(n.m.params, "exists"));
 	cr_assert(iis_nil(n.m.params, "state"));
 	ireply_destroy(&n);
@@ -304,18 +223,18 @@ Test(watches, permit_watch_hears_held_then_uncertain_then_released)
 	pgc_pack_kv_str(pk, "id", "p1");
 	pgc_pack_kv_str(pk, "phase", "running");
 	call_ok(fa, "permit.update", &p);
-	hear(fb, "permit.changed", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "state", "held"));
-	cr_assert(str_is(n.m.params, "phase", "running"));
+	ihear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "state", "held"));
+	cr_assert(istr_is(n.m.params, "phase", "running"));
 	ireply_destroy(&n);
 
 	pk = iparams_begin(&p, 2);
 	pgc_pack_kv_str(pk, "id", "p1");
 	pgc_pack_kv_str(pk, "reason", "connector dropped");
 	call_ok(fa, "permit.mark_uncertain", &p);
-	hear(fb, "permit.changed", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "state", "uncertain"));
-	cr_assert(str_is(n.m.params, "uncertain_reason", "connector dropped"));
+	ihear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "state", "uncertain"));
+	cr_assert(istr_is(n.m.params, "uncertain_reason", "connector dropped"));
 	ireply_destroy(&n);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'p1' "
 					"AND state = 'uncertain'"),
@@ -326,8 +245,8 @@ Test(watches, permit_watch_hears_held_then_uncertain_then_released)
 	pgc_pack_kv_str(pk, "outcome", "gone");
 	pgc_pack_kv_str(pk, "evidence", "no such process");
 	call_ok(fa, "permit.resolve", &p);
-	hear(fb, "permit.changed", HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "state", "released"));
+	ihear(fb, "permit.changed", HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "state", "released"));
 	cr_assert_gt(iint(n.m.params, "released_at"), 0);
 	ireply_destroy(&n);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'p1' "
@@ -409,13 +328,13 @@ Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
 	ireply_destroy(&r);
 	int seen = 0;
 	for (int i = 0; i < 2; i++) {
-		hear(fb, "record.orphaned", HEAR_MS, &n);
-		cr_assert(str_is(n.m.params, "kind", "job"));
+		ihear(fb, "record.orphaned", HEAR_MS, &n);
+		cr_assert(istr_is(n.m.params, "kind", "job"));
 		char *key = istr(n.m.params, "key");
 		seen |= strcmp(key, "a-1") == 0 ? 1 : strcmp(key, "a-2") == 0 ? 2 : 4;
 		free(key);
 		cr_assert_eq(iint(n.m.params, "owner_session"), sa);
-		cr_assert(str_is(n.m.params, "owner_replica", "watch-ra"));
+		cr_assert(istr_is(n.m.params, "owner_replica", "watch-ra"));
 		cr_assert_eq(iint(n.m.params, "owner_uid"), (int64_t)getuid());
 		cr_assert_null(pgc_map_get(n.m.params, "data"), "no record data is ever pushed");
 		ireply_destroy(&n);
@@ -433,8 +352,8 @@ Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
 	/* a killed agent: its session lapses after its ttl */
 	hagent_kill(m, SIGKILL);
 	hagent_wait(m, 5000);
-	hear(fb, "record.orphaned", 1200 + 2000 + HEAR_MS, &n);
-	cr_assert(str_is(n.m.params, "key", "m-1"));
+	ihear(fb, "record.orphaned", 1200 + 2000 + HEAR_MS, &n);
+	cr_assert(istr_is(n.m.params, "key", "m-1"));
 	cr_assert_eq(iint(n.m.params, "owner_session"), sm);
 	ireply_destroy(&n);
 	cr_assert_eq(hdb_query_long(db,
@@ -597,7 +516,7 @@ Test(watches, pgcoordctl_wait_returns_once_there_is_room_and_watch_prints_each_c
 	struct iparams p;
 
 	isession_open(fd, "worker");
-	quota_set(fd, "gpu", 1);
+	iquota_set(fd, "gpu", 1);
 	claim(fd, "job-1", "gpu");
 
 	/* full: --timeout ends the wait with 5 */
