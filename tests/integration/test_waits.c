@@ -191,7 +191,9 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	iquota_set(holder, "q", 1);
 	claim(holder, "held", "q", 1, 0, "admitted");
 
-	cr_assert_eq(claim(fa, "short", "q", 1, 300, "queued"), 1);
+	/* "short" must outlive the next four calls (which count it in the
+	 * queue) on a loaded machine, and still expire well within HEAR_MS */
+	cr_assert_eq(claim(fa, "short", "q", 1, 1500, "queued"), 1);
 	cr_assert_eq(claim(fb, "long", "q", 1, 30000, "queued"), 2);
 	/* a retry answers where it stands; other weights are another claim */
 	cr_assert_eq(claim(fb, "long", "q", 1, 30000, "queued"), 2);
