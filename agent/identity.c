@@ -388,8 +388,7 @@ void identity_stop(struct agent *ag, void (*done)(struct agent *ag))
 	ctx->done = done;
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	const char *params[2] = {ag->cfg.replica_id, inc};
-	if (!db_query(ag->db, DB_LANE_HEARTBEAT,
-		      "SELECT closed_sessions FROM pgcoord.agent_stop($1, $2)", 2, params,
+	if (!db_query(ag->db, DB_LANE_HEARTBEAT, "SELECT pgcoord.agent_stop($1, $2)", 2, params,
 		      stop_done, ctx)) {
 		free(ctx);
 		log_warn(&ag->log, "identity",

@@ -29,7 +29,7 @@ struct janitor_duty {
 /* The janitor's duties, run in order each sweep. Add new ones here. Records
  * are purged before permits: a record's permit stays while it names it. */
 static const struct janitor_duty janitor_duties[] = {
-    {"expire lapsed sessions", "SELECT expired FROM pgcoord.janitor_expire_sessions($1)", false},
+    {"expire lapsed sessions", "SELECT pgcoord.janitor_expire_sessions($1)", false},
     {"release lapsed permits", "SELECT pgcoord.janitor_lapse_permits($1)", false},
     /* before the purge, which deletes only audit rows already folded */
     {"fold audit totals for permit.check", "SELECT pgcoord.janitor_fold_audit($1)", false},
@@ -105,7 +105,7 @@ static void opened(const struct db_result *r, void *arg)
 	j->opening = false;
 	if (!r->ok || PQntuples(r->res) != 1) {
 		log_warn(&ag->log, "janitor", "cannot open the janitor session: %s",
-			 r->ok ? "agent not current" : r->message);
+			 r->ok ? "no session returned" : r->message);
 		return;
 	}
 	j->session_id = strtoll(PQgetvalue(r->res, 0, 0), NULL, 10);
@@ -136,10 +136,9 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 		/* the agent's own session is owned by the agent's user */
 		snprintf(uid, sizeof(uid), "%u", (unsigned)geteuid());
 		const char *params[5] = {ag->cfg.replica_id, inc, "pgcoord-agent", ttl, uid};
-		if (db_query(
-			ag->db, DB_LANE_HEARTBEAT,
-			"SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, true, $5)", 5,
-			params, opened, j))
+		if (db_query(ag->db, DB_LANE_HEARTBEAT,
+			     "SELECT pgcoord.session_open($1, $2, $3, $4, true, $5)", 5, params,
+			     opened, j))
 			j->opening = true;
 		return;
 	}

@@ -15,6 +15,7 @@
 #include "agent/dispatch.h"
 #include "agent/keepalive.h"
 #include "agent/leases.h"
+#include "agent/pgrow.h"
 #include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/methods.h"
@@ -220,8 +221,8 @@ void sessions_expire_grace(struct agent *ag)
 		log_info(&ag->log, "sessions", "closing %d session(s) whose resume grace expired",
 			 count);
 		if (!db_query(ag->db, DB_LANE_REQUESTS,
-			      "SELECT session_id FROM pgcoord.session_close($1::bigint[], $2, $3)",
-			      3, params, grace_closed, ag)) {
+			      "SELECT pgcoord.session_close($1::bigint[], $2, $3)", 3, params,
+			      grace_closed, ag)) {
 			struct db_result r = {.ok = false, .message = "database unreachable"};
 			grace_closed(&r, ag);
 		}
@@ -255,16 +256,16 @@ static void opened(const struct db_result *r, void *arg)
 	struct session *s;
 	int64_t id, keepalive_ms;
 
+	/* a superseded incarnation is refused by the database (PCSUP) */
 	if (!r->ok) {
 		req_fail_db(req, r);
 		return;
 	}
-	if (PQntuples(r->res) != 1) {
-		req_fail(req, PGC_E_SUPERSEDED,
-			 "this agent's registration is no longer current; it is stopping");
+	if (PQntuples(r->res) != 1 || pgrow_null(r->res, 0, 0)) {
+		req_fail(req, PGC_E_INTERNAL, "session_open returned no session");
 		return;
 	}
-	id = strtoll(PQgetvalue(r->res, 0, 0), NULL, 10);
+	id = pgrow_int(r->res, 0, 0);
 	/* validated before the statement was sent */
 	(void)read_keepalive_ms(req, &keepalive_ms);
 	s = session_new(ag, id, "", (int64_t)c->uid);
@@ -334,23 +335,21 @@ static void resumed(const struct db_result *r, void *arg)
 	s = sessions_find(ag, id);
 	if (s)
 		s->busy = false;
+	/* the database refuses another uid (PCFBD) and a session that is not
+	 * resumable here (PCSEX), which is then lost here too */
 	if (!r->ok) {
+		if (s && r->sqlstate && strcmp(r->sqlstate, "PCSEX") == 0)
+			lose(ag, s, "no longer live in the database", LOG_LEVEL_WARN);
 		req_fail_db(req, r);
 		return;
 	}
 	if (PQntuples(r->res) != 1 || !s) {
-		if (s)
-			lose(ag, s, "no longer live in the database", LOG_LEVEL_WARN);
 		req_fail(req, PGC_E_SESSION_EXPIRED,
 			 "session %lld is no longer live; open a new one", (long long)id);
 		return;
 	}
 	/* the database knows the owner of a predecessor's session: keep it */
-	s->owner_uid = PQgetisnull(r->res, 0, 2) ? -1 : strtoll(PQgetvalue(r->res, 0, 2), NULL, 10);
-	if (strcmp(PQgetvalue(r->res, 0, 3), "t") != 0) {
-		fail_not_owner(req, s);
-		return;
-	}
+	s->owner_uid = pgrow_null(r->res, 0, 2) ? -1 : pgrow_int(r->res, 0, 2);
 	if (req->conn->closed || req->conn->session) {
 		s->detached_ms = mono_ms();
 		req_fail(req, PGC_E_CONFLICT, "the connection closed or opened another session");
@@ -451,15 +450,14 @@ void rpc_session_open(struct request *req)
 		/* the database checks the owner too: it alone knows the owner
 		 * of a predecessor's session */
 		if (req_query(req,
-			      "SELECT session_id, name, owner_uid, resumed "
+			      "SELECT session_id, name, owner_uid "
 			      "FROM pgcoord.session_resume($1, $2, $3, $4, $5, $6)",
 			      6, params, resumed))
 			s->busy = true;
 		return;
 	}
 	const char *params[5] = {ag->cfg.replica_id, inc, name ? name : "", ttl, uid};
-	req_query(req, "SELECT session_id FROM pgcoord.session_open($1, $2, $3, $4, false, $5)", 5,
-		  params, opened);
+	req_query(req, "SELECT pgcoord.session_open($1, $2, $3, $4, false, $5)", 5, params, opened);
 	free(name);
 }
 
@@ -541,8 +539,8 @@ void rpc_session_close(struct request *req)
 	if (!call)
 		return;
 	call->id = s->id;
-	if (req_query(req, "SELECT session_id FROM pgcoord.session_close($1::bigint[], $2, $3)", 3,
-		      params, closed)) {
+	if (req_query(req, "SELECT pgcoord.session_close($1::bigint[], $2, $3)", 3, params,
+		      closed)) {
 		s->busy = true;
 		s->closing = true;
 	}

@@ -14,8 +14,9 @@ static const struct {
 	const char *sqlstate;
 	enum pgc_error_code code;
 } refusals[] = {
-    {"PCNFD", PGC_E_NOT_FOUND}, {"PCFEN", PGC_E_FENCED},	  {"PCCFL", PGC_E_CONFLICT},
-    {"PCFBD", PGC_E_FORBIDDEN}, {"PCSEX", PGC_E_SESSION_EXPIRED}, {"PCINV", PGC_E_INVALID_PARAMS},
+    {"PCNFD", PGC_E_NOT_FOUND},	 {"PCFEN", PGC_E_FENCED},	   {"PCCFL", PGC_E_CONFLICT},
+    {"PCFBD", PGC_E_FORBIDDEN},	 {"PCSEX", PGC_E_SESSION_EXPIRED}, {"PCINV", PGC_E_INVALID_PARAMS},
+    {"PCSUP", PGC_E_SUPERSEDED},
 };
 
 bool db_sqlstate_is_refusal(const char *sqlstate)

@@ -106,16 +106,22 @@ CREATE VIEW pgcoord.live_sessions AS
 	SELECT s.* FROM pgcoord.sessions s
 	WHERE s.closed_at IS NULL AND s.expires_at > now();
 
+-- What agent_register answers. ok = false is not a refusal: it names the
+-- incarnation that holds the replica_id, which the agent logs, and when that
+-- holder is dead on this host, takes over.
+CREATE TYPE pgcoord.agent_claim_result AS (ok boolean, holder_host text, holder_pid integer,
+	holder_incarnation bigint, holder_expires_in_ms bigint, taken_over bigint[]);
+
 -- Registers an incarnation. Succeeds when the replica_id is free, stopped,
 -- lapsed, already ours, or held by p_takeover (an incarnation the caller
 -- proved dead: same host, its pid gone). Fails otherwise and names the
 -- holder, so the newcomer can refuse to start with a useful message.
 CREATE FUNCTION pgcoord.agent_register(p_replica_id text, p_incarnation bigint, p_host text,
 	p_pid integer, p_version text, p_ttl_ms bigint, p_takeover bigint)
-RETURNS TABLE (ok boolean, holder_host text, holder_pid integer,
-	holder_incarnation bigint, holder_expires_in_ms bigint, taken_over bigint[])
+RETURNS pgcoord.agent_claim_result
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.agent_claim_result;
 	v_taken bigint[];
 	v_dead bigint[];
 BEGIN
@@ -129,10 +135,12 @@ BEGIN
 	WHERE a.stopped_at IS NOT NULL OR a.expires_at <= now()
 	   OR a.incarnation = EXCLUDED.incarnation OR a.incarnation = p_takeover;
 	IF NOT FOUND THEN
-		RETURN QUERY SELECT false, a.host, a.pid, a.incarnation,
-			pgcoord.ms(a.expires_at) - pgcoord.ms(now()), NULL::bigint[]
+		v_result.ok := false;
+		SELECT a.host, a.pid, a.incarnation, pgcoord.ms(a.expires_at) - pgcoord.ms(now())
+		INTO v_result.holder_host, v_result.holder_pid, v_result.holder_incarnation,
+		     v_result.holder_expires_in_ms
 		FROM pgcoord.agents a WHERE a.replica_id = p_replica_id;
-		RETURN;
+		RETURN v_result;
 	END IF;
 	-- A predecessor's client sessions that are still live move to this
 	-- incarnation, which keeps them for their resume grace. Lapsed ones
@@ -162,7 +170,8 @@ BEGIN
 		-- defined by a later migration; PL/pgSQL resolves it at run time
 		PERFORM pgcoord.on_sessions_ended(v_dead, 'its agent was replaced', 'ended');
 	END IF;
-	RETURN QUERY SELECT true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken;
+	v_result := ROW(true, p_host, p_pid, p_incarnation, p_ttl_ms, v_taken);
+	RETURN v_result;
 END $$;
 
 -- The heartbeat: renews the agent row and every listed session in one
@@ -170,11 +179,14 @@ END $$;
 -- replica may have acted on its death — so it is reported lost instead.
 -- The sessions it could not renew are a set difference (hashed), O(n) in
 -- the sessions of the agent, not a test of each against every renewed one.
+CREATE TYPE pgcoord.heartbeat_result AS (agent_ok boolean, lost bigint[], now_ms bigint);
+
 CREATE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
 	p_ttl_ms bigint, p_sessions bigint[])
-RETURNS TABLE (agent_ok boolean, lost bigint[], now_ms bigint)
+RETURNS pgcoord.heartbeat_result
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.heartbeat_result;
 	v_renewed bigint[] := '{}';
 	v_ok boolean;
 BEGIN
@@ -192,17 +204,21 @@ BEGIN
 			RETURNING s.id)
 		SELECT coalesce(array_agg(id), '{}') INTO v_renewed FROM r;
 	END IF;
-	RETURN QUERY SELECT v_ok,
+	v_result := ROW(v_ok,
 		ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_renewed)),
-		pgcoord.ms(now());
+		pgcoord.ms(now()));
+	RETURN v_result;
 END $$;
 
--- Opens a session owned by p_owner_uid for a current incarnation; no row
--- when the incarnation was superseded.
+-- Opens a session owned by p_owner_uid for a current incarnation. A
+-- superseded incarnation is refused (PCSUP) before anything is written.
 CREATE FUNCTION pgcoord.session_open(p_replica_id text, p_incarnation bigint, p_name text,
 	p_ttl_ms bigint, p_internal boolean, p_owner_uid bigint)
-RETURNS TABLE (session_id bigint)
-LANGUAGE sql AS $$
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_id bigint;
+BEGIN
 	INSERT INTO pgcoord.sessions (replica_id, incarnation, name, expires_at, internal,
 		owner_uid)
 	SELECT p_replica_id, p_incarnation, p_name, now() + pgcoord.ms_interval(p_ttl_ms),
@@ -210,33 +226,39 @@ LANGUAGE sql AS $$
 	WHERE EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
 			AND a.stopped_at IS NULL)
-	RETURNING id
-$$;
+	RETURNING id INTO v_id;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'incarnation % of agent % is no longer current; it is stopping',
+			p_incarnation, p_replica_id
+		USING ERRCODE = 'PCSUP';
+	END IF;
+	RETURN v_id;
+END $$;
+
+-- What session_resume answers: the session as it was re-attached.
+CREATE TYPE pgcoord.session_resumption AS (session_id bigint, name text, owner_uid bigint);
 
 -- Re-attaches a live session of this replica_id, for a current incarnation,
--- for its own uid or for an admin (p_admin). No row: not resumable here.
--- resumed = false: it exists but belongs to another uid, and nothing
--- changed.
+-- for its own uid or for an admin (p_admin). Refused, with nothing
+-- written, when it is not resumable here (PCSEX) or belongs to another uid
+-- (PCFBD).
 CREATE FUNCTION pgcoord.session_resume(p_id bigint, p_replica_id text, p_incarnation bigint,
 	p_ttl_ms bigint, p_uid bigint, p_admin boolean)
-RETURNS TABLE (session_id bigint, name text, owner_uid bigint, resumed boolean)
+RETURNS pgcoord.session_resumption
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.session_resumption;
 	v_owner bigint;
-	v_name text;
 BEGIN
-	SELECT s.owner_uid, s.name INTO v_owner, v_name FROM pgcoord.sessions s
+	SELECT s.owner_uid INTO v_owner FROM pgcoord.sessions s
 	WHERE s.id = p_id AND s.replica_id = p_replica_id AND NOT s.internal
 	  AND s.closed_at IS NULL AND s.expires_at > now();
-	IF NOT FOUND THEN
-		RETURN;
-	END IF;
 	-- owner_uid never changes, so this check cannot go stale
-	IF NOT p_admin AND v_owner IS DISTINCT FROM p_uid THEN
-		RETURN QUERY SELECT p_id, v_name, v_owner, false;
-		RETURN;
+	IF FOUND AND NOT p_admin AND v_owner IS DISTINCT FROM p_uid THEN
+		RAISE EXCEPTION 'session % belongs to %; resuming another uid''s session needs '
+			'admin', p_id, coalesce('uid ' || v_owner, 'no recorded uid')
+		USING ERRCODE = 'PCFBD';
 	END IF;
-	RETURN QUERY
 	UPDATE pgcoord.sessions s
 	SET incarnation = p_incarnation, expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
 	WHERE s.id = p_id AND s.replica_id = p_replica_id AND NOT s.internal
@@ -244,7 +266,12 @@ BEGIN
 	  AND EXISTS (SELECT 1 FROM pgcoord.agents a
 		      WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
 			AND a.stopped_at IS NULL)
-	RETURNING s.id, s.name, v_owner, true;
+	RETURNING s.id, s.name, s.owner_uid INTO v_result;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'session % is no longer live; open a new one', p_id
+		USING ERRCODE = 'PCSEX';
+	END IF;
+	RETURN v_result;
 END $$;
 
 CREATE FUNCTION pgcoord.session_owner_uid(p_session bigint) RETURNS bigint

@@ -31,61 +31,66 @@ CREATE TABLE pgcoord.lease_events (
 
 CREATE INDEX lease_events_by_name ON pgcoord.lease_events (name, id);
 
+-- What lease_acquire answers. leader = false is not a refusal: the row
+-- names the lease as it stands (its holder and how long it has left), and a
+-- campaign tries again.
+CREATE TYPE pgcoord.lease_decision AS (leader boolean, epoch bigint, holder_session bigint,
+	holder_replica text, expires_in_ms bigint);
+
 -- Acquires or renews, in one atomic upsert. The WHERE admits only the
 -- current holder or a free/expired row, judged by the database clock, so
 -- two agents' clocks can never elect two leaders. A session that is not
 -- live cannot acquire (checked under the session row's lock).
 CREATE FUNCTION pgcoord.lease_acquire(p_name text, p_session bigint, p_replica text,
 	p_incarnation bigint, p_ttl_ms bigint)
-RETURNS TABLE (leader boolean, epoch bigint, holder_session bigint, holder_replica text,
-	expires_in_ms bigint)
+RETURNS pgcoord.lease_decision
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.lease_decision;
 	v_epoch bigint;
 	v_prev_epoch bigint;
 	v_prev_session bigint;
 	v_prev_expires timestamptz;
 BEGIN
-	IF NOT pgcoord.session_lock_live(p_session) THEN
-		RETURN QUERY SELECT false, l.epoch, l.holder_session, l.holder_replica,
-			greatest(pgcoord.ms(l.expires_at) - pgcoord.ms(now()), 0)
-		FROM pgcoord.leases l WHERE l.name = p_name;
-		RETURN;
+	IF pgcoord.session_lock_live(p_session) THEN
+		-- lock first, so the previous holder we record is the one we replace
+		SELECT l.epoch, l.holder_session, l.expires_at
+		INTO v_prev_epoch, v_prev_session, v_prev_expires
+		FROM pgcoord.leases l WHERE l.name = p_name FOR UPDATE;
+		-- held by someone else: answer without drawing a token, so
+		-- campaigns do not burn through the sequence
+		IF NOT (FOUND AND v_prev_session IS DISTINCT FROM p_session
+			AND v_prev_session IS NOT NULL AND v_prev_expires > now()) THEN
+			INSERT INTO pgcoord.leases AS l (name, holder_session, holder_replica,
+				holder_incarnation, epoch, ttl_ms, acquired_at, renewed_at,
+				expires_at)
+			VALUES (p_name, p_session, p_replica, p_incarnation,
+				nextval('pgcoord.token_seq'), p_ttl_ms, now(), now(),
+				now() + pgcoord.ms_interval(p_ttl_ms))
+			ON CONFLICT (name) DO UPDATE
+			SET epoch = CASE WHEN l.holder_session = p_session AND l.expires_at > now()
+					 THEN l.epoch ELSE nextval('pgcoord.token_seq') END,
+			    acquired_at = CASE WHEN l.holder_session = p_session
+						    AND l.expires_at > now()
+					       THEN l.acquired_at ELSE now() END,
+			    holder_session = p_session, holder_replica = p_replica,
+			    holder_incarnation = p_incarnation, ttl_ms = p_ttl_ms,
+			    renewed_at = now(), expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
+			WHERE l.holder_session = p_session OR l.holder_session IS NULL
+			   OR l.expires_at <= now()
+			RETURNING l.epoch INTO v_epoch;
+		END IF;
 	END IF;
-	-- lock first, so the previous holder we record is the one we replace
-	SELECT l.epoch, l.holder_session, l.expires_at
-	INTO v_prev_epoch, v_prev_session, v_prev_expires
-	FROM pgcoord.leases l WHERE l.name = p_name FOR UPDATE;
-	-- held by someone else: answer without drawing a token, so campaigns
-	-- do not burn through the sequence
-	IF FOUND AND v_prev_session IS DISTINCT FROM p_session AND v_prev_session IS NOT NULL
-	   AND v_prev_expires > now() THEN
-		RETURN QUERY SELECT false, v_prev_epoch, v_prev_session, l.holder_replica,
-			pgcoord.ms(v_prev_expires) - pgcoord.ms(now())
-		FROM pgcoord.leases l WHERE l.name = p_name;
-		RETURN;
-	END IF;
-
-	INSERT INTO pgcoord.leases AS l (name, holder_session, holder_replica,
-		holder_incarnation, epoch, ttl_ms, acquired_at, renewed_at, expires_at)
-	VALUES (p_name, p_session, p_replica, p_incarnation, nextval('pgcoord.token_seq'),
-		p_ttl_ms, now(), now(), now() + pgcoord.ms_interval(p_ttl_ms))
-	ON CONFLICT (name) DO UPDATE
-	SET epoch = CASE WHEN l.holder_session = p_session AND l.expires_at > now()
-			 THEN l.epoch ELSE nextval('pgcoord.token_seq') END,
-	    acquired_at = CASE WHEN l.holder_session = p_session AND l.expires_at > now()
-			       THEN l.acquired_at ELSE now() END,
-	    holder_session = p_session, holder_replica = p_replica,
-	    holder_incarnation = p_incarnation, ttl_ms = p_ttl_ms, renewed_at = now(),
-	    expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
-	WHERE l.holder_session = p_session OR l.holder_session IS NULL OR l.expires_at <= now()
-	RETURNING l.epoch INTO v_epoch;
 
 	IF v_epoch IS NULL THEN
-		RETURN QUERY SELECT false, l.epoch, l.holder_session, l.holder_replica,
-			greatest(pgcoord.ms(l.expires_at) - pgcoord.ms(now()), 0)
+		-- not the leader: the lease as it stands (no row: nobody ever held it)
+		v_result.leader := false;
+		SELECT l.epoch, l.holder_session, l.holder_replica,
+		       greatest(pgcoord.ms(l.expires_at) - pgcoord.ms(now()), 0)
+		INTO v_result.epoch, v_result.holder_session, v_result.holder_replica,
+		     v_result.expires_in_ms
 		FROM pgcoord.leases l WHERE l.name = p_name;
-		RETURN;
+		RETURN v_result;
 	END IF;
 	IF v_prev_epoch IS DISTINCT FROM v_epoch THEN
 		IF v_prev_session IS NOT NULL AND v_prev_session <> p_session THEN
@@ -96,21 +101,28 @@ BEGIN
 		INSERT INTO pgcoord.lease_events (name, epoch, session, replica_id, event)
 		VALUES (p_name, v_epoch, p_session, p_replica, 'acquired');
 	END IF;
-	RETURN QUERY SELECT true, v_epoch, p_session, p_replica, p_ttl_ms;
+	v_result := ROW(true, v_epoch, p_session, p_replica, p_ttl_ms);
+	RETURN v_result;
 END $$;
+
+-- What lease_release answers. released = false is not a refusal: the
+-- session did not hold the lease (any more), which is what it asked for.
+CREATE TYPE pgcoord.lease_hand_back AS (released boolean);
 
 -- Hands a lease back at once, so a campaigner wins on its next try instead
 -- of waiting out the ttl. Only the holder can release. A lapsed holder's
 -- lease is never released here: see on_sessions_ended.
 CREATE FUNCTION pgcoord.lease_release(p_name text, p_session bigint, p_reason text)
-RETURNS TABLE (released boolean)
+RETURNS pgcoord.lease_hand_back
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.lease_hand_back;
 	v_epoch bigint;
 BEGIN
 	SELECT l.epoch INTO v_epoch FROM pgcoord.leases l
 	WHERE l.name = p_name AND l.holder_session = p_session FOR UPDATE;
-	IF FOUND THEN
+	v_result.released := FOUND;
+	IF v_result.released THEN
 		UPDATE pgcoord.leases
 		SET holder_session = NULL, holder_replica = NULL, holder_incarnation = NULL,
 		    expires_at = now()
@@ -118,7 +130,7 @@ BEGIN
 		INSERT INTO pgcoord.lease_events (name, epoch, session, event, reason)
 		VALUES (p_name, v_epoch, p_session, 'released', p_reason);
 	END IF;
-	RETURN QUERY SELECT FOUND;
+	RETURN v_result;
 END $$;
 
 SELECT pgcoord.secure_functions();

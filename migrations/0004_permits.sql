@@ -139,15 +139,21 @@ CREATE VIEW pgcoord.permit_status AS
 		    ELSE p.uncertain_reason END AS effective_reason
 	FROM pgcoord.permits p;
 
+-- What quota_apply and quota_set answer: the quota after the change, the
+-- limit it had before (NULL when it was created).
+CREATE TYPE pgcoord.quota_change AS (key text, "limit" integer, in_flight bigint,
+	lapse_after_s integer, previous_limit integer, created boolean, now_at bigint);
+
 -- Sets a quota's limit (and lapse_after_s: NULL keeps it, 0 turns it off),
 -- creating the quota when missing. Audited as 'limit_set' when something
 -- changed. Lowering a limit below in_flight is allowed: admission's
 -- predicate then refuses everything until in_flight falls below it.
 CREATE FUNCTION pgcoord.quota_apply(p_key text, p_limit integer, p_lapse_after_s integer,
 	p_actor text, p_why text)
-RETURNS TABLE (previous_limit integer, created boolean)
+RETURNS pgcoord.quota_change
 LANGUAGE plpgsql AS $$
 DECLARE
+	v_result pgcoord.quota_change;
 	v_q pgcoord.quotas;
 	v_lapse integer;
 	v_created boolean := false;
@@ -180,24 +186,20 @@ BEGIN
 			       coalesce(v_q.lapse_after_s::text, 'off'), coalesce(v_lapse::text, 'off'),
 			       coalesce(' (' || p_why || ')', '')));
 	END IF;
-	RETURN QUERY SELECT v_q."limit", v_created;
+	SELECT q.key::text, q."limit", q.in_flight, q.lapse_after_s, v_q."limit", v_created,
+	       pgcoord.ms(now())
+	INTO v_result
+	FROM pgcoord.quotas q WHERE q.key = p_key;
+	RETURN v_result;
 END $$;
 
+-- quota.set: quota_apply for an operator, with no reason beside the actor.
 CREATE FUNCTION pgcoord.quota_set(p_key text, p_limit integer, p_lapse_after_s integer,
 	p_actor text)
-RETURNS TABLE (key text, "limit" integer, in_flight bigint, lapse_after_s integer,
-	previous_limit integer, created boolean, now_at bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-	v_prev integer;
-	v_created boolean;
-BEGIN
-	SELECT a.previous_limit, a.created INTO v_prev, v_created
-	FROM pgcoord.quota_apply(p_key, p_limit, p_lapse_after_s, p_actor, NULL) a;
-	RETURN QUERY SELECT q.key::text, q."limit", q.in_flight, q.lapse_after_s, v_prev, v_created,
-		pgcoord.ms(now())
-	FROM pgcoord.quotas q WHERE q.key = p_key;
-END $$;
+RETURNS pgcoord.quota_change
+LANGUAGE sql AS $$
+	SELECT * FROM pgcoord.quota_apply(p_key, p_limit, p_lapse_after_s, p_actor, NULL)
+$$;
 
 -- One snapshot of quotas with how much of in_flight is held by live owners
 -- and how much is uncertain (one statement, so the numbers agree).

@@ -118,19 +118,24 @@ BEGIN
 	USING ERRCODE = 'PCSEX';
 END $$;
 
+-- What record_put answers: whether this call created the record, then the
+-- record as record_status shows it.
+CREATE TYPE pgcoord.record_put_result AS (created boolean, kind text, key text, state text,
+	terminal boolean, data_hex text, permit_id text, owner_session bigint,
+	owner_replica text, owner_live boolean, token bigint, created_at bigint,
+	updated_at bigint, settled_at bigint, adopted_from bigint, adopted_at bigint);
+
 -- Creates a record owned by p_session. A retry with the same content by the
 -- same session answers the record (created = false); any other put of an
 -- existing (kind, key) is refused. p_permit, when given, must be a permit
 -- of the caller's own that still counts.
 CREATE FUNCTION pgcoord.record_put(p_kind text, p_key text, p_state text, p_data bytea,
 	p_permit text, p_session bigint, p_actor text)
-RETURNS TABLE (created boolean, kind text, key text, state text, terminal boolean, data_hex text,
-	permit_id text, owner_session bigint, owner_replica text, owner_live boolean, token bigint,
-	created_at bigint, updated_at bigint, settled_at bigint, adopted_from bigint,
-	adopted_at bigint)
+RETURNS pgcoord.record_put_result
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
+	v_result pgcoord.record_put_result;
+	v_created boolean;
 	v_replica text;
 	v_p pgcoord.permits;
 	v_r pgcoord.records;
@@ -167,22 +172,22 @@ BEGIN
 		nextval('pgcoord.token_seq'))
 	ON CONFLICT ON CONSTRAINT records_pkey DO NOTHING
 	RETURNING * INTO v_r;
-	IF FOUND THEN
+	v_created := FOUND;
+	IF v_created THEN
 		INSERT INTO pgcoord.record_events (kind, key, event, actor, to_session, token, state)
 		VALUES (p_kind, p_key, 'put', p_actor, p_session, v_r.token, p_state);
-		RETURN QUERY SELECT true, s.* FROM pgcoord.record_status s
+	ELSE
+		SELECT * INTO v_r FROM pgcoord.records r WHERE r.kind = p_kind AND r.key = p_key;
+	END IF;
+	IF v_created OR (v_r.owner_session = p_session AND NOT v_r.terminal
+			 AND v_r.state = p_state AND v_r.data IS NOT DISTINCT FROM p_data
+			 AND v_r.permit_id IS NOT DISTINCT FROM p_permit) THEN
+		SELECT v_created, s.* INTO v_result FROM pgcoord.record_status s
 		WHERE s.kind = p_kind AND s.key = p_key;
-		RETURN;
+		RETURN v_result;
 	END IF;
 
-	SELECT * INTO v_r FROM pgcoord.records r WHERE r.kind = p_kind AND r.key = p_key;
 	IF v_r.owner_session = p_session AND NOT v_r.terminal THEN
-		IF v_r.state = p_state AND v_r.data IS NOT DISTINCT FROM p_data
-		   AND v_r.permit_id IS NOT DISTINCT FROM p_permit THEN
-			RETURN QUERY SELECT false, s.* FROM pgcoord.record_status s
-			WHERE s.kind = p_kind AND s.key = p_key;
-			RETURN;
-		END IF;
 		RAISE EXCEPTION 'record %/% exists with other content; change it with record.update',
 			p_kind, p_key
 		USING ERRCODE = 'PCCFL';

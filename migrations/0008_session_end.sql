@@ -45,9 +45,10 @@ BEGIN
 		CASE WHEN p_end = 'lapsed' THEN pgcoord.janitor_actor() END);
 END $$;
 
+-- The session ends below answer how many sessions they closed.
 CREATE FUNCTION pgcoord.session_close(p_ids bigint[], p_incarnation bigint,
 	p_reason text)
-RETURNS TABLE (session_id bigint)
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_closed bigint[];
@@ -62,11 +63,11 @@ BEGIN
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_closed FROM c;
 	PERFORM pgcoord.on_sessions_ended(v_closed, p_reason, 'ended');
-	RETURN QUERY SELECT unnest(v_closed);
+	RETURN cardinality(v_closed);
 END $$;
 
 CREATE FUNCTION pgcoord.agent_stop(p_replica_id text, p_incarnation bigint)
-RETURNS TABLE (closed_sessions bigint)
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_closed bigint[];
@@ -84,7 +85,7 @@ BEGIN
 	PERFORM pgcoord.on_sessions_ended(v_closed, 'agent stopped', 'ended');
 	UPDATE pgcoord.agents SET stopped_at = now()
 	WHERE replica_id = p_replica_id AND incarnation = p_incarnation;
-	RETURN QUERY SELECT coalesce(array_length(v_closed, 1), 0)::bigint;
+	RETURN cardinality(v_closed);
 END $$;
 
 -- The janitor's sweep, run by the one agent that holds the janitor lease:
@@ -92,7 +93,7 @@ END $$;
 -- consequences applied, so the live set stays exact. Bounded per call so a
 -- backlog never makes one long transaction.
 CREATE FUNCTION pgcoord.janitor_expire_sessions(p_limit integer)
-RETURNS TABLE (expired bigint)
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
 	v_ids bigint[];
@@ -106,7 +107,7 @@ BEGIN
 		RETURNING s.id)
 	SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM c;
 	PERFORM pgcoord.on_sessions_ended(v_ids, 'owner session expired', 'lapsed');
-	RETURN QUERY SELECT coalesce(array_length(v_ids, 1), 0)::bigint;
+	RETURN cardinality(v_ids);
 END $$;
 
 SELECT pgcoord.secure_functions();

@@ -569,8 +569,8 @@ Test(leases, pipelined_release_and_acquire_keep_their_order)
 	hdb_exec(db, "ALTER FUNCTION pgcoord.lease_release(text, bigint, text) "
 		     "RENAME TO lease_release_now");
 	hdb_exec(db, "CREATE FUNCTION pgcoord.lease_release(p_name text, p_session bigint, "
-		     "p_reason text) RETURNS TABLE (released boolean) LANGUAGE plpgsql AS $$ "
-		     "BEGIN PERFORM pg_sleep(0.3); RETURN QUERY SELECT * FROM "
+		     "p_reason text) RETURNS pgcoord.lease_hand_back LANGUAGE plpgsql AS $$ "
+		     "BEGIN PERFORM pg_sleep(0.3); RETURN "
 		     "pgcoord.lease_release_now(p_name, p_session, p_reason); END $$");
 
 	/* one write: the agent sees both before it answers either */

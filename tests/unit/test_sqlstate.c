@@ -51,7 +51,8 @@ static char *migrations_text(void)
  * agent answers as such, and every refusal in the table is raised. */
 Test(sqlstate, every_code_the_migrations_raise_is_in_the_table)
 {
-	static const char *const table[] = {"PCNFD", "PCFEN", "PCCFL", "PCFBD", "PCSEX", "PCINV"};
+	static const char *const table[] = {"PCNFD", "PCFEN", "PCCFL", "PCFBD",
+					    "PCSEX", "PCINV", "PCSUP"};
 	char *sql = migrations_text();
 	int raised = 0;
 
@@ -84,6 +85,7 @@ Test(sqlstate, schema_refusals_keep_their_meaning)
 	cr_assert_eq(db_error_for_sqlstate("PCFBD"), PGC_E_FORBIDDEN);
 	cr_assert_eq(db_error_for_sqlstate("PCSEX"), PGC_E_SESSION_EXPIRED);
 	cr_assert_eq(db_error_for_sqlstate("PCINV"), PGC_E_INVALID_PARAMS);
+	cr_assert_eq(db_error_for_sqlstate("PCSUP"), PGC_E_SUPERSEDED);
 	cr_assert(db_sqlstate_is_refusal("PCFEN"));
 	cr_assert(db_sqlstate_is_refusal("PCSEX"));
 }
