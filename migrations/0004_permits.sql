@@ -1104,7 +1104,11 @@ BEGIN
 		UPDATE pgcoord.permits p SET state = 'released', released_at = now(),
 			state_at = now()
 		FROM m
-		WHERE p.id = m.id AND p.state <> 'released'
+		-- "not released" said by released_at (the CHECK on permits makes it
+		-- the same test): the predicate of permits_open_by_owner is not
+		-- implied by it, so the generic plan cannot walk every open permit
+		-- when the statistics say there are none; it probes permits_pkey
+		WHERE p.id = m.id AND p.released_at IS NULL
 		  AND (m.override OR p.state = 'held')
 		  AND (m.override OR (p.owner_session = m.session
 		       AND pgcoord.session_owner_uid(p.owner_session) IS NOT DISTINCT FROM m.uid))

@@ -18,7 +18,7 @@
 -- @end
 -- @function pgcoord.permit_release_group
 -- @replace
-		WHERE p.id = m.id AND p.state <> 'released'
+		WHERE p.id = m.id AND p.released_at IS NULL
 		  AND (m.override OR p.state = 'held')
 -- @with
 		WHERE p.id = m.id
