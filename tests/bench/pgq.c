@@ -40,6 +40,14 @@ PGconn *pgq_connect(const char *conninfo, const char *appname)
 	return c;
 }
 
+/* Formats the statement into sql (kept for the caller's error message)
+ * and runs it. */
+static PGresult *exec_formatted(PGconn *c, char *sql, size_t size, const char *fmt, va_list ap)
+{
+	vsnprintf(sql, size, fmt, ap);
+	return PQexec(c, sql);
+}
+
 void pgq_exec_or_die(PGconn *c, const char *fmt, ...)
 {
 	char sql[4096];
@@ -47,9 +55,8 @@ void pgq_exec_or_die(PGconn *c, const char *fmt, ...)
 	PGresult *r;
 
 	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
+	r = exec_formatted(c, sql, sizeof(sql), fmt, ap);
 	va_end(ap);
-	r = PQexec(c, sql);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
 		pgq_die("setting up the database: %s  statement: %.300s", PQresultErrorMessage(r),
 			sql);
@@ -64,9 +71,8 @@ long long pgq_query_ll(PGconn *c, const char *fmt, ...)
 	PGresult *r;
 
 	va_start(ap, fmt);
-	vsnprintf(sql, sizeof(sql), fmt, ap);
+	r = exec_formatted(c, sql, sizeof(sql), fmt, ap);
 	va_end(ap);
-	r = PQexec(c, sql);
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
 		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
 	else
