@@ -4,12 +4,13 @@
 -- time. The soak checker must report one_leader.
 -- @function pgcoord.lease_acquire
 -- @replace
-	IF FOUND AND v_prev_session IS DISTINCT FROM p_session AND v_prev_session IS NOT NULL
-	   AND v_prev_expires > now() THEN
+		IF NOT (FOUND AND v_prev_session IS DISTINCT FROM p_session
+			AND v_prev_session IS NOT NULL AND v_prev_expires > now()) THEN
 -- @with
-	IF false THEN
+		IF true THEN
 -- @end
 -- @replace
-	WHERE l.holder_session = p_session OR l.holder_session IS NULL OR l.expires_at <= now()
+			WHERE l.holder_session = p_session OR l.holder_session IS NULL
+			   OR l.expires_at <= now()
 -- @with
 -- @end
