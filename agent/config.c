@@ -47,6 +47,12 @@ const struct option_def config_options[] = {
      "Longest wait for one database connection attempt."},
     {"reconnect_max_ms", OPT_INT, OFF(reconnect_max_ms), "5000", 100, 600000, false, true,
      "Ceiling of the exponential reconnect backoff."},
+    {"prepared_statements", OPT_BOOL, OFF(prepared_statements), "on", 0, 0, false, false,
+     "on or off. On, each database connection prepares the agent's statements once and "
+     "keeps statement_timeout and lock_timeout as session settings, so a call is one "
+     "statement. Set it off when database_url goes through a transaction pooler (PgBouncer "
+     "pool_mode = transaction), which cannot keep either across transactions: each call "
+     "then sends its timeouts and an unnamed statement."},
     {"shutdown_timeout_ms", OPT_INT, OFF(shutdown_timeout_ms), "3000", 0, 600000, false, true,
      "On SIGTERM, how long to wait for the database to record the clean stop."},
     {"lease_ttl_ms", OPT_INT, OFF(lease_ttl_ms), "15000", 1000, 600000, false, true,
@@ -197,6 +203,13 @@ static bool set_value(struct config *cfg, const struct option_def *def, const ch
 			return false;
 		}
 		return true;
+	case OPT_BOOL:
+		if (strcmp(text, "on") == 0 || strcmp(text, "off") == 0) {
+			*(bool *)field = text[1] == 'n';
+			return true;
+		}
+		snprintf(why, whylen, "\"%s\" is not on or off", text);
+		return false;
 	}
 	return false;
 }
@@ -702,6 +715,9 @@ void config_format(const struct config *cfg, const struct option_def *def, char 
 	case OPT_LEVEL:
 		snprintf(buf, len, "%s", log_level_name(*(const enum log_level *)field));
 		break;
+	case OPT_BOOL:
+		snprintf(buf, len, "%s", *(const bool *)field ? "on" : "off");
+		break;
 	}
 }
 
@@ -716,6 +732,8 @@ bool config_equal(const struct config *a, const struct config *b, const struct o
 		return *(const int *)fa == *(const int *)fb;
 	case OPT_LEVEL:
 		return *(const enum log_level *)fa == *(const enum log_level *)fb;
+	case OPT_BOOL:
+		return *(const bool *)fa == *(const bool *)fb;
 	}
 	return false;
 }
@@ -737,6 +755,9 @@ void config_take(struct config *dst, struct config *src, const struct option_def
 		break;
 	case OPT_LEVEL:
 		*(enum log_level *)fd = *(const enum log_level *)fs;
+		break;
+	case OPT_BOOL:
+		*(bool *)fd = *(const bool *)fs;
 		break;
 	}
 }

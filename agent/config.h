@@ -29,6 +29,9 @@ struct config {
 	int query_timeout_ms;
 	int connect_timeout_ms;
 	int reconnect_max_ms;
+	/* named prepared statements and session-level timeouts per database
+	 * connection; off behind a transaction pooler (issue 10) */
+	bool prepared_statements;
 	int shutdown_timeout_ms;
 	int lease_ttl_ms;
 	int lease_retry_ms;
@@ -75,7 +78,7 @@ struct config {
  * set's group as its gid (members of the group are listed as uids). */
 bool uid_set_has(const struct admin_set *set, uid_t uid, gid_t gid);
 
-enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL };
+enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL, OPT_BOOL };
 
 struct option_def {
 	const char *name;

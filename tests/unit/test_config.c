@@ -118,6 +118,16 @@ Test(config, bad_values_name_file_line_and_a_hint)
 	cr_assert(strstr(err, "expected error, warn, info or debug"), "%s", err);
 	config_free(&cfg);
 
+	rewrite(path, "prepared_statements = yes\n");
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, ":1: prepared_statements: \"yes\" is not on or off"), "%s", err);
+	config_free(&cfg);
+
+	rewrite(path, "prepared_statements = off\n");
+	cr_assert(load(&cfg, path, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert(!cfg.prepared_statements);
+	config_free(&cfg);
+
 	rewrite(path, "just words\n");
 	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
 	cr_assert(strstr(err, ":1: expected `key = value`"), "%s", err);
@@ -351,6 +361,19 @@ Test(config, sighup_with_a_bad_file_keeps_the_running_configuration)
 	const char *log = hand_agent_log(&h);
 	cr_assert(strstr(log, "the running one stays"), "%s", log);
 	cr_assert(strstr(log, ":2: log_level: \\\"chatty\\\" is not a log level"), "%s", log);
+	rewrite(h.path, "session_grace_ms = 2000\nprepared_statements = maybe\n");
+	cr_assert_eq(agent_reload(&h.ag), -1);
+	cr_assert_eq(h.ag.cfg.session_grace_ms, 1000);
+	cr_assert(h.ag.cfg.prepared_statements);
+	log = hand_agent_log(&h);
+	cr_assert(strstr(log, ":2: prepared_statements: \\\"maybe\\\" is not on or off"), "%s",
+		  log);
+	/* a valid change needs a restart: the connections keep what they prepared */
+	rewrite(h.path, "session_grace_ms = 1000\nprepared_statements = off\n");
+	cr_assert_eq(agent_reload(&h.ag), 0);
+	cr_assert(h.ag.cfg.prepared_statements);
+	log = hand_agent_log(&h);
+	cr_assert(strstr(log, "prepared_statements changed to off but needs a restart"), "%s", log);
 
 	/* nothing changed: nothing applied, nothing to restart */
 	rewrite(h.path, "session_grace_ms = 1000\n");
