@@ -32,6 +32,13 @@ struct db_query {
 	struct timespec due;	   /* queued_at + query_timeout_ms */
 };
 
+/* A statement text a connection has prepared, under the name
+ * pgc_<generation>_<index of it in the connection's table>. */
+struct prepared {
+	char *sql;
+	unsigned hash;
+};
+
 struct db_conn {
 	struct db_lane *lane;
 	PGconn *pg;
@@ -43,11 +50,22 @@ struct db_conn {
 	struct db_query *query;
 	PGresult *result; /* the answer kept for the query: its result or first error */
 	int phase;	  /* statements of the pipeline whose results are all read */
+	int query_phase;  /* the query's own statement's place in the pipeline */
 	bool rolled_back; /* the server reported an error before the Sync */
 	/* the server said the running commit stopped waiting for the
 	 * synchronous standby: committed here, maybe not there */
 	bool sync_wait_cancelled;
 	struct replication_view seen; /* filled by the check on connect */
+	/* prepared_statements on: what this session has prepared and set.
+	 * Forgotten with the session (conn_forget_session). */
+	struct prepared prepared[DB_PREPARED_MAX];
+	int nprepared;
+	unsigned generation;  /* in the names: a forgotten table never reuses one */
+	int preparing;	      /* the slot the running query prepares, or -1 */
+	int prepare_phase;    /* the Parse's place in the pipeline */
+	bool prepare_ok;      /* the server answered that Parse */
+	int session_bound_ms; /* statement_timeout and lock_timeout of the session; 0 unset */
+	int pending_bound_ms; /* the session bound the running query sets, kept if it commits */
 };
 
 struct db_lane {
@@ -65,6 +83,7 @@ struct db {
 	struct logger *log;
 	char *conninfo;
 	int query_timeout_ms, connect_timeout_ms, reconnect_max_ms;
+	bool prepared_statements;
 	struct db_lane lanes[DB_LANE__COUNT];
 	db_state_fn on_state;
 	void *state_arg;
@@ -455,10 +474,23 @@ static void conn_connect_step(struct db_conn *c)
 	}
 }
 
+/* A new session has nothing prepared and no timeouts set. */
+static void conn_forget_session(struct db_conn *c)
+{
+	for (int i = 0; i < c->nprepared; i++)
+		free(c->prepared[i].sql);
+	c->nprepared = 0;
+	c->generation++;
+	c->preparing = -1;
+	c->session_bound_ms = 0;
+	c->pending_bound_ms = 0;
+}
+
 static void conn_start_connect(struct db_conn *c)
 {
 	struct db *db = c->lane->db;
 
+	conn_forget_session(c);
 	c->pg = PQconnectStart(db->conninfo);
 	if (!c->pg || PQstatus(c->pg) == CONNECTION_BAD) {
 		conn_connect_failed(c);
@@ -469,6 +501,29 @@ static void conn_start_connect(struct db_conn *c)
 	evtimer_add(c->timer, &tv);
 	/* libpq: start as if PQconnectPoll had asked to write */
 	conn_wait(c, EV_WRITE);
+}
+
+/*
+ * 26000 (no such prepared statement) or 42P05 (already exists) on a named
+ * statement means the server session is not the one the agent prepared on:
+ * a transaction pooler hands each transaction to any server connection.
+ * The table is forgotten (a new generation of names), so a session that is
+ * really this one's recovers, and the log says what to set.
+ */
+static bool conn_lost_its_statements(struct db_conn *c, const char *sqlstate)
+{
+	struct db *db = c->lane->db;
+
+	if (!db->prepared_statements || !sqlstate ||
+	    (strcmp(sqlstate, "26000") != 0 && strcmp(sqlstate, "42P05") != 0))
+		return false;
+	log_error(db->log, "db",
+		  "the server does not have the statements this connection prepared (SQLSTATE "
+		  "%s): is database_url a transaction pooler (PgBouncer pool_mode = "
+		  "transaction)? Set prepared_statements = off behind one",
+		  sqlstate);
+	conn_forget_session(c);
+	return true;
 }
 
 static void conn_finish_query(struct db_conn *c)
@@ -485,6 +540,17 @@ static void conn_finish_query(struct db_conn *c)
 	conn_wait(c, EV_READ);
 
 	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+	bool committed = st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK;
+	if (c->preparing >= 0 && !c->prepare_ok) {
+		/* its Parse never ran (an earlier error) or failed: not prepared */
+		free(c->prepared[c->preparing].sql);
+		c->nprepared--;
+	}
+	c->preparing = -1;
+	/* a session-level set_config() rolls back with its transaction */
+	if (committed && c->pending_bound_ms)
+		c->session_bound_ms = c->pending_bound_ms;
+	c->pending_bound_ms = 0;
 	r.res = res;
 	if (c->sync_wait_cancelled) {
 		/* committed here, perhaps not on the standby a failover would
@@ -506,7 +572,10 @@ static void conn_finish_query(struct db_conn *c)
 		r.message = msg;
 		r.error = db_error_for_sqlstate(r.sqlstate);
 		r.refusal = db_sqlstate_is_refusal(r.sqlstate);
-		if (r.error == PGC_E_TIMEOUT) {
+		if (conn_lost_its_statements(c, r.sqlstate)) {
+			/* nothing ran past the failed Parse or Bind: retryable */
+			r.error = PGC_E_UNAVAILABLE;
+		} else if (r.error == PGC_E_TIMEOUT) {
 			/* the server's words, e.g. "canceling statement due to
 			 * statement timeout", as they were */
 			char why[sizeof(msg)];
@@ -534,8 +603,8 @@ static void conn_finish_query(struct db_conn *c)
 }
 
 /*
- * A query is a pipeline of three parts (conn_run): the bounds, the statement,
- * the Sync. libpq hands back each statement's results followed by a NULL,
+ * A query is a pipeline (conn_run): the bounds and the Parse when it sends
+ * them, the statement, the Sync. libpq hands back each statement's results followed by a NULL,
  * then PGRES_PIPELINE_SYNC once the implicit transaction has ended. The
  * answer is kept from the first error, else from the statement's first
  * result, and given only at the Sync: an error committing at the Sync must
@@ -571,11 +640,14 @@ static void conn_read(struct db_conn *c)
 			conn_lost(c, PQerrorMessage(c->pg));
 			return;
 		}
+		if (!error && c->preparing >= 0 && c->phase == c->prepare_phase)
+			c->prepare_ok = st == PGRES_COMMAND_OK;
 		if (error && !kept_error) {
 			PQclear(c->result);
 			c->result = res;
 			c->rolled_back = PQresultErrorField(res, PG_DIAG_SQLSTATE) != NULL;
-		} else if (!error && st != PGRES_PIPELINE_ABORTED && c->phase == 1 && !c->result) {
+		} else if (!error && st != PGRES_PIPELINE_ABORTED && c->phase == c->query_phase &&
+			   !c->result) {
 			c->result = res;
 		} else {
 			PQclear(res);
@@ -636,53 +708,155 @@ static void conn_io_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* The margin the database keeps before the agent's deadline: max(100 ms,
+ * 10 %) of query_timeout_ms, at most half of it. */
+static int db_margin_ms(int query_timeout_ms)
+{
+	int margin = query_timeout_ms / 10 > 100 ? query_timeout_ms / 10 : 100;
+	return margin > query_timeout_ms / 2 ? query_timeout_ms / 2 : margin;
+}
+
 /*
- * The statement's server-side bound: what is left of its deadline less a
- * margin (max(100 ms, 10 %) of query_timeout_ms, at most half of it), so the
- * database gives up, rolls back and answers before the agent's own deadline
- * would have to drop the connection with the outcome unknown.
+ * The statement's server-side bound: what is left of its deadline less the
+ * margin, so the database gives up, rolls back and answers before the
+ * agent's own deadline would have to drop the connection with the outcome
+ * unknown.
  */
 static int db_bound_ms(const struct db_query *q, int query_timeout_ms)
 {
 	struct timespec now;
-	int margin = query_timeout_ms / 10 > 100 ? query_timeout_ms / 10 : 100;
-	if (margin > query_timeout_ms / 2)
-		margin = query_timeout_ms / 2;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	long long left = (long long)(q->due.tv_sec - now.tv_sec) * 1000 +
 			 (q->due.tv_nsec - now.tv_nsec) / 1000000;
-	left -= margin;
+	left -= db_margin_ms(query_timeout_ms);
 	return left < 1 ? 1 : (int)left; /* 0 would mean no bound at all */
 }
 
-/*
- * Sends q as one pipeline: set_config() of statement_timeout and
- * lock_timeout, local to the transaction, then the statement, then one
- * Sync, so both run in a single implicit transaction and one round trip.
- * The server arms statement_timeout when a protocol message starts and
- * disarms it after each Execute (PostgreSQL 13+), so the statement's own
- * Parse starts a timer with the value just set; lock_timeout is read at
- * every lock wait. No SET, no named statements: nothing outlives the
- * transaction, which keeps PgBouncer's transaction pooling safe.
- */
-static void conn_run(struct db_conn *c, struct db_query *q)
+static const char local_bound_sql[] = "SELECT set_config('statement_timeout', $1, true), "
+				      "set_config('lock_timeout', $2, true)";
+static const char session_bound_sql[] = "SELECT set_config('statement_timeout', $1, false), "
+					"set_config('lock_timeout', $2, false)";
+
+/* Queues a set_config() statement of both timeouts at ms. */
+static bool conn_send_bound(struct db_conn *c, const char *sql, int ms)
 {
-	static const char bound_sql[] = "SELECT set_config('statement_timeout', $1, true), "
-					"set_config('lock_timeout', $2, true)";
 	char bound[32];
 	const char *bounds[2] = {bound, bound};
 
-	snprintf(bound, sizeof(bound), "%dms", db_bound_ms(q, c->lane->db->query_timeout_ms));
+	snprintf(bound, sizeof(bound), "%dms", ms);
+	c->lane->db->stats.bound_statements++;
+	return PQsendQueryParams(c->pg, sql, 2, NULL, bounds, NULL, NULL, 0);
+}
+
+static unsigned text_hash(const char *s)
+{
+	unsigned h = 2166136261u; /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+/* The slot of sql in the connection's table; -1 when it is not there. */
+static int conn_find_prepared(const struct db_conn *c, const char *sql, unsigned hash)
+{
+	for (int i = 0; i < c->nprepared; i++)
+		if (c->prepared[i].hash == hash && strcmp(c->prepared[i].sql, sql) == 0)
+			return i;
+	return -1;
+}
+
+/*
+ * With prepared_statements on, the session keeps statement_timeout and
+ * lock_timeout at the bound of a query that did not wait in the queue
+ * (query_timeout_ms less the margin), set once per connection, again after
+ * a reload changes it. A query that waited less than half the margin runs
+ * under that session bound: the database gives up at most that much later
+ * than the query's own bound, still at least half the margin before the
+ * agent's deadline, so its answer still means "rolled back". A query that
+ * waited longer sends its own, smaller bound local to its transaction, as
+ * every query does with the option off. Each text is Parsed once per
+ * connection, in the pipeline of its first use, then only Bound and run.
+ */
+static bool conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
+{
+	struct db *db = c->lane->db;
+	int session = db->query_timeout_ms - db_margin_ms(db->query_timeout_ms);
+	unsigned hash = text_hash(q->sql);
+	int phase = 0, slot;
+	char name[40];
+
+	if (c->session_bound_ms != session) {
+		if (!conn_send_bound(c, session_bound_sql, session))
+			return false;
+		c->pending_bound_ms = session;
+		phase++;
+	}
+	if (bound < session - db_margin_ms(db->query_timeout_ms) / 2) {
+		if (!conn_send_bound(c, local_bound_sql, bound))
+			return false;
+		phase++;
+	}
+	slot = conn_find_prepared(c, q->sql, hash);
+	if (slot < 0 && c->nprepared < DB_PREPARED_MAX &&
+	    (c->prepared[c->nprepared].sql = strdup(q->sql)) != NULL) {
+		slot = c->nprepared++;
+		c->prepared[slot].hash = hash;
+		snprintf(name, sizeof(name), "pgc_%u_%d", c->generation, slot);
+		if (!PQsendPrepare(c->pg, name, q->sql, q->nparams, NULL))
+			return false;
+		c->preparing = slot;
+		c->prepare_phase = phase++;
+		db->stats.prepares++;
+	}
+	c->query_phase = phase;
+	if (slot < 0) /* past the cap: unnamed */
+		return PQsendQueryParams(c->pg, q->sql, q->nparams, NULL,
+					 (const char *const *)q->params, NULL, NULL, 0);
+	snprintf(name, sizeof(name), "pgc_%u_%d", c->generation, slot);
+	db->stats.prepared_runs++;
+	return PQsendQueryPrepared(c->pg, name, q->nparams, (const char *const *)q->params, NULL,
+				   NULL, 0);
+}
+
+/*
+ * With prepared_statements off: set_config() of statement_timeout and
+ * lock_timeout, local to the transaction, then the statement, unnamed. No
+ * SET, no named statements: nothing outlives the transaction, which keeps
+ * PgBouncer's transaction pooling safe.
+ */
+static bool conn_send_unnamed(struct db_conn *c, struct db_query *q, int bound)
+{
+	c->query_phase = 1;
+	return conn_send_bound(c, local_bound_sql, bound) &&
+	       PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
+				 NULL, NULL, 0);
+}
+
+/*
+ * Sends q as one pipeline ending in one Sync, so its statements run in a
+ * single implicit transaction and one round trip. The server arms
+ * statement_timeout when a protocol message starts and disarms it after
+ * each Execute (PostgreSQL 13+), so the statement's own Parse or Bind
+ * starts a timer with the value in force; lock_timeout is read at every
+ * lock wait.
+ */
+static void conn_run(struct db_conn *c, struct db_query *q)
+{
+	struct db *db = c->lane->db;
+	int bound = db_bound_ms(q, db->query_timeout_ms);
+
 	c->query = q;
 	c->phase = 0;
 	c->rolled_back = false;
 	c->sync_wait_cancelled = false;
+	c->preparing = -1;
+	c->prepare_ok = false;
+	c->pending_bound_ms = 0;
 	q->running_on = c;
 	c->state = CONN_BUSY;
-	c->lane->db->stats.queries++;
-	if (!PQsendQueryParams(c->pg, bound_sql, 2, NULL, bounds, NULL, NULL, 0) ||
-	    !PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
-			       NULL, NULL, 0) ||
+	db->stats.queries++;
+	if (!(db->prepared_statements ? conn_send_prepared(c, q, bound)
+				      : conn_send_unnamed(c, q, bound)) ||
 	    !PQpipelineSync(c->pg)) {
 		conn_lost(c, PQerrorMessage(c->pg));
 		return;
@@ -889,6 +1063,7 @@ struct db *db_create(struct event_base *base, const struct db_settings *s, struc
 	db->state_arg = state_arg;
 	db->rng = (unsigned)time(NULL) ^ (unsigned)getpid();
 	db->conninfo = strdup(s->conninfo ? s->conninfo : "");
+	db->prepared_statements = s->prepared_statements;
 	db_update_timeouts(db, s);
 	if (!db->conninfo)
 		goto fail;
@@ -903,6 +1078,7 @@ struct db *db_create(struct event_base *base, const struct db_settings *s, struc
 		for (int i = 0; i < lane->nconns; i++) {
 			struct db_conn *c = &lane->conns[i];
 			c->lane = lane;
+			c->preparing = -1;
 			c->backoff_ms = DB_BACKOFF_START_MS;
 			c->io = event_new(base, -1, 0, conn_io_cb, c);
 			c->timer = evtimer_new(base, conn_timer_cb, c);
@@ -939,6 +1115,7 @@ void db_destroy(struct db *db)
 			}
 			if (c->result)
 				PQclear(c->result);
+			conn_forget_session(c);
 			if (c->io)
 				event_free(c->io);
 			if (c->timer)

@@ -4,12 +4,15 @@
  * Two lanes of connections: REQUESTS (pool_size connections serving client
  * calls) and HEARTBEAT (one connection for heartbeats and lease renewals, so
  * liveness never queues behind traffic). Every query is one statement, sent
- * in libpq pipeline mode behind a set_config() of statement_timeout and
- * lock_timeout local to its transaction (unnamed statements, no SET: works
- * through PgBouncer in transaction mode), so the database itself stops a
- * statement just before the agent would give up on it. The loop never
- * blocks on the database: connects are driven by PQconnectPoll, results by
- * PQconsumeInput/PQisBusy.
+ * in libpq pipeline mode with a bound on its time in the database, so the
+ * database itself stops a statement just before the agent would give up on
+ * it. With prepared_statements on, each connection prepares a statement's
+ * text once (named, up to DB_PREPARED_MAX per connection) and keeps the
+ * bound as session settings; with it off (PgBouncer in transaction mode),
+ * each query is an unnamed statement behind a set_config() of
+ * statement_timeout and lock_timeout local to its transaction. The loop
+ * never blocks on the database: connects are driven by PQconnectPoll,
+ * results by PQconsumeInput/PQisBusy.
  */
 #ifndef PGCOORD_AGENT_DB_H
 #define PGCOORD_AGENT_DB_H
@@ -23,6 +26,9 @@
 #include "agent/replication.h"
 #include "agent/sqlstate.h"
 #include "proto/codec.h"
+
+/* Named statements one connection keeps; texts past the cap run unnamed. */
+#define DB_PREPARED_MAX 64
 
 enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
 
@@ -50,6 +56,7 @@ struct db_settings {
 	int query_timeout_ms;
 	int connect_timeout_ms;
 	int reconnect_max_ms;
+	bool prepared_statements; /* fixed at start: not changed by db_update_timeouts */
 };
 
 struct db;
@@ -120,6 +127,9 @@ struct db_stats {
 	unsigned long standby_refusals;
 	/* commits whose wait for the synchronous standby was cancelled */
 	unsigned long sync_waits_cancelled;
+	/* statements prepared (Parse of a named statement), statements run by
+	 * name, and set_config() statements of the timeouts sent */
+	unsigned long prepares, prepared_runs, bound_statements;
 	int connected[DB_LANE__COUNT];
 	int queued[DB_LANE__COUNT];
 	/* from queueing to the result (or failure), per lane */

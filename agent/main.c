@@ -182,6 +182,7 @@ static int serve(struct agent *ag)
 	    .query_timeout_ms = ag->cfg.query_timeout_ms,
 	    .connect_timeout_ms = ag->cfg.connect_timeout_ms,
 	    .reconnect_max_ms = ag->cfg.reconnect_max_ms,
+	    .prepared_statements = ag->cfg.prepared_statements,
 	};
 
 	ag->base = event_base_new();

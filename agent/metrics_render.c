@@ -155,6 +155,17 @@ static void render_db(struct agent *ag, struct evbuffer *out)
 	       "Commits whose wait for the synchronous standby was cancelled (not acknowledged).");
 	evbuffer_add_printf(out, "pgcoord_db_sync_waits_cancelled_total %lu\n",
 			    st.sync_waits_cancelled);
+	header(out, "pgcoord_db_statements_prepared_total", "counter",
+	       "Statement texts prepared on a connection (prepared_statements on).");
+	evbuffer_add_printf(out, "pgcoord_db_statements_prepared_total %lu\n", st.prepares);
+	header(out, "pgcoord_db_prepared_runs_total", "counter",
+	       "Statements run by the name they were prepared under.");
+	evbuffer_add_printf(out, "pgcoord_db_prepared_runs_total %lu\n", st.prepared_runs);
+	header(out, "pgcoord_db_timeout_statements_total", "counter",
+	       "set_config() statements of statement_timeout and lock_timeout sent: one per "
+	       "statement with prepared_statements off, else once per connection and for a "
+	       "statement that waited in the queue.");
+	evbuffer_add_printf(out, "pgcoord_db_timeout_statements_total %lu\n", st.bound_statements);
 	render_replication(db_replication(ag->db), out);
 	header(out, "pgcoord_db_query_duration_seconds", "histogram",
 	       "Time from queueing a statement to its result, by lane.");

@@ -244,3 +244,155 @@ Test(statement_bounds, heartbeats_behind_a_lock_stop_at_the_bound)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* One counter of /metrics, e.g. pgcoord_db_queries_total. */
+static long metric(struct hagent *a, const char *name)
+{
+	char *page = ihttp_get(a, "/metrics");
+	char line[128];
+	long v = -1;
+
+	snprintf(line, sizeof(line), "\n%s ", name);
+	const char *at = strstr(page, line);
+	if (at)
+		v = atol(at + strlen(line));
+	free(page);
+	cr_assert_geq(v, 0, "no %s in /metrics", name);
+	return v;
+}
+
+/* With prepared_statements on (the direct run), each connection prepares a
+ * text once and runs every later call by name, and sends the timeouts once
+ * per connection, not with each call; with it off (behind PgBouncer), every
+ * call is unnamed behind its own set_config(). */
+Test(statement_bounds, statements_are_prepared_once_per_connection_and_run_by_name)
+{
+	enum { CYCLES = 40, POOL = 2 };
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	const char *const args[] = {"--pool-size", "2", "--metrics-listen", "127.0.0.1:0", NULL};
+	struct hagent *a = hagent_start(db, "r1", args);
+	pgcoord *c = client(a, "cycler");
+	const char *keys[1] = {"q"};
+
+	cr_assert_eq(pgcoord_quota_set(c, "q", 5, 0, CALL_MS), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	for (int i = 0; i < CYCLES; i++) {
+		char id[32];
+		pgcoord_claim *cl = NULL;
+		snprintf(id, sizeof(id), "p%d", i);
+		pgcoord_err err = pgcoord_permit_claim(
+		    c, id,
+		    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+						 .keys = keys,
+						 .nquotas = 1,
+						 .limit = PGCOORD_NO_LIMIT},
+		    CALL_MS, &cl);
+		cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
+			     pgcoord_last_message(c));
+		cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+		pgcoord_claim_free(cl);
+		err = pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL);
+		cr_assert_eq(err, PGCOORD_OK, "release %s: %s (%s)", id, pgcoord_strerror(err),
+			     pgcoord_last_message(c));
+	}
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE state = "
+					"'released' AND released_at IS NOT NULL"),
+		     CYCLES);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 0);
+
+	long queries = metric(a, "pgcoord_db_queries_total");
+	long prepared = metric(a, "pgcoord_db_statements_prepared_total");
+	long by_name = metric(a, "pgcoord_db_prepared_runs_total");
+	long bounds = metric(a, "pgcoord_db_timeout_statements_total");
+	cr_assert_geq(queries, 2 * CYCLES);
+	if (hbouncer_enabled()) {
+		cr_assert_eq(prepared, 0);
+		cr_assert_eq(by_name, 0);
+		cr_assert_eq(bounds, queries, "%ld timeout statements for %ld queries", bounds,
+			     queries);
+	} else {
+		/* a few texts (claim, release, heartbeat, ...) per connection */
+		cr_assert_geq(prepared, 2);
+		cr_assert_lt(prepared, CYCLES / 2, "%ld statements prepared for %ld queries",
+			     prepared, queries);
+		cr_assert_eq(by_name, queries, "%ld of %ld queries ran by name", by_name, queries);
+		/* once per connection: the request lane's and the heartbeat's */
+		cr_assert_leq(bounds, POOL + 1, "%ld timeout statements for %ld queries", bounds,
+			      queries);
+	}
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* quota.set {key, limit} sent on fd without waiting; returns its msgid. */
+static uint32_t send_quota_set(int fd, const char *key, int64_t limit)
+{
+	struct iparams p;
+	msgpack_packer *pk = iparams_begin(&p, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "limit", limit);
+	uint32_t msgid = inext_msgid();
+	cr_assert(hraw_send_request(fd, msgid, "quota.set", p.sb.data, p.sb.size));
+	iparams_destroy(&p);
+	return msgid;
+}
+
+/* Its answer: `timeout`, rolled back in the database, before the agent's
+ * deadline counted from sent. */
+static void expect_rolled_back_timeout(int fd, uint32_t msgid, int64_t sent)
+{
+	struct ireply r;
+	char err[256];
+	msgpack_unpacked_init(&r.u);
+	do { /* past notifications (agent.db_down if the connection was dropped) */
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &r.u), HRAW_MSG, "no answer to quota.set");
+		memset(&r.m, 0, sizeof(r.m));
+		cr_assert(pgc_parse_message(&r.u.data, &r.m, err, sizeof(err)), "%s", err);
+	} while (r.m.type == PGC_RPC_NOTIFY);
+	int64_t answered = hnow_ms();
+	cr_assert_eq(r.m.msgid, msgid);
+	ierr(&r, "timeout", true, (const char *const[]){"rolled back", NULL});
+	cr_assert(answered - sent < QUERY_TIMEOUT_MS, "answered after %lld ms",
+		  (long long)(answered - sent));
+	ireply_destroy(&r);
+}
+
+/* One request connection: the second statement waits in the queue for
+ * most of its deadline while the first waits for a lock. It must still be
+ * stopped by the database, with its own smaller bound, and answered as
+ * rolled back before the agent's deadline (the session's bound alone would
+ * let it run past it, and the agent would drop the connection). */
+Test(statement_bounds, a_statement_that_waited_in_the_queue_keeps_its_own_smaller_bound)
+{
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	char qt[16];
+	snprintf(qt, sizeof(qt), "%d", QUERY_TIMEOUT_MS);
+	const char *const args[] = {"--query-timeout-ms", qt, "--pool-size", "1", NULL};
+	struct hagent *a = hagent_start(db, "r1", args);
+	int first = iconnect(hagent_socket(a)), second = iconnect(hagent_socket(a));
+	iquota_set(first, "q", 5);
+	long reconnects = (long)istatus_int(a, "db_reconnects");
+
+	PGconn *locker = hdb_connect(db);
+	exec_ok(locker, "BEGIN");
+	exec_ok(locker, "SELECT * FROM pgcoord.quotas WHERE key = 'q' FOR UPDATE");
+
+	int64_t sent = hnow_ms();
+	uint32_t id1 = send_quota_set(first, "q", 7);
+	uint32_t id2 = send_quota_set(second, "q", 9);
+	expect_rolled_back_timeout(first, id1, sent);
+	expect_rolled_back_timeout(second, id2, sent);
+
+	exec_ok(locker, "ROLLBACK");
+	PQfinish(locker);
+	cr_assert_eq(istatus_int(a, "db_reconnects"), reconnects,
+		     "the agent dropped its connection: the database did not stop in time");
+	cr_assert_eq(hdb_query_long(db, "SELECT \"limit\" FROM pgcoord.quotas WHERE key = 'q'"), 5);
+	close(first);
+	close(second);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
