@@ -27,8 +27,9 @@
 #include "agent/sqlstate.h"
 #include "proto/codec.h"
 
-/* Named statements one connection keeps; texts past the cap run unnamed. */
-#define DB_PREPARED_MAX 64
+/* Named statements one connection keeps (the agent has fewer texts than
+ * this); texts past the cap run unnamed. */
+#define DB_PREPARED_MAX 128
 
 enum db_lane_id { DB_LANE_REQUESTS, DB_LANE_HEARTBEAT, DB_LANE__COUNT };
 
