@@ -33,7 +33,9 @@ struct db_query {
 };
 
 /* A statement text a connection has prepared, under the name
- * pgc_<generation>_<index of it in the connection's table>. */
+ * pgc_<hash of the text>_<generation>_<index of it in the connection's
+ * table> (statement_name): behind a pooler that (wrongly) hands the Bind to
+ * another server session, a name found there is the same text. */
 struct prepared {
 	char *sql;
 	unsigned hash;
@@ -756,6 +758,11 @@ static unsigned text_hash(const char *s)
 	return h;
 }
 
+static void statement_name(char *buf, size_t len, const struct db_conn *c, int slot)
+{
+	snprintf(buf, len, "pgc_%08x_%u_%d", c->prepared[slot].hash, c->generation, slot);
+}
+
 /* The slot of sql in the connection's table; -1 when it is not there. */
 static int conn_find_prepared(const struct db_conn *c, const char *sql, unsigned hash)
 {
@@ -801,7 +808,7 @@ static bool conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 	    (c->prepared[c->nprepared].sql = strdup(q->sql)) != NULL) {
 		slot = c->nprepared++;
 		c->prepared[slot].hash = hash;
-		snprintf(name, sizeof(name), "pgc_%u_%d", c->generation, slot);
+		statement_name(name, sizeof(name), c, slot);
 		if (!PQsendPrepare(c->pg, name, q->sql, q->nparams, NULL))
 			return false;
 		c->preparing = slot;
@@ -812,7 +819,7 @@ static bool conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 	if (slot < 0) /* past the cap: unnamed */
 		return PQsendQueryParams(c->pg, q->sql, q->nparams, NULL,
 					 (const char *const *)q->params, NULL, NULL, 0);
-	snprintf(name, sizeof(name), "pgc_%u_%d", c->generation, slot);
+	statement_name(name, sizeof(name), c, slot);
 	db->stats.prepared_runs++;
 	return PQsendQueryPrepared(c->pg, name, q->nparams, (const char *const *)q->params, NULL,
 				   NULL, 0);
