@@ -396,3 +396,99 @@ Test(statement_bounds, a_statement_that_waited_in_the_queue_keeps_its_own_smalle
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* claim id on q and release it; the claim's error (PGCOORD_OK when done). */
+static pgcoord_err claim_and_release(pgcoord *c, const char *id)
+{
+	const char *keys[1] = {"q"};
+	pgcoord_claim *cl = NULL;
+	pgcoord_err err = pgcoord_permit_claim(
+	    c, id,
+	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
+					 .keys = keys,
+					 .nquotas = 1,
+					 .limit = PGCOORD_NO_LIMIT},
+	    CALL_MS, &cl);
+	if (err != PGCOORD_OK)
+		return err;
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	err = pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL);
+	cr_assert_eq(err, PGCOORD_OK, "release %s: %s (%s)", id, pgcoord_strerror(err),
+		     pgcoord_last_message(c));
+	return PGCOORD_OK;
+}
+
+/* The server sessions the agent prepared on go away. Directly, the agent's
+ * connections go with them and the new ones prepare again. Behind a
+ * transaction pooler with prepared_statements on (a misconfiguration), the
+ * agent's connection stays but its next transaction reaches a new server
+ * session: the call fails retryably with nothing done, the log says what
+ * to set, and a retry of the same id succeeds. */
+Test(statement_bounds, prepared_statements_lost_with_the_server_session_are_made_again)
+{
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	const char *const args[] = {"--pool-size", "1", "--prepared-statements", "on", NULL};
+	struct hagent *a = hagent_start(db, "r1", args);
+	pgcoord *c = client(a, "cycler");
+	cr_assert_eq(pgcoord_quota_set(c, "q", 5, 0, CALL_MS), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(claim_and_release(c, "p0"), PGCOORD_OK, "%s", pgcoord_last_message(c));
+
+	if (hbouncer_enabled()) {
+		/* PgBouncer closes its server connections once idle, keeping
+		 * the clients' */
+		char info[512];
+		snprintf(info, sizeof(info), "host=%s port=%s dbname=pgbouncer user=postgres",
+			 getenv("PGCOORD_TEST_PGBOUNCER_HOST"),
+			 getenv("PGCOORD_TEST_PGBOUNCER_PORT"));
+		PGconn *admin = PQconnectdb(info);
+		cr_assert_eq(PQstatus(admin), CONNECTION_OK, "%s", PQerrorMessage(admin));
+		PGresult *res = PQexec(admin, "RECONNECT");
+		cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s", PQerrorMessage(admin));
+		PQclear(res);
+		PQfinish(admin);
+	} else {
+		cr_assert_gt(hdb_query_long(db,
+					    "SELECT count(pg_terminate_backend(pid)) FROM "
+					    "pg_stat_activity WHERE datname = current_database() "
+					    "AND pid <> pg_backend_pid() AND backend_type = "
+					    "'client backend'"),
+			     0);
+	}
+	int failed = 0;
+	for (int i = 1; i <= 5; i++) {
+		char id[16];
+		snprintf(id, sizeof(id), "p%d", i);
+		pgcoord_err err;
+		int tries = 0;
+		while ((err = claim_and_release(c, id)) != PGCOORD_OK && ++tries < 20) {
+			cr_assert(pgcoord_err_retryable(err), "%s: %s (%s)", id,
+				  pgcoord_strerror(err), pgcoord_last_message(c));
+			cr_assert_eq(hdb_query_long(db,
+						    "SELECT count(*) FROM pgcoord.permits WHERE "
+						    "id = '%s'",
+						    id),
+				     0, "a failed claim left its permit");
+			failed++;
+			hsleep_ms(100);
+		}
+		cr_assert_eq(err, PGCOORD_OK, "%s after %d tries: %s (%s)", id, tries,
+			     pgcoord_strerror(err), pgcoord_last_message(c));
+	}
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE state = "
+					"'released'"),
+		     6);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 0);
+	const char *log = hagent_log(a);
+	if (hbouncer_enabled()) {
+		cr_assert_gt(failed, 0, "no call failed on the new server session");
+		cr_assert(strstr(log, "Set prepared_statements = off"), "%s", log);
+	} else {
+		cr_assert_null(strstr(log, "Set prepared_statements = off"), "%s", log);
+	}
+	pgcoord_close(c);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
