@@ -991,8 +991,19 @@ oom:
 bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, db_done_fn done,
 		    void *arg)
 {
+	return db_query_built_within(db, lane_id, db->query_timeout_ms, build, done, arg);
+}
+
+bool db_query_built_within(struct db *db, enum db_lane_id lane_id, int within_ms, db_build_fn build,
+			   db_done_fn done, void *arg)
+{
 	struct db_lane *lane = &db->lanes[lane_id];
 	struct db_query *q;
+
+	if (within_ms > db->query_timeout_ms)
+		within_ms = db->query_timeout_ms;
+	if (within_ms < 1)
+		within_ms = 1;
 
 	if (!lane->up || lane->queued >= DB_QUEUE_MAX)
 		return false;
@@ -1005,8 +1016,8 @@ bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, d
 	q->build = build;
 	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
 	q->due = q->queued_at;
-	q->due.tv_sec += db->query_timeout_ms / 1000;
-	q->due.tv_nsec += (long)(db->query_timeout_ms % 1000) * 1000000;
+	q->due.tv_sec += within_ms / 1000;
+	q->due.tv_nsec += (long)(within_ms % 1000) * 1000000;
 	if (q->due.tv_nsec >= 1000000000) {
 		q->due.tv_sec++;
 		q->due.tv_nsec -= 1000000000;
@@ -1016,7 +1027,7 @@ bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, d
 		query_free(q);
 		return false;
 	}
-	struct timeval tv = ms_to_tv(db->query_timeout_ms);
+	struct timeval tv = ms_to_tv(within_ms);
 	evtimer_add(q->deadline, &tv);
 	if (lane->tail)
 		lane->tail->next = q;

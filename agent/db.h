@@ -114,6 +114,12 @@ typedef bool (*db_build_fn)(void *arg, char **sql, int *nparams, char ***params)
 __attribute__((warn_unused_result)) bool
 db_query_built(struct db *db, enum db_lane_id lane, db_build_fn build, db_done_fn done, void *arg);
 
+/* db_query_built whose deadline is within_ms from now (at most
+ * query_timeout_ms): the rest of the time of work that already waited. */
+__attribute__((warn_unused_result)) bool db_query_built_within(struct db *db, enum db_lane_id lane,
+							       int within_ms, db_build_fn build,
+							       db_done_fn done, void *arg);
+
 bool db_lane_up(const struct db *db, enum db_lane_id lane);
 
 /* libpq's reason (one line) the latest connection attempt failed or a

@@ -6,6 +6,7 @@
 #include <event2/event.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "agent/agent.h"
 #include "agent/conn.h"
@@ -23,7 +24,8 @@ struct member {
 	struct request *req;
 	void *ctx;
 	char *args[GROUP_MAX_ARGS];
-	int deadlocks; /* times its part was stopped to break a deadlock */
+	int deadlocks;	     /* times its part was stopped to break a deadlock */
+	struct timespec due; /* arrival + query_timeout_ms: its deadline */
 };
 
 /* One statement: queued with no members, then built with what waited. */
@@ -40,6 +42,7 @@ struct group {
 	struct member *head, *tail; /* waiting for the statement that is queued */
 	bool queued;		    /* a statement is queued: newcomers ride it */
 	struct event *requeue;	    /* queues the next statement for an overflow */
+	struct event *expire;	    /* times out members held back (group_statements_max) */
 	struct group_stats stats;
 };
 
@@ -245,23 +248,74 @@ static void batch_done(const struct db_result *r, void *arg)
 	}
 	free(b->members);
 	free(b);
+	/* from the loop, not here: db_destroy calls this for every statement */
+	g->stats.in_flight--;
+	if (g->head)
+		event_active(g->requeue, EV_TIMEOUT, 0);
+}
+
+/* Milliseconds from now until t (negative when past). */
+static long long ms_until(const struct timespec *t)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (long long)(t->tv_sec - now.tv_sec) * 1000 + (t->tv_nsec - now.tv_nsec) / 1000000;
+}
+
+/* Answers the waiting members whose deadline has passed, as db.c answers a
+ * statement that never left its queue, and arms the timer for the next. */
+static void expire_members(struct group *g)
+{
+	struct member *m;
+	while ((m = g->head) != NULL && ms_until(&m->due) <= 0) {
+		struct db_result r = {0};
+		g->head = m->next;
+		if (!g->head)
+			g->tail = NULL;
+		r.error = PGC_E_TIMEOUT;
+		r.message = "no database connection became free within query_timeout_ms";
+		member_fail(g, m, &r);
+	}
+	if (g->head) {
+		long long ms = ms_until(&g->head->due);
+		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+		evtimer_add(g->expire, &tv);
+	}
 }
 
 static void queue_statement(struct group *g)
 {
 	struct batch *b;
 	struct member *m;
+	int max = g->ag->cfg.group_statements_max;
 
 	if (g->queued || !g->head)
+		return;
+	if (max > 0 && g->stats.in_flight >= (uint64_t)max) {
+		/* held: they ride the next statement, queued when one of
+		 * those in flight ends, or time out as in the queue */
+		expire_members(g);
+		return;
+	}
+	expire_members(g);
+	if (!g->head)
 		return;
 	b = calloc(1, sizeof(*b));
 	if (b) {
 		b->g = g;
 		/* set first: an idle connection builds it before the call returns */
 		g->queued = true;
-		if (db_query_built(g->ag->db, DB_LANE_REQUESTS, batch_build, batch_done, b))
+		g->stats.in_flight++;
+		/* the statement's deadline is its first member's, the earliest,
+		 * however long that member was held */
+		if (db_query_built_within(g->ag->db, DB_LANE_REQUESTS, (int)ms_until(&g->head->due),
+					  batch_build, batch_done, b)) {
+			if (g->stats.in_flight > g->stats.in_flight_peak)
+				g->stats.in_flight_peak = g->stats.in_flight;
 			return;
+		}
 		g->queued = false;
+		g->stats.in_flight--;
 		free(b);
 	}
 	while ((m = g->head) != NULL) {
@@ -278,14 +332,29 @@ static void requeue_cb(evutil_socket_t fd, short what, void *arg)
 	queue_statement(arg);
 }
 
+static void expire_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	expire_members(arg);
+}
+
 void group_add(struct group *g, struct request *req, void *ctx, const char *const *args)
 {
 	struct member *m = calloc(1, sizeof(*m));
 	bool ok = m != NULL;
 
 	if (m) {
+		int ms = g->ag->cfg.query_timeout_ms;
 		m->req = req;
 		m->ctx = ctx;
+		clock_gettime(CLOCK_MONOTONIC, &m->due);
+		m->due.tv_sec += ms / 1000;
+		m->due.tv_nsec += (long)(ms % 1000) * 1000000;
+		if (m->due.tv_nsec >= 1000000000) {
+			m->due.tv_sec++;
+			m->due.tv_nsec -= 1000000000;
+		}
 		for (int i = 0; ok && i < g->kind->nargs; i++)
 			ok = !args[i] || (m->args[i] = strdup(args[i])) != NULL;
 	}
@@ -304,6 +373,8 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		g->head = m;
 	g->tail = m;
 	queue_statement(g);
+	if (!g->queued && g->head)
+		g->stats.held++; /* waits for a statement in flight to end */
 }
 
 struct group *group_create(struct agent *ag, const struct group_kind *kind)
@@ -314,7 +385,12 @@ struct group *group_create(struct agent *ag, const struct group_kind *kind)
 	g->ag = ag;
 	g->kind = kind;
 	g->requeue = event_new(ag->base, -1, 0, requeue_cb, g);
-	if (!g->requeue) {
+	g->expire = evtimer_new(ag->base, expire_cb, g);
+	if (!g->requeue || !g->expire) {
+		if (g->requeue)
+			event_free(g->requeue);
+		if (g->expire)
+			event_free(g->expire);
 		free(g);
 		return NULL;
 	}
@@ -333,6 +409,7 @@ void group_destroy(struct group *g)
 		fail_unavailable(g, m, "the agent is shutting down");
 	}
 	event_free(g->requeue);
+	event_free(g->expire);
 	free(g);
 }
 

@@ -15,6 +15,14 @@
  * a whole (connection lost, deadline) answers every member with that
  * failure, as one statement of its own would have been answered. The
  * group's deadline is its first member's, the earliest.
+ *
+ * At most group_statements_max statements of one kind are in flight
+ * (queued or running; 0 = no bound but the pool's): on a hot key, parallel
+ * statements only queue on its row lock in the database, each with its own
+ * commit flush, so a member that finds the bound reached waits in the
+ * agent and rides the next statement, queued as soon as one ends. It
+ * waits only for statements already in flight, never for a group to fill,
+ * and times out at its own deadline as in the database queue.
  */
 #ifndef PGCOORD_AGENT_GROUPS_H
 #define PGCOORD_AGENT_GROUPS_H
@@ -56,9 +64,11 @@ void group_destroy(struct group *g);
  */
 void group_add(struct group *g, struct request *req, void *ctx, const char *const *args);
 
-/* Groups sent and members they carried, for /metrics. */
+/* Groups sent and members they carried, for /metrics; statements in
+ * flight now and at most, and members that waited for one to end. */
 struct group_stats {
 	uint64_t groups, members, largest;
+	uint64_t in_flight, in_flight_peak, held;
 };
 void group_get_stats(const struct group *g, struct group_stats *out);
 const char *group_name(const struct group *g);

@@ -198,6 +198,24 @@ static void render_groups(const struct agent *ag, struct evbuffer *out)
 	for (int i = 0; i < 2; i++)
 		evbuffer_add_printf(out, "pgcoord_permit_group_largest{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].largest);
+	header(out, "pgcoord_permit_group_statements_in_flight", "gauge",
+	       "Group statements queued or running now, by kind (at most group_statements_max).");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(out,
+				    "pgcoord_permit_group_statements_in_flight{kind=\"%s\"} %llu\n",
+				    group_name(groups[i]), (unsigned long long)st[i].in_flight);
+	header(out, "pgcoord_permit_group_statements_in_flight_peak", "gauge",
+	       "The most group statements of one kind ever in flight at once, by kind.");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(
+		    out, "pgcoord_permit_group_statements_in_flight_peak{kind=\"%s\"} %llu\n",
+		    group_name(groups[i]), (unsigned long long)st[i].in_flight_peak);
+	header(out, "pgcoord_permit_group_members_held_total", "counter",
+	       "Calls that waited in the agent for a group statement in flight to end, by kind.");
+	for (int i = 0; i < 2; i++)
+		evbuffer_add_printf(out,
+				    "pgcoord_permit_group_members_held_total{kind=\"%s\"} %llu\n",
+				    group_name(groups[i]), (unsigned long long)st[i].held);
 }
 
 void metrics_render(struct agent *ag, struct evbuffer *out)

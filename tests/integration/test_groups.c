@@ -836,3 +836,127 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/*
+ * Statements of one kind in flight (group_statements_max): on one hot key,
+ * calls that find the bound reached wait in the agent and ride the next
+ * statement, rather than each taking a pool connection to queue on the
+ * quota row in the database.
+ */
+
+#define NHOT 32
+
+static void send_hot_claims(int fd, uint32_t msgid0, int from, int to, const char *key)
+{
+	for (int i = from; i < to; i++) {
+		char id[64];
+		struct iparams p;
+		snprintf(id, sizeof(id), "%s-%d", key, i);
+		claim_params(&p, id, key);
+		cr_assert(hraw_send_request(fd, msgid0 + (uint32_t)i, "permit.claim", p.sb.data,
+					    p.sb.size));
+		iparams_destroy(&p);
+	}
+}
+
+static long claims_on_lock(struct harness_db *db)
+{
+	return hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+				  "current_database() AND query LIKE '%%permit_claim_group%%' "
+				  "AND wait_event_type = 'Lock'");
+}
+
+Test(groups, claims_on_a_hot_key_wait_for_the_statements_in_flight)
+{
+	static const char *const args[] = {
+	    "--pool-size", "8", "--group-statements-max", "2", "--metrics-listen",
+	    "127.0.0.1:0", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-hot", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome out[NHOT];
+
+	isession_open(fd, "hot");
+	iquota_set(fd, "hot", 100);
+
+	/* two statements take the bound and wait on the held row; the rest
+	 * must wait in the agent, not on the row with six more connections */
+	PGconn *holder = hold_quota(db, "hot");
+	send_hot_claims(fd, 5000, 0, 1, "hot");
+	wait_claim_on_lock(db);
+	send_hot_claims(fd, 5000, 1, 2, "hot");
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT (count(*) = 2)::int FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "the second statement did not reach the held row");
+	send_hot_claims(fd, 5000, 2, NHOT, "hot");
+	hsleep_ms(300); /* every claim is read, and would have been sent */
+	cr_assert_eq(claims_on_lock(db), 2, "more statements than the bound reached the row");
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"),
+		     NHOT - 2);
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+	read_answers(fd, 5000, NHOT, out);
+
+	for (int i = 0; i < NHOT; i++)
+		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
+	/* the held ones went together, in the statement after the first */
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
+		     2);
+	cr_assert_eq(metric(a, "pgcoord_permit_groups_total{kind=\"claim\"}"), 3);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), NHOT - 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 0);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'hot'"),
+		     NHOT);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'hot-%%' AND released_at IS NULL"),
+		     NHOT);
+	cr_assert_eq(audit_rows(db, "hot", "admitted"), NHOT);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A claim held behind a statement that waits out its time is answered by
+ * its own deadline, as it would have been waiting on the row itself. */
+Test(groups, a_held_claim_keeps_its_own_deadline)
+{
+	static const char *const args[] = {
+	    "--pool-size", "4", "--group-statements-max", "1", "--query-timeout-ms", "1000", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-late", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome first[1], held[1];
+
+	isession_open(fd, "late");
+	iquota_set(fd, "stuck", 10);
+
+	PGconn *holder = hold_quota(db, "stuck");
+	send_hot_claims(fd, 6000, 0, 1, "stuck");
+	wait_claim_on_lock(db);
+	hsleep_ms(200);
+	int64_t sent = hnow_ms();
+	send_hot_claims(fd, 6000, 1, 2, "stuck");
+	read_answers(fd, 6000, 1, first);
+	read_answers(fd, 6001, 1, held);
+	int64_t waited = hnow_ms() - sent;
+	cr_assert_str_eq(first[0].what, "timeout");
+	cr_assert_str_eq(held[0].what, "timeout");
+	cr_assert_leq(waited, 1000 + 250, "the held claim was answered after %lld ms",
+		      (long long)waited);
+	cr_assert_geq(waited, 500, "the held claim was answered after %lld ms", (long long)waited);
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'stuck-%%'"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'stuck'"),
+		     0);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
