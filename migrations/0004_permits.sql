@@ -910,6 +910,7 @@ DECLARE
 	v_w integer[];
 	v_dk text;
 	v_pos integer;
+	v_now bigint;
 	i integer;
 	j integer;
 BEGIN
@@ -941,8 +942,12 @@ BEGIN
 		  AND cardinality(m.k::text[]) >= 1
 		  AND cardinality(m.k::text[]) = cardinality(m.w::integer[])
 		  AND array_position(m.k::text[], NULL) IS NULL
-		  AND m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C" FROM unnest(m.k::text[]) AS x
-					  ORDER BY 1)
+		  -- one key in a plain one-dimensional array is sorted and
+		  -- distinct: no sort per member
+		  AND (cardinality(m.k::text[]) = 1 AND array_ndims(m.k::text[]) = 1
+		       AND array_lower(m.k::text[], 1) = 1
+		       OR m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C"
+					      FROM unnest(m.k::text[]) AS x ORDER BY 1))
 		  AND 1 <= ALL (m.w::integer[])
 		  AND (SELECT count(*) FROM unnest(p_ids) AS d WHERE d = m.id) = 1
 		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = m.id)
@@ -1035,28 +1040,32 @@ BEGIN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-	SELECT p_ids[i], a.k, a.w
-	FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w);
+	-- the shares and the audit rows in one statement
+	WITH shares AS (
+		INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+		SELECT p_ids[i], a.k, a.w
+		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w))
 	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, state, phase)
 	SELECT p_ids[s.i], a.k, a.w, 'admitted', p_actors[s.i], 'held', 'reserved'
 	FROM unnest(v_adm) WITH ORDINALITY AS s(i, o)
 	CROSS JOIN LATERAL unnest(p_keys[s.i]::text[], p_weights[s.i]::integer[]) AS a(k, w)
 	ORDER BY s.o, a.k COLLATE "C";
 
+	-- ms(now()), written out: once, not a call per member
+	v_now := (extract(epoch FROM now()) * 1000)::bigint;
 	RETURN QUERY
 	SELECT a.i, a.err_state, a.err_message, (a.d).*
 	FROM (
 	SELECT i, NULL::text AS err_state, NULL::text AS err_message, ('admitted',
 	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held', 'reserved',
-	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL, NULL, NULL, NULL,
-	       pgcoord.ms(now()), NULL, NULL, NULL)::pgcoord.claim_decision
+	       p_sessions[i], p_replicas[i], v_now, NULL, NULL, NULL, NULL, v_now, NULL, NULL,
+	       NULL)::pgcoord.claim_decision
 	FROM unnest(v_adm) AS i
 	UNION ALL
 	SELECT d.i, NULL, NULL, (CASE WHEN d.lim IS NULL THEN 'unknown_quota'
 	       ELSE 'denied' END::pgcoord.claim_status,
-	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, pgcoord.ms(now()), NULL,
-	       NULL, NULL)::pgcoord.claim_decision
+	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, v_now, NULL, NULL,
+	       NULL)::pgcoord.claim_decision
 	FROM unnest(v_den, v_den_key, v_den_limit, v_den_in_flight) AS d(i, k, lim, f)
 	UNION ALL
 	-- the lone claim's refusal, as a member's error (groups.c answers it)
