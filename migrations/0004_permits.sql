@@ -344,8 +344,13 @@ DECLARE
 	v_quotas text;
 	j integer;
 BEGIN
+	IF v_limit IS NOT NULL AND NOT p_admin THEN
+		IF EXISTS (SELECT 1 FROM pgcoord.quotas q WHERE q.key = p_keys[1]) THEN
+			v_limit := NULL;
+		END IF;
+	END IF;
 	IF v_n IS NULL OR v_n <> cardinality(p_weights)
-	   OR (p_limit IS NOT NULL AND v_n <> 1) THEN
+	   OR (v_limit IS NOT NULL AND v_n <> 1) THEN
 		RAISE EXCEPTION 'keys must be distinct and sorted; a limit needs exactly one quota'
 			USING ERRCODE = 'PCINV';
 	END IF;
@@ -360,11 +365,6 @@ BEGIN
 	-- the weights by the keys' subscripts (1..v_n), as unnest pairs them
 	IF array_ndims(p_weights) <> 1 OR array_lower(p_weights, 1) <> 1 THEN
 		p_weights := ARRAY(SELECT unnest(p_weights));
-	END IF;
-	IF v_limit IS NOT NULL AND NOT p_admin THEN
-		IF EXISTS (SELECT 1 FROM pgcoord.quotas q WHERE q.key = p_keys[1]) THEN
-			v_limit := NULL;
-		END IF;
 	END IF;
 	-- a lock, not a write: the refusal loses nothing (session_lock_live)
 	PERFORM 1 FROM pgcoord.sessions s
