@@ -304,30 +304,73 @@ LANGUAGE sql IMMUTABLE AS $$
 	SELECT 'this connection''s session is no longer live in the database; open a new one'
 $$;
 
-CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer[],
-	p_session bigint, p_replica text, p_on_owner_loss text, p_intent bytea,
-	p_limit integer, p_actor text)
+-- A claim for the caller p_uid (the agent's lone claim, and each member a
+-- claim group judges alone):
+-- * a limit from a non-admin only creates a missing quota; an existing
+--   quota's limit stays as it is (the limit is then ignored). The check
+--   takes no lock (a quota row lock here would come before the permit
+--   row, against the claim's lock order), so a quota created by another
+--   call in the instant between may still get this limit;
+-- * a permit answers to the uid of its owner session; a retirement
+--   tombstone's owner is the session that retired the id;
+-- * an id another uid retired (a tombstone with no quotas: no claim of it
+--   ever committed) does not block the claim: a retirement speaks only for
+--   its own uid, so nobody can squat someone else's predictable ids. The
+--   tombstone and its audit row go; the claim then runs as for a new id.
+--   Deleting the row locks it first, as the claim's own insert would.
+--   A NULL p_uid (permit_claim) sets no retirement aside.
+--
+-- Its cost is that of its statements: every SECURITY DEFINER call is a
+-- frame with a GUC save and restore of its own (0001_security.sql), so the
+-- whole claim runs here, with no nested pgcoord call on its common path
+-- (helpers such as ms() and session_lock_live are written out), and
+-- everything the common path does not need (the sort check of one key,
+-- the limit's quota probe, the retired-id probe) is skipped by a plain
+-- expression, which PL/pgSQL evaluates without starting the executor.
+CREATE FUNCTION pgcoord.permit_claim_as(p_uid bigint, p_admin boolean, p_id text,
+	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
+	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text)
 RETURNS pgcoord.claim_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_d pgcoord.claim_decision;
 	v_p pgcoord.permits;
-	v_key text;
-	v_w integer;
+	v_n integer := cardinality(p_keys);
+	v_limit integer := p_limit;
 	v_inserted boolean := false;
-	v_denied_key text;
+	v_denied integer; -- the subscript of the first key without room
 	v_denied_limit integer;
 	v_denied_in_flight bigint;
 	v_quotas text;
+	j integer;
 BEGIN
-	IF cardinality(p_keys) IS NULL OR cardinality(p_keys) <> cardinality(p_weights)
-	   OR p_keys <> ARRAY(SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1)
-	   OR (p_limit IS NOT NULL AND cardinality(p_keys) <> 1) THEN
+	IF v_limit IS NOT NULL AND NOT p_admin THEN
+		IF EXISTS (SELECT 1 FROM pgcoord.quotas q WHERE q.key = p_keys[1]) THEN
+			v_limit := NULL;
+		END IF;
+	END IF;
+	IF v_n IS NULL OR v_n <> cardinality(p_weights)
+	   OR (v_limit IS NOT NULL AND v_n <> 1) THEN
 		RAISE EXCEPTION 'keys must be distinct and sorted; a limit needs exactly one quota'
 			USING ERRCODE = 'PCINV';
 	END IF;
-	-- a lock, not a write: the refusal loses nothing
-	IF NOT pgcoord.session_lock_live(p_session) THEN
+	-- one key in a plain one-dimensional array is sorted and distinct
+	IF v_n > 1 OR array_ndims(p_keys) <> 1 OR array_lower(p_keys, 1) <> 1 THEN
+		IF p_keys <> ARRAY(SELECT DISTINCT k COLLATE "C" FROM unnest(p_keys) AS k ORDER BY 1)
+		THEN
+			RAISE EXCEPTION 'keys must be distinct and sorted; a limit needs exactly one '
+				'quota' USING ERRCODE = 'PCINV';
+		END IF;
+	END IF;
+	-- the weights by the keys' subscripts (1..v_n), as unnest pairs them
+	IF array_ndims(p_weights) <> 1 OR array_lower(p_weights, 1) <> 1 THEN
+		p_weights := ARRAY(SELECT unnest(p_weights));
+	END IF;
+	-- a lock, not a write: the refusal loses nothing (session_lock_live)
+	PERFORM 1 FROM pgcoord.sessions s
+	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+	FOR KEY SHARE;
+	IF NOT FOUND THEN
 		RAISE EXCEPTION USING ERRCODE = 'PCSEX', MESSAGE = pgcoord.claim_session_expired();
 	END IF;
 	-- The presence guard (guarantee 3): the permit row goes in first. A
@@ -340,48 +383,69 @@ BEGIN
 		'reserved', p_on_owner_loss, p_intent)
 	ON CONFLICT (id) DO NOTHING
 	RETURNING * INTO v_p;
+	IF NOT FOUND AND p_uid IS NOT NULL THEN
+		-- the id exists: another uid's retirement of it goes, and the
+		-- insert runs again ("released" said by released_at, the same
+		-- test by the CHECK on permits: the predicate of
+		-- permits_released_at is not implied by it, so no plan can walk
+		-- every tombstone of that partial index filtering on the id, as
+		-- the one made on a fresh install's empty tables did until an
+		-- analyze; permits_pkey answers it by id)
+		DELETE FROM pgcoord.permits p
+		WHERE p.id = p_id AND p.released_at IS NOT NULL
+		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p.id)
+		  AND (SELECT s.owner_uid FROM pgcoord.sessions s WHERE s.id = p.owner_session)
+			IS DISTINCT FROM p_uid;
+		IF FOUND THEN
+			-- a refusal below rolls the tombstone's delete back with it
+			DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
+			INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica,
+				state, phase, on_owner_loss, intent)
+			VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
+				'reserved', p_on_owner_loss, p_intent)
+			ON CONFLICT (id) DO NOTHING
+			RETURNING * INTO v_p;
+		END IF;
+	END IF;
 	v_inserted := FOUND;
 	IF v_inserted THEN
 		-- the per-call limit applies to this very admission, and stays
 		-- recorded if the claim is denied: it is the caller's current
 		-- word on the quota, not part of the grant. A retry of an
 		-- existing id changes nothing, limit included.
-		IF p_limit IS NOT NULL THEN
-			PERFORM pgcoord.quota_apply(p_keys[1], p_limit, NULL, p_actor,
+		IF v_limit IS NOT NULL THEN
+			PERFORM pgcoord.quota_apply(p_keys[1], v_limit, NULL, p_actor,
 				'claim ' || p_id);
 		END IF;
-		-- Guarantee 1: one conditional UPDATE per quota, in key order;
-		-- Postgres re-checks the predicate on the latest row version
-		-- under the row lock, so admissions on one quota serialize and
-		-- never overshoot, on any agent.
-		FOR v_key, v_w IN
-			SELECT t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-			ORDER BY t.k COLLATE "C"
-		LOOP
-			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-			WHERE q.key = v_key AND q.in_flight + v_w <= q."limit" AND q.waiting = 0;
+		-- Guarantee 1: one conditional UPDATE per quota, in key order
+		-- (the keys are sorted); Postgres re-checks the predicate on the
+		-- latest row version under the row lock, so admissions on one
+		-- quota serialize and never overshoot, on any agent.
+		FOR j IN 1 .. v_n LOOP
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
+			WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
+			  AND q.waiting = 0;
 			IF NOT FOUND THEN
-				v_denied_key := v_key;
+				v_denied := j;
 				SELECT q."limit", q.in_flight INTO v_denied_limit, v_denied_in_flight
-				FROM pgcoord.quotas q WHERE q.key = v_key;
+				FROM pgcoord.quotas q WHERE q.key = p_keys[j];
 				EXIT;
 			END IF;
 		END LOOP;
-		IF v_denied_key IS NOT NULL THEN
+		IF v_denied IS NOT NULL THEN
 			-- all or nothing: give back the keys before the refusing
 			-- one (still locked by us) and take the permit row out
-			FOR v_key, v_w IN
-				SELECT t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				WHERE t.k COLLATE "C" < v_denied_key ORDER BY t.k COLLATE "C"
-			LOOP
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight - v_w
-				WHERE q.key = v_key;
+			FOR j IN 1 .. v_denied - 1 LOOP
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight - p_weights[j]
+				WHERE q.key = p_keys[j];
 			END LOOP;
 			DELETE FROM pgcoord.permits p WHERE p.id = p_id AND p.token = v_p.token;
 			v_inserted := false;
 		ELSE
-			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w);
+			-- the shares and the audit rows in one statement
+			WITH shares AS (
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
 				state, phase)
 			SELECT p_id, t.k, t.w, 'admitted', p_actor, 'held', 'reserved'
@@ -389,11 +453,12 @@ BEGIN
 		END IF;
 	END IF;
 
-	v_d.now_at := pgcoord.ms(now());
-	IF v_denied_key IS NOT NULL THEN
+	-- ms(), written out
+	v_d.now_at := (extract(epoch FROM now()) * 1000)::bigint;
+	IF v_denied IS NOT NULL THEN
 		v_d.status := CASE WHEN v_denied_limit IS NULL THEN 'unknown_quota'
 			      ELSE 'denied' END::pgcoord.claim_status;
-		v_d.denied_key := v_denied_key;
+		v_d.denied_key := p_keys[v_denied];
 		v_d.denied_limit := v_denied_limit;
 		v_d.denied_in_flight := v_denied_in_flight;
 		RETURN v_d;
@@ -405,7 +470,7 @@ BEGIN
 		v_d.phase := v_p.phase;
 		v_d.owner_session := v_p.owner_session;
 		v_d.owner_replica := v_p.owner_replica;
-		v_d.created_at := pgcoord.ms(v_p.created_at);
+		v_d.created_at := (extract(epoch FROM v_p.created_at) * 1000)::bigint;
 		RETURN v_d;
 	END IF;
 
@@ -436,6 +501,17 @@ BEGIN
 		v_d.created_at
 	FROM pgcoord.permit_status s WHERE s.id = p_id;
 	RETURN v_d;
+END $$;
+
+-- A claim with no caller uid: an admin's limit, and no retirement set aside.
+CREATE FUNCTION pgcoord.permit_claim(p_id text, p_keys text[], p_weights integer[],
+	p_session bigint, p_replica text, p_on_owner_loss text, p_intent bytea,
+	p_limit integer, p_actor text)
+RETURNS pgcoord.claim_decision
+LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN pgcoord.permit_claim_as(NULL, true, p_id, p_keys, p_weights, p_session,
+		p_replica, p_on_owner_loss, p_intent, p_limit, p_actor);
 END $$;
 
 -- The lifecycle functions below (update, mark_uncertain, resolve) answer
@@ -691,48 +767,6 @@ BEGIN
 		pgcoord.ms(now()))::pgcoord.permit_change;
 END $$;
 
--- permit_claim for the caller p_uid:
--- * a limit from a non-admin only creates a missing quota; an existing
---   quota's limit stays as it is (the limit is then ignored). The check
---   takes no lock (a quota row lock here would come before the permit
---   row, against the claim's lock order), so a quota created by another
---   call in the instant between may still get this limit;
--- * a permit answers to the uid of its owner session; a retirement
---   tombstone's owner is the session that retired the id;
--- * an id another uid retired (a tombstone with no quotas: no claim of it
---   ever committed) does not block the claim: a retirement speaks only for
---   its own uid, so nobody can squat someone else's predictable ids. The
---   tombstone and its audit row go; the claim then runs as for a new id.
---   Deleting the row locks it first, as the claim's own insert would.
-CREATE FUNCTION pgcoord.permit_claim_as(p_uid bigint, p_admin boolean, p_id text,
-	p_keys text[], p_weights integer[], p_session bigint, p_replica text,
-	p_on_owner_loss text, p_intent bytea, p_limit integer, p_actor text)
-RETURNS pgcoord.claim_decision
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
-DECLARE
-	v_limit integer := p_limit;
-BEGIN
-	IF NOT p_admin AND v_limit IS NOT NULL
-	   AND EXISTS (SELECT 1 FROM pgcoord.quotas q WHERE q.key = p_keys[1]) THEN
-		v_limit := NULL;
-	END IF;
-	-- "released" said by released_at (the same test, by the CHECK on
-	-- permits): the predicate of permits_released_at is not implied by
-	-- it, so no plan can walk every tombstone of that partial index
-	-- filtering on the id, as the one made on a fresh install's empty
-	-- tables did until an analyze; permits_pkey answers it by id
-	DELETE FROM pgcoord.permits p
-	WHERE p.id = p_id AND p.released_at IS NOT NULL
-	  AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p.id)
-	  AND pgcoord.session_owner_uid(p.owner_session) IS DISTINCT FROM p_uid;
-	IF FOUND THEN
-		DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
-	END IF;
-	-- a refusal below rolls the tombstone's delete back with it
-	RETURN pgcoord.permit_claim(p_id, p_keys, p_weights, p_session, p_replica,
-		p_on_owner_loss, p_intent, v_limit, p_actor);
-END $$;
-
 -- permit_release for the caller p_uid: without an override, only a permit
 -- of the caller's own uid (the owner session check follows in
 -- permit_release). An override is the agent's to allow (admins only).
@@ -876,6 +910,7 @@ DECLARE
 	v_w integer[];
 	v_dk text;
 	v_pos integer;
+	v_now bigint;
 	i integer;
 	j integer;
 BEGIN
@@ -907,8 +942,12 @@ BEGIN
 		  AND cardinality(m.k::text[]) >= 1
 		  AND cardinality(m.k::text[]) = cardinality(m.w::integer[])
 		  AND array_position(m.k::text[], NULL) IS NULL
-		  AND m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C" FROM unnest(m.k::text[]) AS x
-					  ORDER BY 1)
+		  -- one key in a plain one-dimensional array is sorted and
+		  -- distinct: no sort per member
+		  AND (cardinality(m.k::text[]) = 1 AND array_ndims(m.k::text[]) = 1
+		       AND array_lower(m.k::text[], 1) = 1
+		       OR m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C"
+					      FROM unnest(m.k::text[]) AS x ORDER BY 1))
 		  AND 1 <= ALL (m.w::integer[])
 		  AND (SELECT count(*) FROM unnest(p_ids) AS d WHERE d = m.id) = 1
 		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = m.id)
@@ -1001,28 +1040,32 @@ BEGIN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-	SELECT p_ids[i], a.k, a.w
-	FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w);
+	-- the shares and the audit rows in one statement
+	WITH shares AS (
+		INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+		SELECT p_ids[i], a.k, a.w
+		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w))
 	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, state, phase)
 	SELECT p_ids[s.i], a.k, a.w, 'admitted', p_actors[s.i], 'held', 'reserved'
 	FROM unnest(v_adm) WITH ORDINALITY AS s(i, o)
 	CROSS JOIN LATERAL unnest(p_keys[s.i]::text[], p_weights[s.i]::integer[]) AS a(k, w)
 	ORDER BY s.o, a.k COLLATE "C";
 
+	-- ms(now()), written out: once, not a call per member
+	v_now := (extract(epoch FROM now()) * 1000)::bigint;
 	RETURN QUERY
 	SELECT a.i, a.err_state, a.err_message, (a.d).*
 	FROM (
 	SELECT i, NULL::text AS err_state, NULL::text AS err_message, ('admitted',
 	       v_ins_tokens[array_position(v_ins_ids, p_ids[i])], 'held', 'reserved',
-	       p_sessions[i], p_replicas[i], pgcoord.ms(now()), NULL, NULL, NULL, NULL,
-	       pgcoord.ms(now()), NULL, NULL, NULL)::pgcoord.claim_decision
+	       p_sessions[i], p_replicas[i], v_now, NULL, NULL, NULL, NULL, v_now, NULL, NULL,
+	       NULL)::pgcoord.claim_decision
 	FROM unnest(v_adm) AS i
 	UNION ALL
 	SELECT d.i, NULL, NULL, (CASE WHEN d.lim IS NULL THEN 'unknown_quota'
 	       ELSE 'denied' END::pgcoord.claim_status,
-	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, pgcoord.ms(now()), NULL,
-	       NULL, NULL)::pgcoord.claim_decision
+	       NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.k, d.lim, d.f, v_now, NULL, NULL,
+	       NULL)::pgcoord.claim_decision
 	FROM unnest(v_den, v_den_key, v_den_limit, v_den_in_flight) AS d(i, k, lim, f)
 	UNION ALL
 	-- the lone claim's refusal, as a member's error (groups.c answers it)

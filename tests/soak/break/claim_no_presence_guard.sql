@@ -3,7 +3,7 @@
 -- permit (a lost reply, a duplicate delivery) answers the original grant
 -- but counts it again: the permanent phantom of the seed's pre-fix shape
 -- (guarantees 2 and 3). The soak checker must report admitted_once.
--- @function pgcoord.permit_claim
+-- @function pgcoord.permit_claim_as
 -- @replace
 	v_inserted := FOUND;
 	IF v_inserted THEN
@@ -12,10 +12,10 @@
 	IF true THEN
 -- @end
 -- @replace
-			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w);
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 -- @with
-			INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-			SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-			ON CONFLICT DO NOTHING;
+				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+				ON CONFLICT DO NOTHING)
 -- @end

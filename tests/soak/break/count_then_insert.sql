@@ -3,18 +3,19 @@
 -- snapshot and then adds its weight unconditionally: two claims that count
 -- at the same time both see room and both go in (guarantee 1). The soak
 -- checker must report quota_limit.
--- @function pgcoord.permit_claim
+-- @function pgcoord.permit_claim_as
 -- @replace
-			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-			WHERE q.key = v_key AND q.in_flight + v_w <= q."limit" AND q.waiting = 0;
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
+			WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
+			  AND q.waiting = 0;
 			IF NOT FOUND THEN
 -- @with
 			IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
 			    JOIN pgcoord.permits p ON p.id = pq.permit_id
-			    WHERE pq.key = v_key AND p.state <> 'released') + v_w
-			   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = v_key) THEN
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + v_w
-				WHERE q.key = v_key;
+			    WHERE pq.key = p_keys[j] AND p.state <> 'released') + p_weights[j]
+			   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = p_keys[j]) THEN
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
+				WHERE q.key = p_keys[j];
 			ELSE
 				PERFORM 1 WHERE false; -- FOUND := false: denied
 			END IF;
