@@ -1078,6 +1078,7 @@ LANGUAGE plpgsql SET enable_seqscan = off SET enable_hashjoin = off SET enable_m
 DECLARE
 	v_n integer := coalesce(cardinality(p_ids), 0);
 	v_done integer[];
+	v_now bigint;
 	i integer;
 BEGIN
 	IF v_n > 1 AND cardinality(ARRAY(SELECT DISTINCT unnest(p_ids))) <> v_n THEN
@@ -1115,8 +1116,11 @@ BEGIN
 		-- when the statistics say there are none; it probes permits_pkey
 		WHERE p.id = m.id AND p.released_at IS NULL
 		  AND (m.override OR p.state = 'held')
+		  -- session_owner_uid written out: a call per member is a SECURITY
+		  -- DEFINER call (no inlining, a GUC save and restore each)
 		  AND (m.override OR (p.owner_session = m.session
-		       AND pgcoord.session_owner_uid(p.owner_session) IS NOT DISTINCT FROM m.uid))
+		       AND (SELECT s.owner_uid FROM pgcoord.sessions s
+			    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM m.uid))
 		RETURNING m.i, p.id, p.phase, p.owner_replica, m.override, m.actor, m.reason),
 	s AS (
 		SELECT r.*, pq.key, pq.weight FROM r JOIN pgcoord.permit_quotas pq
@@ -1135,8 +1139,10 @@ BEGIN
 		FROM s ORDER BY s.i, s.key)
 	SELECT coalesce(array_agg(r.i::integer), '{}') INTO v_done FROM r;
 
+	-- pgcoord.ms(now()) once, written out, not two calls per member
+	v_now := (extract(epoch FROM now()) * 1000)::bigint;
 	RETURN QUERY SELECT d.i, NULL::text, NULL::text, 'released'::pgcoord.release_status,
-		'released'::text, pgcoord.ms(now()), pgcoord.ms(now())
+		'released'::text, v_now, v_now
 	FROM unnest(v_done) AS d(i);
 	IF cardinality(v_done) = v_n THEN
 		RETURN;
