@@ -1182,9 +1182,11 @@ $$;
 -- owner) are released; the others become uncertain and keep counting. Safe
 -- to apply twice: only permits still owned by those sessions and not yet
 -- in their end state change. p_actor NULL: 'agent@<owner's replica>'.
+-- Sequential scans off: the plans made on a fresh install's empty tables
+-- read every permit, tombstones included, on each session end.
 CREATE FUNCTION pgcoord.permits_owner_lost(p_sessions bigint[], p_reason text, p_actor text)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_cand text[];
 	v_release text[] := '{}';
@@ -1242,11 +1244,13 @@ END $$;
 -- path, so a permit its owner released meanwhile is never decremented
 -- twice). The liveness test of the safety net is NOT EXISTS over sessions,
 -- planned as one anti-join, not a call of session_is_live per permit (a
--- SECURITY DEFINER function is never inlined).
+-- SECURITY DEFINER function is never inlined). Sequential scans off: the
+-- plan made on a fresh install read every permit on each sweep; this one
+-- walks permits_open_by_owner, the open permits only.
 CREATE FUNCTION pgcoord.janitor_lapse_permits(p_limit integer,
 	p_actor text DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_actor text := coalesce(p_actor, pgcoord.janitor_actor());
 	v_sessions bigint[];
