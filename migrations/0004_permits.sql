@@ -1121,6 +1121,7 @@ LANGUAGE plpgsql SET enable_seqscan = off SET enable_hashjoin = off SET enable_m
 DECLARE
 	v_n integer := coalesce(cardinality(p_ids), 0);
 	v_done integer[];
+	v_now bigint;
 	i integer;
 BEGIN
 	IF v_n > 1 AND cardinality(ARRAY(SELECT DISTINCT unnest(p_ids))) <> v_n THEN
@@ -1158,8 +1159,11 @@ BEGIN
 		-- when the statistics say there are none; it probes permits_pkey
 		WHERE p.id = m.id AND p.released_at IS NULL
 		  AND (m.override OR p.state = 'held')
+		  -- session_owner_uid written out: a call per member is a SECURITY
+		  -- DEFINER call (no inlining, a GUC save and restore each)
 		  AND (m.override OR (p.owner_session = m.session
-		       AND pgcoord.session_owner_uid(p.owner_session) IS NOT DISTINCT FROM m.uid))
+		       AND (SELECT s.owner_uid FROM pgcoord.sessions s
+			    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM m.uid))
 		RETURNING m.i, p.id, p.phase, p.owner_replica, m.override, m.actor, m.reason),
 	s AS (
 		SELECT r.*, pq.key, pq.weight FROM r JOIN pgcoord.permit_quotas pq
@@ -1178,8 +1182,10 @@ BEGIN
 		FROM s ORDER BY s.i, s.key)
 	SELECT coalesce(array_agg(r.i::integer), '{}') INTO v_done FROM r;
 
+	-- pgcoord.ms(now()) once, written out, not two calls per member
+	v_now := (extract(epoch FROM now()) * 1000)::bigint;
 	RETURN QUERY SELECT d.i, NULL::text, NULL::text, 'released'::pgcoord.release_status,
-		'released'::text, pgcoord.ms(now()), pgcoord.ms(now())
+		'released'::text, v_now, v_now
 	FROM unnest(v_done) AS d(i);
 	IF cardinality(v_done) = v_n THEN
 		RETURN;
@@ -1219,9 +1225,11 @@ $$;
 -- owner) are released; the others become uncertain and keep counting. Safe
 -- to apply twice: only permits still owned by those sessions and not yet
 -- in their end state change. p_actor NULL: 'agent@<owner's replica>'.
+-- Sequential scans off: the plans made on a fresh install's empty tables
+-- read every permit, tombstones included, on each session end.
 CREATE FUNCTION pgcoord.permits_owner_lost(p_sessions bigint[], p_reason text, p_actor text)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_cand text[];
 	v_release text[] := '{}';
@@ -1279,11 +1287,13 @@ END $$;
 -- path, so a permit its owner released meanwhile is never decremented
 -- twice). The liveness test of the safety net is NOT EXISTS over sessions,
 -- planned as one anti-join, not a call of session_is_live per permit (a
--- SECURITY DEFINER function is never inlined).
+-- SECURITY DEFINER function is never inlined). Sequential scans off: the
+-- plan made on a fresh install read every permit on each sweep; this one
+-- walks permits_open_by_owner, the open permits only.
 CREATE FUNCTION pgcoord.janitor_lapse_permits(p_limit integer,
 	p_actor text DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_actor text := coalesce(p_actor, pgcoord.janitor_actor());
 	v_sessions bigint[];

@@ -108,9 +108,11 @@ $$;
 
 -- Admits, in seq order, the queued waiters on p_keys that are first in
 -- line on every quota of theirs and fit. Returns how many it admitted.
+-- Sequential scans off: planned on a fresh install, its quota lookups read
+-- every quota row per waiter; quotas_pkey answers them by key.
 CREATE FUNCTION pgcoord.waiters_admit(p_keys text[])
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	w pgcoord.waiters;
 	v_prev text := current_setting('pgcoord.handing_over', true);
