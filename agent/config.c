@@ -32,10 +32,10 @@ const struct option_def config_options[] = {
     {"pool_size", OPT_INT, OFF(pool_size), "8", 1, 64, false, false,
      "Database connections for requests (the heartbeat has its own)."},
     {"group_statements_max", OPT_INT, OFF(group_statements_max), "1", 0, 64, false, false,
-     "Group statements of one kind (permit claims, permit releases) in flight at once; a "
-     "call that finds them all busy waits in the agent and rides the next, larger group "
-     "instead of queueing on a quota row lock in the database. 0 allows one per pool "
-     "connection."},
+     "Group statements of one kind (permit claims, permit releases) in flight at once "
+     "before a call on a quota key that one of them names waits in the agent and rides the "
+     "next, larger group instead of queueing on that key's row lock in the database; a call "
+     "on other keys goes at once. 0 never holds a call back."},
     {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
      "How often the agent renews itself and all its sessions."},
     {"session_ttl_ms", OPT_INT, OFF(session_ttl_ms), "10000", 200, 600000, false, false,

@@ -26,6 +26,7 @@ struct member {
 	char *args[GROUP_MAX_ARGS];
 	int deadlocks;	     /* times its part was stopped to break a deadlock */
 	struct timespec due; /* arrival + query_timeout_ms: its deadline */
+	struct group_keys keys;
 };
 
 /* One statement: queued with no members, then built with what waited. */
@@ -34,15 +35,29 @@ struct batch {
 	struct member **members;
 	size_t n;
 	bool built;
+	struct batch *next_sent; /* built and not answered yet: g->sent */
 };
+
+/* The keys of a permit this agent admitted, until it is released. */
+struct remembered {
+	uint64_t id; /* group_key_hash of the permit id; 0 = empty */
+	struct group_keys *keys;
+};
+
+/* Direct-mapped: a new id takes its slot from whatever was there, so the
+ * memory is bounded and a forgotten id only goes unheld. */
+#define GROUP_REMEMBERED 4096
 
 struct group {
 	struct agent *ag;
 	const struct group_kind *kind;
-	struct member *head, *tail; /* waiting for the statement that is queued */
-	bool queued;		    /* a statement is queued: newcomers ride it */
-	struct event *requeue;	    /* queues the next statement for an overflow */
-	struct event *expire;	    /* times out members held back (group_statements_max) */
+	struct member *head, *tail;	 /* waiting for the statement that is queued */
+	struct member *held, *held_tail; /* share a key with a statement sent */
+	struct batch *sent;		 /* built, not answered: their keys are in flight */
+	struct remembered *remembered;	 /* GROUP_REMEMBERED slots, made on first use */
+	bool queued;			 /* a statement is queued: newcomers ride it */
+	struct event *requeue;		 /* queues the next statement for an overflow */
+	struct event *expire;		 /* times out members held back (group_statements_max) */
 	struct group_stats stats;
 };
 
@@ -104,6 +119,7 @@ static char *array_literal(struct member *const *members, size_t n, int arg)
 static void batch_done(const struct db_result *r, void *arg);
 
 static void queue_statement(struct group *g);
+static void release_held(struct group *g);
 
 /* Runs when a connection takes the statement: the group is what waited. */
 static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
@@ -115,6 +131,8 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 
 	b->built = true;
 	g->queued = false;
+	/* those a statement that just ended held ride this one, not the next */
+	release_held(g);
 	for (m = g->head; m && cap < GROUP_MAX_MEMBERS; m = m->next)
 		cap++;
 	b->members = calloc(cap ? cap : 1, sizeof(*b->members));
@@ -155,6 +173,8 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 		b->n = 0;
 		return false;
 	}
+	b->next_sent = g->sent;
+	g->sent = b;
 	g->stats.groups++;
 	g->stats.members += b->n;
 	if (b->n > g->stats.largest)
@@ -209,6 +229,12 @@ static void batch_done(const struct db_result *r, void *arg)
 	struct batch *b = arg;
 	struct group *g = b->g;
 
+	for (struct batch **p = &g->sent; *p; p = &(*p)->next_sent) {
+		if (*p == b) {
+			*p = b->next_sent;
+			break;
+		}
+	}
 	if (!b->built) {
 		/* failed in the queue (deadline, database down): everyone who
 		 * was waiting for it gets that answer */
@@ -250,7 +276,7 @@ static void batch_done(const struct db_result *r, void *arg)
 	free(b);
 	/* from the loop, not here: db_destroy calls this for every statement */
 	g->stats.in_flight--;
-	if (g->head)
+	if (g->head || g->held)
 		event_active(g->requeue, EV_TIMEOUT, 0);
 }
 
@@ -262,11 +288,88 @@ static long long ms_until(const struct timespec *t)
 	return (long long)(t->tv_sec - now.tv_sec) * 1000 + (t->tv_nsec - now.tv_nsec) / 1000000;
 }
 
-/* Answers the waiting members whose deadline has passed, as db.c answers a
+/* Answers the held members whose deadline has passed, as db.c answers a
  * statement that never left its queue, and arms the timer for the next. */
 static void expire_members(struct group *g)
 {
 	struct member *m;
+	while ((m = g->held) != NULL && ms_until(&m->due) <= 0) {
+		struct db_result r = {0};
+		g->held = m->next;
+		if (!g->held)
+			g->held_tail = NULL;
+		r.error = PGC_E_TIMEOUT;
+		r.message = "no database connection became free within query_timeout_ms";
+		member_fail(g, m, &r);
+	}
+	if (g->held) {
+		long long ms = ms_until(&g->held->due);
+		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+		evtimer_add(g->expire, &tv);
+	}
+}
+
+/* Whether m names a key that a statement sent and not answered names. */
+static bool shares_key_in_flight(const struct group *g, const struct member *m)
+{
+	for (const struct batch *b = g->sent; b; b = b->next_sent) {
+		for (size_t i = 0; i < b->n; i++) {
+			const struct member *o = b->members[i];
+			for (size_t k = 0; o && k < o->keys.n; k++)
+				for (size_t j = 0; j < m->keys.n; j++)
+					if (o->keys.hash[k] == m->keys.hash[j])
+						return true;
+		}
+	}
+	return false;
+}
+
+/* The bound applies to m: group_statements_max statements are in flight
+ * and one of them names a key of m's, so a statement of its own would
+ * only queue on that key's row in the database. */
+static bool must_hold(const struct group *g, const struct member *m)
+{
+	int max = g->ag->cfg.group_statements_max;
+	return max > 0 && g->stats.in_flight >= (uint64_t)max && shares_key_in_flight(g, m);
+}
+
+static void append(struct member **head, struct member **tail, struct member *m)
+{
+	m->next = NULL;
+	if (*tail)
+		(*tail)->next = m;
+	else
+		*head = m;
+	*tail = m;
+}
+
+/* After a statement ends: the held members it no longer holds join the
+ * next statement, all of them together when the bound is no longer
+ * reached, as one statement carries what waited. */
+static void release_held(struct group *g)
+{
+	struct member *m, *keep = NULL, *keep_tail = NULL;
+
+	expire_members(g);
+	while ((m = g->held) != NULL) {
+		g->held = m->next;
+		if (must_hold(g, m))
+			append(&keep, &keep_tail, m);
+		else
+			append(&g->head, &g->tail, m);
+	}
+	g->held = keep;
+	g->held_tail = keep_tail;
+}
+
+static void queue_statement(struct group *g)
+{
+	struct batch *b;
+	struct member *m;
+
+	if (g->queued)
+		return;
+	/* a member sent again after a deadlock may be past its deadline */
 	while ((m = g->head) != NULL && ms_until(&m->due) <= 0) {
 		struct db_result r = {0};
 		g->head = m->next;
@@ -276,28 +379,6 @@ static void expire_members(struct group *g)
 		r.message = "no database connection became free within query_timeout_ms";
 		member_fail(g, m, &r);
 	}
-	if (g->head) {
-		long long ms = ms_until(&g->head->due);
-		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-		evtimer_add(g->expire, &tv);
-	}
-}
-
-static void queue_statement(struct group *g)
-{
-	struct batch *b;
-	struct member *m;
-	int max = g->ag->cfg.group_statements_max;
-
-	if (g->queued || !g->head)
-		return;
-	if (max > 0 && g->stats.in_flight >= (uint64_t)max) {
-		/* held: they ride the next statement, queued when one of
-		 * those in flight ends, or time out as in the queue */
-		expire_members(g);
-		return;
-	}
-	expire_members(g);
 	if (!g->head)
 		return;
 	b = calloc(1, sizeof(*b));
@@ -329,6 +410,7 @@ static void requeue_cb(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
 	(void)what;
+	release_held(arg);
 	queue_statement(arg);
 }
 
@@ -339,7 +421,8 @@ static void expire_cb(evutil_socket_t fd, short what, void *arg)
 	expire_members(arg);
 }
 
-void group_add(struct group *g, struct request *req, void *ctx, const char *const *args)
+void group_add(struct group *g, struct request *req, void *ctx, const char *const *args,
+	       const struct group_keys *keys)
 {
 	struct member *m = calloc(1, sizeof(*m));
 	bool ok = m != NULL;
@@ -348,6 +431,8 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		int ms = g->ag->cfg.query_timeout_ms;
 		m->req = req;
 		m->ctx = ctx;
+		if (keys)
+			m->keys = *keys;
 		clock_gettime(CLOCK_MONOTONIC, &m->due);
 		m->due.tv_sec += ms / 1000;
 		m->due.tv_nsec += (long)(ms % 1000) * 1000000;
@@ -367,14 +452,65 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		g->kind->fail(req, ctx, &r);
 		return;
 	}
-	if (g->tail)
-		g->tail->next = m;
-	else
-		g->head = m;
-	g->tail = m;
+	if (must_hold(g, m)) {
+		/* rides the statement queued when one of those in flight
+		 * ends, or times out as in the database queue */
+		append(&g->held, &g->held_tail, m);
+		g->stats.held++;
+		if (g->held == m)
+			expire_members(g);
+		return;
+	}
+	append(&g->head, &g->tail, m);
 	queue_statement(g);
-	if (!g->queued && g->head)
-		g->stats.held++; /* waits for a statement in flight to end */
+}
+
+uint64_t group_key_hash(const char *s, size_t len)
+{
+	uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+	for (size_t i = 0; i < len; i++) {
+		h ^= (unsigned char)s[i];
+		h *= 1099511628211ULL;
+	}
+	return h ? h : 1; /* 0 marks an empty slot */
+}
+
+void group_keys_add(struct group_keys *k, const char *key, size_t len)
+{
+	if (k->n < GROUP_MAX_KEYS)
+		k->hash[k->n++] = group_key_hash(key, len);
+}
+
+void group_remember_keys(struct group *g, const char *id, const struct group_keys *keys)
+{
+	uint64_t h = group_key_hash(id, strlen(id));
+	struct remembered *r;
+
+	if (!g->remembered && !(g->remembered = calloc(GROUP_REMEMBERED, sizeof(*g->remembered))))
+		return; /* forgotten: its release goes unheld */
+	r = &g->remembered[h % GROUP_REMEMBERED];
+	if (!r->keys && !(r->keys = malloc(sizeof(*r->keys)))) {
+		r->id = 0;
+		return;
+	}
+	r->id = h;
+	*r->keys = *keys;
+}
+
+bool group_recall_keys(struct group *g, const char *id, struct group_keys *out)
+{
+	uint64_t h = group_key_hash(id, strlen(id));
+	struct remembered *r;
+
+	out->n = 0;
+	if (!g->remembered)
+		return false;
+	r = &g->remembered[h % GROUP_REMEMBERED];
+	if (r->id != h || !r->keys)
+		return false;
+	*out = *r->keys;
+	r->id = 0; /* released: its slot is free again */
+	return true;
 }
 
 struct group *group_create(struct agent *ag, const struct group_kind *kind)
@@ -408,6 +544,15 @@ void group_destroy(struct group *g)
 		g->head = m->next;
 		fail_unavailable(g, m, "the agent is shutting down");
 	}
+	while (g->held) {
+		struct member *m = g->held;
+		g->held = m->next;
+		fail_unavailable(g, m, "the agent is shutting down");
+	}
+	if (g->remembered)
+		for (size_t i = 0; i < GROUP_REMEMBERED; i++)
+			free(g->remembered[i].keys);
+	free(g->remembered);
 	event_free(g->requeue);
 	event_free(g->expire);
 	free(g);

@@ -16,13 +16,17 @@
  * failure, as one statement of its own would have been answered. The
  * group's deadline is its first member's, the earliest.
  *
- * At most group_statements_max statements of one kind are in flight
- * (queued or running; 0 = no bound but the pool's): on a hot key, parallel
- * statements only queue on its row lock in the database, each with its own
- * commit flush, so a member that finds the bound reached waits in the
- * agent and rides the next statement, queued as soon as one ends. It
- * waits only for statements already in flight, never for a group to fill,
- * and times out at its own deadline as in the database queue.
+ * On a hot key, parallel statements only queue on its row lock in the
+ * database, each with its own commit flush. So a member that finds
+ * group_statements_max statements of its kind in flight (queued or
+ * running; 0 = never hold) AND names a quota key that one of the sent
+ * ones names waits in the agent and rides the next statement, queued as
+ * soon as one ends. A member that shares no key with what is in flight
+ * goes at once, whatever the bound. A claim names its quotas; a release
+ * names those its permit was admitted with, remembered by the release
+ * group (a bounded map; an id it forgot names none). A member waits only
+ * for statements already in flight, never for a group to fill, and times
+ * out at its own deadline as in the database queue.
  */
 #ifndef PGCOORD_AGENT_GROUPS_H
 #define PGCOORD_AGENT_GROUPS_H
@@ -57,12 +61,29 @@ struct group *group_create(struct agent *ag, const struct group_kind *kind);
 /* After db_destroy (which answers every member still waiting). Accepts NULL. */
 void group_destroy(struct group *g);
 
+/* The quota keys a member names, as hashes: two keys whose hashes collide
+ * only make a call wait that need not have. */
+#define GROUP_MAX_KEYS 32
+struct group_keys {
+	size_t n;
+	uint64_t hash[GROUP_MAX_KEYS];
+};
+uint64_t group_key_hash(const char *s, size_t len);
+void group_keys_add(struct group_keys *k, const char *key, size_t len);
+
 /*
  * Adds req to the group being formed, with its kind->nargs arguments as
- * text (copied; NULL = SQL NULL) and ctx for its answer. When the database
- * is down, answers `unavailable` through kind->fail at once.
+ * text (copied; NULL = SQL NULL), the quota keys it names (NULL = none)
+ * and ctx for its answer. When the database is down, answers `unavailable`
+ * through kind->fail at once.
  */
-void group_add(struct group *g, struct request *req, void *ctx, const char *const *args);
+void group_add(struct group *g, struct request *req, void *ctx, const char *const *args,
+	       const struct group_keys *keys);
+
+/* The keys of permit `id`, admitted by this agent, for its release;
+ * group_recall_keys gives them once (false and none when forgotten). */
+void group_remember_keys(struct group *g, const char *id, const struct group_keys *keys);
+bool group_recall_keys(struct group *g, const char *id, struct group_keys *out);
 
 /* Groups sent and members they carried, for /metrics; statements in
  * flight now and at most, and members that waited for one to end. */

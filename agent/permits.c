@@ -300,6 +300,12 @@ static void claim_granted(struct request *req, struct permit_call *call, const P
 			  int row, int col)
 {
 	struct reply_map m;
+	struct group_keys keys = {0};
+	for (size_t i = 0; i < call->nquotas; i++)
+		group_keys_add(&keys, call->quotas[i].key, call->quotas[i].len);
+	/* so that its release is held only behind statements on its keys */
+	if (req->ag->release_group)
+		group_remember_keys(req->ag->release_group, call->id, &keys);
 	reply_map_begin(&m, req_result(req));
 	reply_kv_str(&m, "status", PQgetvalue(res, row, col + CL_STATUS));
 	reply_kv_str(&m, "id", call->id);
@@ -494,7 +500,10 @@ void rpc_permit_claim(struct request *req)
 	}
 	/* guarantees 1, 3, 4: the whole admission is one function call, in
 	 * the one statement of its group */
-	group_add(ag->claim_group, req, call, params);
+	struct group_keys claim_keys = {0};
+	for (size_t i = 0; i < call->nquotas; i++)
+		group_keys_add(&claim_keys, call->quotas[i].key, call->quotas[i].len);
+	group_add(ag->claim_group, req, call, params, &claim_keys);
 fail:
 	free(keys);
 	free(weights);
@@ -820,7 +829,9 @@ void rpc_permit_release(struct request *req)
 				 reason ? reason : (call->override ? "operator override" : NULL)};
 	/* guarantees 2 and 3: released exactly once, counters and audit rows in
 	 * the same transaction (its group's) */
-	group_add(req->ag->release_group, req, call, params);
+	struct group_keys keys;
+	group_recall_keys(req->ag->release_group, call->id, &keys);
+	group_add(req->ag->release_group, req, call, params, &keys);
 fail:
 	free(reason);
 }

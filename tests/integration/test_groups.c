@@ -960,3 +960,58 @@ Test(groups, a_held_claim_keeps_its_own_deadline)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* The bound holds back only calls on a key in flight: a claim on a quiet
+ * key goes at once while the hot key's claims wait in the agent. */
+Test(groups, a_claim_on_another_key_is_not_held_behind_a_hot_key)
+{
+	static const char *const args[] = {
+	    "--pool-size", "4", "--group-statements-max", "1", "--metrics-listen",
+	    "127.0.0.1:0", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-quiet", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome hot[8], quiet[1];
+
+	isession_open(fd, "quiet");
+	iquota_set(fd, "hot", 100);
+	iquota_set(fd, "calm", 100);
+
+	PGconn *holder = hold_quota(db, "hot");
+	send_hot_claims(fd, 7000, 0, 1, "hot");
+	wait_claim_on_lock(db);
+	send_hot_claims(fd, 7000, 1, 8, "hot");
+	hsleep_ms(200); /* every hot claim is read, and held */
+	int64_t sent = hnow_ms();
+	send_hot_claims(fd, 7100, 0, 1, "calm");
+	read_answers(fd, 7100, 1, quiet);
+	int64_t waited = hnow_ms() - sent;
+	cr_assert_str_eq(quiet[0].what, "admitted");
+	cr_assert_lt(waited, 2000, "the quiet claim was answered after %lld ms", (long long)waited);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'calm-0' "
+					"AND released_at IS NULL"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'calm'"),
+		     1);
+	cr_assert_eq(audit_rows(db, "calm", "admitted"), 1);
+	/* the hot ones are still waiting: one statement on the row, the
+	 * other seven in the agent, and only they count as held */
+	cr_assert_eq(claims_on_lock(db), 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'hot-%%'"),
+		     0);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 7);
+
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+	read_answers(fd, 7000, 8, hot);
+	for (int i = 0; i < 8; i++)
+		cr_assert_str_eq(hot[i].what, "admitted", "claim %d: %s", i, hot[i].what);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'hot'"),
+		     8);
+	cr_assert_eq(audit_rows(db, "hot", "admitted"), 8);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
