@@ -288,20 +288,27 @@ static long long ms_until(const struct timespec *t)
 	return (long long)(t->tv_sec - now.tv_sec) * 1000 + (t->tv_nsec - now.tv_nsec) / 1000000;
 }
 
-/* Answers the held members whose deadline has passed, as db.c answers a
- * statement that never left its queue, and arms the timer for the next. */
-static void expire_members(struct group *g)
+/* Answers the members at the front of a list whose deadline has passed,
+ * as db.c answers a statement that never left its queue. */
+static void fail_past_due(const struct group *g, struct member **head, struct member **tail)
 {
 	struct member *m;
-	while ((m = g->held) != NULL && ms_until(&m->due) <= 0) {
+	while ((m = *head) != NULL && ms_until(&m->due) <= 0) {
 		struct db_result r = {0};
-		g->held = m->next;
-		if (!g->held)
-			g->held_tail = NULL;
+		*head = m->next;
+		if (!*head)
+			*tail = NULL;
 		r.error = PGC_E_TIMEOUT;
 		r.message = "no database connection became free within query_timeout_ms";
 		member_fail(g, m, &r);
 	}
+}
+
+/* Answers the held members whose deadline has passed and arms the timer
+ * for the next. */
+static void expire_members(struct group *g)
+{
+	fail_past_due(g, &g->held, &g->held_tail);
 	if (g->held) {
 		long long ms = ms_until(&g->held->due);
 		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
@@ -370,15 +377,7 @@ static void queue_statement(struct group *g)
 	if (g->queued)
 		return;
 	/* a member sent again after a deadlock may be past its deadline */
-	while ((m = g->head) != NULL && ms_until(&m->due) <= 0) {
-		struct db_result r = {0};
-		g->head = m->next;
-		if (!g->head)
-			g->tail = NULL;
-		r.error = PGC_E_TIMEOUT;
-		r.message = "no database connection became free within query_timeout_ms";
-		member_fail(g, m, &r);
-	}
+	fail_past_due(g, &g->head, &g->tail);
 	if (!g->head)
 		return;
 	b = calloc(1, sizeof(*b));
