@@ -57,7 +57,7 @@ struct group {
 	struct remembered *remembered;	 /* GROUP_REMEMBERED slots, made on first use */
 	bool queued;			 /* a statement is queued: newcomers ride it */
 	struct event *requeue;		 /* queues the next statement for an overflow */
-	struct event *expire;		 /* times out members held back (group_statements_max) */
+	struct event *expire;		 /* times out members held back (the bounds) */
 	struct group_stats stats;
 };
 
@@ -331,13 +331,24 @@ static bool shares_key_in_flight(const struct group *g, const struct member *m)
 	return false;
 }
 
-/* The bound applies to m: group_statements_max statements are in flight
+/* group_statements_max applies to m: that many statements are in flight
  * and one of them names a key of m's, so a statement of its own would
  * only queue on that key's row in the database. */
-static bool must_hold(const struct group *g, const struct member *m)
+static bool held_by_key(const struct group *g, const struct member *m)
 {
 	int max = g->ag->cfg.group_statements_max;
 	return max > 0 && g->stats.in_flight >= (uint64_t)max && shares_key_in_flight(g, m);
+}
+
+/* group_kind_statements_max applies to a call arriving now: that many
+ * statements of its kind are in flight and none is queued for it to ride,
+ * so it waits for the next one and the groups grow with load instead of
+ * the commits. Judged on arrival only: whoever it held goes with the next
+ * statement queued. */
+static bool held_by_kind(const struct group *g)
+{
+	int max = g->ag->cfg.group_kind_statements_max;
+	return max > 0 && !g->queued && g->stats.in_flight >= (uint64_t)max;
 }
 
 static void append(struct member **head, struct member **tail, struct member *m)
@@ -360,7 +371,7 @@ static void release_held(struct group *g)
 	expire_members(g);
 	while ((m = g->held) != NULL) {
 		g->held = m->next;
-		if (must_hold(g, m))
+		if (held_by_key(g, m))
 			append(&keep, &keep_tail, m);
 		else
 			append(&g->head, &g->tail, m);
@@ -451,7 +462,7 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		g->kind->fail(req, ctx, &r);
 		return;
 	}
-	if (must_hold(g, m)) {
+	if (held_by_kind(g) || held_by_key(g, m)) {
 		/* rides the statement queued when one of those in flight
 		 * ends, or times out as in the database queue */
 		append(&g->held, &g->held_tail, m);
