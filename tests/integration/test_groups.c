@@ -1067,9 +1067,15 @@ static void assert_spread_admitted(struct harness_db *db)
 
 Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
 {
-	static const char *const args[] = {
-	    "--pool-size", "8", "--group-kind-statements-max", "2", "--metrics-listen",
-	    "127.0.0.1:0", NULL};
+	static const char *const args[] = {"--pool-size",
+					   "8",
+					   "--group-kind-statements-max",
+					   "2",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
 	struct harness_db *db = idb_migrated();
 	struct hagent *a = hagent_start(db, "grp-kind", args);
 	int fd = iconnect(hagent_socket(a));
@@ -1128,9 +1134,15 @@ Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
  * flight. */
 Test(groups, no_bound_per_kind_sends_each_call_at_once)
 {
-	static const char *const args[] = {
-	    "--pool-size", "8", "--group-kind-statements-max", "0", "--metrics-listen",
-	    "127.0.0.1:0", NULL};
+	static const char *const args[] = {"--pool-size",
+					   "8",
+					   "--group-kind-statements-max",
+					   "0",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
 	struct harness_db *db = idb_migrated();
 	struct hagent *a = hagent_start(db, "grp-nokind", args);
 	int fd = iconnect(hagent_socket(a));
@@ -1179,7 +1191,7 @@ Test(groups, a_call_held_for_its_kind_keeps_its_own_deadline)
 					   "--group-kind-statements-max",
 					   "1",
 					   "--query-timeout-ms",
-					   "1000",
+					   "2000",
 					   "--metrics-listen",
 					   "127.0.0.1:0",
 					   NULL};
@@ -1206,9 +1218,9 @@ Test(groups, a_call_held_for_its_kind_keeps_its_own_deadline)
 	int64_t waited = hnow_ms() - sent;
 	cr_assert_str_eq(first[0].what, "timeout");
 	cr_assert_str_eq(held[0].what, "timeout");
-	cr_assert_leq(waited, 1000 + 250, "the held claim was answered after %lld ms",
+	cr_assert_leq(waited, 2000 + 250, "the held claim was answered after %lld ms",
 		      (long long)waited);
-	cr_assert_geq(waited, 500, "the held claim was answered after %lld ms", (long long)waited);
+	cr_assert_geq(waited, 1000, "the held claim was answered after %lld ms", (long long)waited);
 	PQclear(PQexec(hold0, "COMMIT"));
 	PQfinish(hold0);
 	PQclear(PQexec(hold1, "COMMIT"));
@@ -1261,6 +1273,8 @@ Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
 					   "1",
 					   "--group-kind-statements-max",
 					   "0",
+					   "--query-timeout-ms",
+					   "20000",
 					   "--metrics-listen",
 					   "127.0.0.1:0",
 					   NULL};
