@@ -36,6 +36,11 @@ const struct option_def config_options[] = {
      "before a call on a quota key that one of them names waits in the agent and rides the "
      "next, larger group instead of queueing on that key's row lock in the database; a call "
      "on other keys goes at once. 0 never holds a call back."},
+    {"group_kind_statements_max", OPT_INT, OFF(group_kind_statements_max), "2", 0, 64, false, false,
+     "Group statements of one kind in flight at once, whatever keys they name, before a new "
+     "call of that kind waits in the agent and rides the next statement, queued as soon as "
+     "one of them ends (fewer, larger groups: fewer commits). A call never waits while none "
+     "of its kind is in flight. 0 never holds a call back for this bound."},
     {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
      "How often the agent renews itself and all its sessions."},
     {"session_ttl_ms", OPT_INT, OFF(session_ttl_ms), "10000", 200, 600000, false, false,

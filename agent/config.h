@@ -23,7 +23,8 @@ struct config {
 	char *socket_path;
 	int socket_mode;
 	int pool_size;
-	int group_statements_max; /* of one kind in flight; 0 = the pool's bound */
+	int group_statements_max;      /* of one kind in flight; 0 = the pool's bound */
+	int group_kind_statements_max; /* the same on any key; 0 = the pool's bound */
 	int heartbeat_interval_ms;
 	int session_ttl_ms;
 	int session_grace_ms;

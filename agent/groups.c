@@ -57,7 +57,7 @@ struct group {
 	struct remembered *remembered;	 /* GROUP_REMEMBERED slots, made on first use */
 	bool queued;			 /* a statement is queued: newcomers ride it */
 	struct event *requeue;		 /* queues the next statement for an overflow */
-	struct event *expire;		 /* times out members held back (group_statements_max) */
+	struct event *expire;		 /* times out members held back (the bounds) */
 	struct group_stats stats;
 };
 
@@ -288,20 +288,27 @@ static long long ms_until(const struct timespec *t)
 	return (long long)(t->tv_sec - now.tv_sec) * 1000 + (t->tv_nsec - now.tv_nsec) / 1000000;
 }
 
-/* Answers the held members whose deadline has passed, as db.c answers a
- * statement that never left its queue, and arms the timer for the next. */
-static void expire_members(struct group *g)
+/* Answers the members at the front of a list whose deadline has passed,
+ * as db.c answers a statement that never left its queue. */
+static void fail_past_due(const struct group *g, struct member **head, struct member **tail)
 {
 	struct member *m;
-	while ((m = g->held) != NULL && ms_until(&m->due) <= 0) {
+	while ((m = *head) != NULL && ms_until(&m->due) <= 0) {
 		struct db_result r = {0};
-		g->held = m->next;
-		if (!g->held)
-			g->held_tail = NULL;
+		*head = m->next;
+		if (!*head)
+			*tail = NULL;
 		r.error = PGC_E_TIMEOUT;
 		r.message = "no database connection became free within query_timeout_ms";
 		member_fail(g, m, &r);
 	}
+}
+
+/* Answers the held members whose deadline has passed and arms the timer
+ * for the next. */
+static void expire_members(struct group *g)
+{
+	fail_past_due(g, &g->held, &g->held_tail);
 	if (g->held) {
 		long long ms = ms_until(&g->held->due);
 		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
@@ -324,13 +331,24 @@ static bool shares_key_in_flight(const struct group *g, const struct member *m)
 	return false;
 }
 
-/* The bound applies to m: group_statements_max statements are in flight
+/* group_statements_max applies to m: that many statements are in flight
  * and one of them names a key of m's, so a statement of its own would
  * only queue on that key's row in the database. */
-static bool must_hold(const struct group *g, const struct member *m)
+static bool held_by_key(const struct group *g, const struct member *m)
 {
 	int max = g->ag->cfg.group_statements_max;
 	return max > 0 && g->stats.in_flight >= (uint64_t)max && shares_key_in_flight(g, m);
+}
+
+/* group_kind_statements_max applies to a call arriving now: that many
+ * statements of its kind are in flight and none is queued for it to ride,
+ * so it waits for the next one and the groups grow with load instead of
+ * the commits. Judged on arrival only: whoever it held goes with the next
+ * statement queued. */
+static bool held_by_kind(const struct group *g)
+{
+	int max = g->ag->cfg.group_kind_statements_max;
+	return max > 0 && !g->queued && g->stats.in_flight >= (uint64_t)max;
 }
 
 static void append(struct member **head, struct member **tail, struct member *m)
@@ -353,7 +371,7 @@ static void release_held(struct group *g)
 	expire_members(g);
 	while ((m = g->held) != NULL) {
 		g->held = m->next;
-		if (must_hold(g, m))
+		if (held_by_key(g, m))
 			append(&keep, &keep_tail, m);
 		else
 			append(&g->head, &g->tail, m);
@@ -370,15 +388,7 @@ static void queue_statement(struct group *g)
 	if (g->queued)
 		return;
 	/* a member sent again after a deadlock may be past its deadline */
-	while ((m = g->head) != NULL && ms_until(&m->due) <= 0) {
-		struct db_result r = {0};
-		g->head = m->next;
-		if (!g->head)
-			g->tail = NULL;
-		r.error = PGC_E_TIMEOUT;
-		r.message = "no database connection became free within query_timeout_ms";
-		member_fail(g, m, &r);
-	}
+	fail_past_due(g, &g->head, &g->tail);
 	if (!g->head)
 		return;
 	b = calloc(1, sizeof(*b));
@@ -452,7 +462,7 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		g->kind->fail(req, ctx, &r);
 		return;
 	}
-	if (must_hold(g, m)) {
+	if (held_by_kind(g) || held_by_key(g, m)) {
 		/* rides the statement queued when one of those in flight
 		 * ends, or times out as in the database queue */
 		append(&g->held, &g->held_tail, m);

@@ -27,6 +27,12 @@
  * group (a bounded map; an id it forgot names none). A member waits only
  * for statements already in flight, never for a group to fill, and times
  * out at its own deadline as in the database queue.
+ *
+ * On spread keys the same holds for the commits: with group_kind_statements_max
+ * statements of a kind in flight (0 = no such bound) and none queued, any
+ * new member of that kind waits in the agent and rides the next statement,
+ * queued as soon as one ends, so groups grow with load and the commits do
+ * not. A member that finds nothing of its kind in flight goes at once.
  */
 #ifndef PGCOORD_AGENT_GROUPS_H
 #define PGCOORD_AGENT_GROUPS_H

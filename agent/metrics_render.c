@@ -200,7 +200,8 @@ static void render_groups(const struct agent *ag, struct evbuffer *out)
 				    group_name(groups[i]), (unsigned long long)st[i].largest);
 	header(out, "pgcoord_permit_group_statements_in_flight", "gauge",
 	       "Group statements queued or running now, by kind (past group_statements_max only "
-	       "for calls on keys none of them names).");
+	       "for calls on keys none of them names; past group_kind_statements_max only for "
+	       "a group over 256 calls or one sent again after a deadlock).");
 	for (int i = 0; i < 2; i++)
 		evbuffer_add_printf(out,
 				    "pgcoord_permit_group_statements_in_flight{kind=\"%s\"} %llu\n",

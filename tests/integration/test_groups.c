@@ -1015,3 +1015,323 @@ Test(groups, a_claim_on_another_key_is_not_held_behind_a_hot_key)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/*
+ * Statements of one kind in flight on any key (group_kind_statements_max):
+ * past the bound a call waits in the agent even on a key nobody else
+ * names, and the calls that waited go together in the next statement.
+ * Quotas "sp-<i>" of limit 1, claim "sp-<i>" on its own key.
+ */
+#define NSPREAD 24
+
+static void send_spread_claim(int fd, uint32_t msgid, int i)
+{
+	char id[32];
+	struct iparams p;
+	snprintf(id, sizeof(id), "sp-%d", i);
+	claim_params(&p, id, id);
+	cr_assert(hraw_send_request(fd, msgid, "permit.claim", p.sb.data, p.sb.size));
+	iparams_destroy(&p);
+}
+
+static void spread_quotas(int fd)
+{
+	for (int i = 0; i < NSPREAD; i++) {
+		char key[32];
+		snprintf(key, sizeof(key), "sp-%d", i);
+		iquota_set(fd, key, 1);
+	}
+}
+
+static void wait_claims_on_lock(struct harness_db *db, int n)
+{
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT (count(*) = %d)::int FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "AND wait_event_type = 'Lock'",
+			    n),
+		  "%d claim statements did not reach the held rows", n);
+}
+
+static void assert_spread_admitted(struct harness_db *db)
+{
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE "
+					"'sp-%%' AND in_flight = 1"),
+		     NSPREAD);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'sp-%%' AND released_at IS NULL"),
+		     NSPREAD);
+	cr_assert_eq(audit_rows(db, "sp", "admitted"), NSPREAD);
+	assert_conserved(db);
+}
+
+Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
+{
+	static const char *const args[] = {"--pool-size",
+					   "8",
+					   "--group-kind-statements-max",
+					   "2",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-kind", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome out[NSPREAD];
+
+	isession_open(fd, "spread");
+	spread_quotas(fd);
+
+	/* two statements take the bound, each on its own held row; sp-1 is
+	 * answered last, at msgid 8100, the others at 8000 + i */
+	PGconn *hold0 = hold_quota(db, "sp-0"), *hold1 = hold_quota(db, "sp-1");
+	send_spread_claim(fd, 8000, 0);
+	wait_claims_on_lock(db, 1);
+	send_spread_claim(fd, 8100, 1);
+	wait_claims_on_lock(db, 2);
+	for (int i = 2; i < NSPREAD; i++)
+		send_spread_claim(fd, 8000 + (uint32_t)i, i);
+	hsleep_ms(300); /* every claim is read, and would have been sent */
+	/* their rows are free, yet none was sent: they wait in the agent */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'sp-%%'"),
+		     0);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"),
+		     NSPREAD - 2);
+
+	/* the first statement ends: the held claims go as the next one,
+	 * while the second still waits on its row */
+	PQclear(PQexec(hold0, "COMMIT"));
+	PQfinish(hold0);
+	read_answers(fd, 8000, 1, out);
+	read_answers(fd, 8002, NSPREAD - 2, out + 2);
+	cr_assert_str_eq(out[0].what, "admitted");
+	for (int i = 2; i < NSPREAD; i++)
+		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
+	cr_assert_eq(metric(a, "pgcoord_permit_groups_total{kind=\"claim\"}"), 3);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), NSPREAD - 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'sp-1'"),
+		     0);
+
+	PQclear(PQexec(hold1, "COMMIT"));
+	PQfinish(hold1);
+	read_answers(fd, 8100, 1, out + 1);
+	cr_assert_str_eq(out[1].what, "admitted");
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
+		     2);
+	assert_spread_admitted(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* group_kind_statements_max 0 is the behaviour without the bound: every
+ * call on a key none in flight names goes at once, however many are in
+ * flight. */
+Test(groups, no_bound_per_kind_sends_each_call_at_once)
+{
+	static const char *const args[] = {"--pool-size",
+					   "8",
+					   "--group-kind-statements-max",
+					   "0",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-nokind", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome out[NSPREAD];
+	PGconn *hold[4];
+	char key[32];
+
+	isession_open(fd, "spread");
+	spread_quotas(fd);
+	for (int i = 0; i < 4; i++) {
+		snprintf(key, sizeof(key), "sp-%d", i);
+		hold[i] = hold_quota(db, key);
+		send_spread_claim(fd, 8000 + (uint32_t)i, i);
+	}
+	wait_claims_on_lock(db, 4);
+	/* the rest go at once, past four statements in flight */
+	for (int i = 4; i < NSPREAD; i++)
+		send_spread_claim(fd, 8000 + (uint32_t)i, i);
+	read_answers(fd, 8004, NSPREAD - 4, out + 4);
+	for (int i = 4; i < NSPREAD; i++)
+		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 0);
+	cr_assert_geq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
+		      5);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 4);
+	for (int i = 0; i < 4; i++) {
+		PQclear(PQexec(hold[i], "COMMIT"));
+		PQfinish(hold[i]);
+	}
+	read_answers(fd, 8000, 4, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
+	assert_spread_admitted(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A claim held for its kind is sent, once the statement ahead of it ends,
+ * with what is left of its own deadline; on a row that stays locked it is
+ * answered by then, and nothing of it stays. */
+Test(groups, a_call_held_for_its_kind_keeps_its_own_deadline)
+{
+	static const char *const args[] = {"--pool-size",
+					   "4",
+					   "--group-kind-statements-max",
+					   "1",
+					   "--query-timeout-ms",
+					   "2000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-kdl", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome first[1], held[1];
+
+	isession_open(fd, "late");
+	spread_quotas(fd);
+
+	PGconn *hold0 = hold_quota(db, "sp-0"), *hold1 = hold_quota(db, "sp-1");
+	send_spread_claim(fd, 9000, 0);
+	wait_claims_on_lock(db, 1);
+	hsleep_ms(200);
+	int64_t sent = hnow_ms();
+	send_spread_claim(fd, 9001, 1);
+	hsleep_ms(100);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 1,
+		     "the claim on a free key was not held for its kind");
+	cr_assert_eq(claims_on_lock(db), 1);
+	read_answers(fd, 9000, 1, first);
+	read_answers(fd, 9001, 1, held);
+	int64_t waited = hnow_ms() - sent;
+	cr_assert_str_eq(first[0].what, "timeout");
+	cr_assert_str_eq(held[0].what, "timeout");
+	cr_assert_leq(waited, 2000 + 250, "the held claim was answered after %lld ms",
+		      (long long)waited);
+	cr_assert_geq(waited, 1000, "the held claim was answered after %lld ms", (long long)waited);
+	PQclear(PQexec(hold0, "COMMIT"));
+	PQfinish(hold0);
+	PQclear(PQexec(hold1, "COMMIT"));
+	PQfinish(hold1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'sp-%%'"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT coalesce(sum(in_flight), 0) FROM pgcoord.quotas "
+					"WHERE key LIKE 'sp-%%'"),
+		     0);
+	cr_assert_eq(audit_rows(db, "sp", "admitted"), 0);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Reads the answers to msgids first..first+n-1 of permit.release: each
+ * must say released. */
+static void read_released(int fd, uint32_t first, int n)
+{
+	for (int got = 0; got < n;) {
+		msgpack_unpacked u;
+		struct pgc_message m;
+		char err[128];
+		msgpack_unpacked_init(&u);
+		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &u), HRAW_MSG, "%d of %d answers came", got,
+			     n);
+		cr_assert(pgc_parse_message(&u.data, &m, err, sizeof(err)), "%s", err);
+		if (m.type == PGC_RPC_RESPONSE && m.msgid >= first &&
+		    m.msgid < first + (uint32_t)n) {
+			cr_assert_null(m.error, "release %u failed", m.msgid);
+			const msgpack_object *v = pgc_map_get(m.result, "released");
+			cr_assert(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean,
+				  "release %u: not released", m.msgid);
+			got++;
+		}
+		msgpack_unpacked_destroy(&u);
+	}
+}
+
+/* A release names no key: the keys its permit was admitted with, which
+ * the agent remembered, hold it back while a release statement naming
+ * one of them is in flight; a release on another key goes at once. */
+Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
+{
+	static const char *const args[] = {"--pool-size",
+					   "4",
+					   "--group-statements-max",
+					   "1",
+					   "--group-kind-statements-max",
+					   "0",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
+	static const char *const hot[] = {"rh-0", "rh-1"}, *const calm[] = {"rc-0"};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-remember", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome out[2];
+
+	isession_open(fd, "rel");
+	iquota_set(fd, "rh", 10);
+	iquota_set(fd, "rc", 10);
+	send_hot_claims(fd, 10000, 0, 2, "rh");
+	read_answers(fd, 10000, 2, out);
+	send_hot_claims(fd, 10010, 0, 1, "rc");
+	read_answers(fd, 10010, 1, out);
+	cr_assert_str_eq(out[0].what, "admitted");
+
+	PGconn *holder = hold_quota(db, "rh");
+	send_releases(fd, 10100, hot, 1);
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "no release reached the held quota row");
+	send_releases(fd, 10101, hot + 1, 1);
+	hsleep_ms(200); /* read, and held */
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"release\"}"), 1,
+		     "the second release on the hot key was not held");
+
+	int64_t sent = hnow_ms();
+	send_releases(fd, 10200, calm, 1);
+	read_released(fd, 10200, 1);
+	cr_assert_lt(hnow_ms() - sent, 2000, "the release on another key waited");
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"release\"}"), 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+					"current_database() AND query LIKE "
+					"'%%permit_release_group%%' AND wait_event_type = 'Lock'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'rh-%%' AND released_at IS NULL"),
+		     2);
+
+	PQclear(PQexec(holder, "COMMIT"));
+	PQfinish(holder);
+	read_released(fd, 10100, 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_groups_total{kind=\"release\"}"), 3);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id IN "
+					"('rh-0', 'rh-1', 'rc-0') AND released_at IS NOT NULL"),
+		     3);
+	cr_assert_eq(hdb_query_long(db, "SELECT coalesce(sum(in_flight), 0) FROM pgcoord.quotas "
+					"WHERE key IN ('rh', 'rc')"),
+		     0);
+	cr_assert_eq(audit_rows(db, "rh", "released"), 2);
+	cr_assert_eq(audit_rows(db, "rc", "released"), 1);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
