@@ -46,6 +46,9 @@ struct evbuffer;
 struct group_kind {
 	const char *name; /* "claim": the metrics' label */
 	const char *sql;  /* $1..$nargs are arrays, one element per member */
+	/* A group of one, or NULL: the same arguments (arrays of one) and
+	 * the same columns, with no group function around the lone call. */
+	const char *lone_sql;
 	int nargs;
 	/* Answers one member from row `row` of res, its own columns from
 	 * `col` on. ctx is the handler's request context (req_ctx_alloc):

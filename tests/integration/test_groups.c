@@ -128,7 +128,7 @@ static void wait_claim_on_lock(struct harness_db *db)
 {
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "no claim reached the held quota row");
 }
@@ -272,7 +272,7 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	wait_claim_on_lock(db);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) "
 					"FROM pg_stat_activity WHERE datname = current_database() "
-					"AND query LIKE '%%permit_claim_group%%' "
+					"AND query LIKE '%%pgcoord.permit_claim_%%' "
 					"AND wait_event_type = 'Lock') t"),
 		     1);
 	read_answers(fd, 3001, 9, failed);
@@ -548,7 +548,7 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 	send_releases(fd, 6000, ids, 1);
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_release_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "no release reached the held quota row");
 	send_releases(fd, 6001, ids + 1, 3);
@@ -862,7 +862,7 @@ static void send_hot_claims(int fd, uint32_t msgid0, int from, int to, const cha
 static long claims_on_lock(struct harness_db *db)
 {
 	return hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-				  "current_database() AND query LIKE '%%permit_claim_group%%' "
+				  "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 				  "AND wait_event_type = 'Lock'");
 }
 
@@ -887,7 +887,7 @@ Test(groups, claims_on_a_hot_key_wait_for_the_statements_in_flight)
 	send_hot_claims(fd, 5000, 1, 2, "hot");
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT (count(*) = 2)::int FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "the second statement did not reach the held row");
 	send_hot_claims(fd, 5000, 2, NHOT, "hot");
