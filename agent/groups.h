@@ -11,10 +11,13 @@
  * member i (1-based, arrival order), and answers rows that begin with
  * (member, sqlstate, message): sqlstate NULL and the member's own columns
  * after, or the error that member's part raised (its part alone rolled
- * back). Replies leave after the commit, at the Sync. A group that fails as
- * a whole (connection lost, deadline) answers every member with that
- * failure, as one statement of its own would have been answered. The
- * group's deadline is its first member's, the earliest.
+ * back). A group of one runs kind->lone_sql instead, when the kind has one:
+ * the same arrays and columns, without the group function's frame around
+ * the one call, whose error is then the statement's. Replies leave after
+ * the commit, at the Sync. A group that fails as a whole (connection lost,
+ * deadline) answers every member with that failure, as one statement of
+ * its own would have been answered. The group's deadline is its first
+ * member's, the earliest.
  *
  * On a hot key, parallel statements only queue on its row lock in the
  * database, each with its own commit flush. So a member that finds
