@@ -159,7 +159,7 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 		return false;
 
 	char **p = calloc((size_t)g->kind->nargs, sizeof(char *));
-	char *text = strdup(g->kind->sql);
+	char *text = strdup(b->n == 1 && g->kind->lone_sql ? g->kind->lone_sql : g->kind->sql);
 	bool ok = p && text;
 	for (int i = 0; ok && i < g->kind->nargs; i++)
 		ok = (p[i] = array_literal(b->members, b->n, i)) != NULL;

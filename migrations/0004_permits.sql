@@ -1211,6 +1211,60 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- A lone release (a group of one, agent/permits.c): what the set-based part
+-- of permit_release_group does for one member, in one frame with scalar
+-- arguments, so every statement is a primary-key lookup whose plan PL/pgSQL
+-- keeps, and the answer is one value, not a set. The same lock order (the
+-- permit's quota rows in key order, then the permit row, locked by the
+-- UPDATE that releases it), the same counters and audit rows; a permit the
+-- UPDATE does not release (no permit: the id is retired; already released;
+-- another session's or uid's, uncertain) is answered by permit_release_as,
+-- whose refusals raise as the group's lone member's do.
+CREATE FUNCTION pgcoord.permit_release_one(p_uid bigint, p_id text, p_session bigint,
+	p_override boolean, p_actor text, p_reason text)
+RETURNS pgcoord.release_decision
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	v_phase text;
+	v_replica text;
+	v_now bigint;
+BEGIN
+	PERFORM 1 FROM pgcoord.quotas q
+	WHERE q.key = ANY (ARRAY(SELECT pq.key FROM pgcoord.permit_quotas pq
+				 WHERE pq.permit_id = p_id))
+	ORDER BY q.key
+	FOR NO KEY UPDATE OF q;
+
+	-- the guard of permit_release_group's UPDATE, for one member
+	UPDATE pgcoord.permits p SET state = 'released', released_at = now(), state_at = now()
+	WHERE p.id = p_id AND p.released_at IS NULL
+	  AND (p_override OR p.state = 'held')
+	  AND (p_override OR (p.owner_session = p_session
+	       AND (SELECT s.owner_uid FROM pgcoord.sessions s
+		    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM p_uid))
+	RETURNING p.phase, p.owner_replica INTO v_phase, v_replica;
+	IF NOT FOUND THEN
+		RETURN pgcoord.permit_release_as(p_uid, p_id, p_session, p_override, p_actor,
+			p_reason);
+	END IF;
+
+	WITH s AS (
+		SELECT pq.key, pq.weight FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p_id),
+	u AS (
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - s.weight
+		FROM s WHERE q.key = s.key)
+	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason, state,
+		phase)
+	SELECT p_id, s.key, -s.weight,
+	       CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
+	       coalesce(p_actor, 'agent@' || coalesce(v_replica, '?')), p_reason, 'released',
+	       v_phase
+	FROM s ORDER BY s.key;
+
+	v_now := (extract(epoch FROM now()) * 1000)::bigint;
+	RETURN ('released', 'released', v_now, v_now)::pgcoord.release_decision;
+END $$;
+
 -- The audit actor for the janitor's work: the agent holding the janitor
 -- lease ("pgcoord.janitor", agent/janitor.h) runs the sweeps that call this.
 CREATE FUNCTION pgcoord.janitor_actor() RETURNS text

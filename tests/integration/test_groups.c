@@ -128,7 +128,7 @@ static void wait_claim_on_lock(struct harness_db *db)
 {
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "no claim reached the held quota row");
 }
@@ -272,7 +272,7 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	wait_claim_on_lock(db);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) "
 					"FROM pg_stat_activity WHERE datname = current_database() "
-					"AND query LIKE '%%permit_claim_group%%' "
+					"AND query LIKE '%%pgcoord.permit_claim_%%' "
 					"AND wait_event_type = 'Lock') t"),
 		     1);
 	read_answers(fd, 3001, 9, failed);
@@ -369,11 +369,12 @@ static long release_mix_setup(struct harness_db *db, const char *x, int64_t s1, 
 	"coalesce(err_state, '') || '|' || coalesce(err_message, '') || '|' || "                   \
 	"coalesce(status::text, '') || '|' || coalesce(state, '')"
 
-/* Cuts the set's prefix ("a-", "g-") off the ids quoted in messages, so the
- * lone and grouped answers compare. */
+/* Cuts the set's prefix ("a-", "g-", "o-") off the ids quoted in messages,
+ * so the lone and grouped answers compare. */
 static void unprefix(char *s)
 {
-	for (char *q; (q = strstr(s, "\"a-")) || (q = strstr(s, "\"g-"));)
+	for (char *q;
+	     (q = strstr(s, "\"a-")) || (q = strstr(s, "\"g-")) || (q = strstr(s, "\"o-"));)
 		memmove(q + 1, q + 3, strlen(q + 3) + 1);
 }
 
@@ -417,6 +418,7 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	define_lone(db);
 	long uid = release_mix_setup(db, "g", s1, s2, s3);
 	cr_assert_eq(release_mix_setup(db, "a", s1, s2, s3), uid);
+	cr_assert_eq(release_mix_setup(db, "o", s1, s2, s3), uid);
 
 	/* "a": one call at a time, each its own transaction */
 	char alone[4096] = "";
@@ -432,6 +434,25 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 			 i ? "\n" : "", row);
 		free(row);
 	}
+
+	/* "o": the same calls one at a time, each by the agent's statement for
+	 * a group of one (permit_release_one, arrays of one) */
+	char one[4096] = "";
+	for (size_t i = 0; i < NMIX; i++) {
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT public.lone(format('SELECT %%s FROM (SELECT 1, NULL::text, NULL::text, "
+		    "r.* FROM pgcoord.permit_release_one((''{%ld}''::bigint[])[1], "
+		    "(ARRAY[%%L])[1], "
+		    "(''{%lld}''::bigint[])[1], (''{%s}''::boolean[])[1], (''{test}''::text[])[1], "
+		    "(''{NULL}''::text[])[1]) r) r(member, err_state, err_message)', "
+		    "$r$" RELEASE_ROW "$r$, 'o-%s'), '%%s|%%s||')",
+		    uid, (long long)s1, i == 7 ? "true" : "false", release_mix[i]);
+		unprefix(row);
+		snprintf(one + strlen(one), sizeof(one) - strlen(one), "%s%s", i ? "\n" : "", row);
+		free(row);
+	}
+	cr_assert_str_eq(one, alone, "a group of one:\n%s\nalone:\n%s", one, alone);
 
 	/* "g": the same calls as one group, one statement */
 	char ids[256] = "", overrides[128] = "", uids[256] = "", sessions[256] = "";
@@ -468,10 +489,12 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 		  alone);
 
 	/* the same rows either way; the waiter was handed the freed room */
-	char *g = rows_of(db, "g"), *al = rows_of(db, "a");
+	char *g = rows_of(db, "g"), *al = rows_of(db, "a"), *o = rows_of(db, "o");
 	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	cr_assert_str_eq(o, al, "group of one rows:\n%s\nlone rows:\n%s", o, al);
 	free(g);
 	free(al);
+	free(o);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'g-w' "
 					"AND state = 'held'"),
 		     1, "the waiter was not admitted by the group's release");
@@ -548,7 +571,7 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 	send_releases(fd, 6000, ids, 1);
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_release_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "no release reached the held quota row");
 	send_releases(fd, 6001, ids + 1, 3);
@@ -706,6 +729,7 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 	define_lone(db);
 	claim_mix_setup(db, "g", uid, s);
 	claim_mix_setup(db, "a", uid, s);
+	claim_mix_setup(db, "o", uid, s);
 	char keys[64];
 
 	/* "a": one call at a time, each its own transaction */
@@ -727,6 +751,31 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 		free(row);
 	}
 	long alone_tokens = tokens_drawn(db) - t0;
+
+	/* "o": one call at a time, each by the agent's statement for a group
+	 * of one (permit_claim_as itself, arrays of one) */
+	t0 = tokens_drawn(db);
+	char one[4096] = "";
+	for (size_t i = 0; i < NCLAIM_MIX; i++) {
+		const struct mixed_claim *c = &claim_mix[i];
+		prefixed_keys(keys, sizeof(keys), "o", c->keys);
+		char *row = hdb_query_value(
+		    db,
+		    "SELECT public.lone(format('SELECT %%s FROM (SELECT 1, NULL::text, NULL::text, "
+		    "c.* FROM pgcoord.permit_claim_as((''{%ld}''::bigint[])[1], "
+		    "(''{false}''::boolean[])[1], (ARRAY[%%L])[1], (ARRAY[%%L])[1]::text[], "
+		    "(ARRAY[''{%s}''])[1]::integer[], (''{%lld}''::bigint[])[1], "
+		    "(''{test}''::text[])[1], (''{uncertain}''::text[])[1], "
+		    "(''{NULL}''::bytea[])[1], (ARRAY[%s]::integer[])[1], (''{test}''::text[])[1]) "
+		    "c) r(member, err_state, err_message)', $r$" CLAIM_ROW
+		    "$r$, 'o-%s', '%s'), '" CLAIM_RAISED "')",
+		    uid, c->weights, (long long)(c->dead_session ? dead : s), c->limit, c->id,
+		    keys);
+		snprintf(one + strlen(one), sizeof(one) - strlen(one), "%s%s", i ? "\n" : "", row);
+		free(row);
+	}
+	cr_assert_str_eq(one, alone, "a group of one:\n%s\nalone:\n%s", one, alone);
+	cr_assert_eq(tokens_drawn(db) - t0, alone_tokens);
 
 	/* "g": the same claims as one group, one statement */
 	char ids[256] = "", klist[512] = "", wlist[256] = "", sessions[256] = "", limits[128] = "",
@@ -776,10 +825,12 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 		cr_assert(strstr(alone, says[i]), "no \"%s\" in:\n%s", says[i], alone);
 
 	/* the same rows either way */
-	char *g = claim_rows_of(db, "g"), *al = claim_rows_of(db, "a");
+	char *g = claim_rows_of(db, "g"), *al = claim_rows_of(db, "a"), *o = claim_rows_of(db, "o");
 	cr_assert_str_eq(g, al, "group rows:\n%s\nlone rows:\n%s", g, al);
+	cr_assert_str_eq(o, al, "group of one rows:\n%s\nlone rows:\n%s", o, al);
 	free(g);
 	free(al);
+	free(o);
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-hot'"),
 		     3);
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'g-two'"),
@@ -862,7 +913,7 @@ static void send_hot_claims(int fd, uint32_t msgid0, int from, int to, const cha
 static long claims_on_lock(struct harness_db *db)
 {
 	return hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-				  "current_database() AND query LIKE '%%permit_claim_group%%' "
+				  "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 				  "AND wait_event_type = 'Lock'");
 }
 
@@ -887,7 +938,7 @@ Test(groups, claims_on_a_hot_key_wait_for_the_statements_in_flight)
 	send_hot_claims(fd, 5000, 1, 2, "hot");
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT (count(*) = 2)::int FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "the second statement did not reach the held row");
 	send_hot_claims(fd, 5000, 2, NHOT, "hot");

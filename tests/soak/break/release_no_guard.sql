@@ -23,3 +23,10 @@
 -- @with
 		WHERE p.id = m.id
 -- @end
+-- @function pgcoord.permit_release_one
+-- @replace
+	WHERE p.id = p_id AND p.released_at IS NULL
+	  AND (p_override OR p.state = 'held')
+-- @with
+	WHERE p.id = p_id
+-- @end
