@@ -88,7 +88,9 @@ END $$;
 -- Lease changes recorded before the horizon (a lease's row is its state;
 -- these are history only). PL/pgSQL and sequential scans off, as above:
 -- planned on an empty table, the delete read the whole table to find the
--- chosen ids.
+-- chosen ids. Oldest by time, not by id: lease_events_at then reads only
+-- the rows past the horizon, where walking the ids read every row of the
+-- retention window each sweep to find none.
 CREATE FUNCTION pgcoord.janitor_purge_lease_events(p_limit integer, p_keep_s integer)
 RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -99,7 +101,7 @@ BEGIN
 		DELETE FROM pgcoord.lease_events e
 		WHERE e.id IN (SELECT x.id FROM pgcoord.lease_events x
 			       WHERE x.at < now() - make_interval(secs => p_keep_s)
-			       ORDER BY x.id
+			       ORDER BY x.at
 			       LIMIT p_limit)
 		RETURNING 1)
 	SELECT count(*)::integer INTO v_n FROM gone;

@@ -871,6 +871,11 @@ Test(permits, retention_deletes_only_finished_history_past_the_horizon)
 	cr_assert(leader);
 	cr_assert_eq(pgcoord_lease_release(c, "keep-lease", CALL_MS, NULL), PGCOORD_OK);
 
+	/* the janitor's own lease changes stay recent */
+	long recent_lease_events = hdb_query_long(
+	    db, "SELECT count(*) FROM pgcoord.lease_events WHERE name <> 'keep-lease'");
+	cr_assert_gt(recent_lease_events, 0);
+
 	/* two hours pass for everything but k-recent and k-held */
 	hdb_exec(db, "UPDATE pgcoord.permits SET released_at = now() - interval '2 hours' "
 		     "WHERE id IN ('k-old', 'k-named', 'k-rec-old');"
@@ -899,6 +904,9 @@ Test(permits, retention_deletes_only_finished_history_past_the_horizon)
 					"WHERE key = 'old'"),
 		     0);
 	/* kept: recent, counting, or named by an open record */
+	cr_assert_geq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_events "
+					 "WHERE name <> 'keep-lease'"),
+		      recent_lease_events);
 	assert_state(db, "k-recent", "released");
 	assert_state(db, "k-held", "held");
 	assert_state(db, "k-named", "released");
