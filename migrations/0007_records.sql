@@ -41,6 +41,12 @@ CREATE TABLE pgcoord.records (
 
 CREATE INDEX records_open_by_owner ON pgcoord.records (owner_session) WHERE NOT terminal;
 
+-- The records naming a permit: the retention purge asks whether any record
+-- still names each released permit, and deleting a permit makes the foreign
+-- key look for records naming it; without this both read every record.
+-- Most records name no permit, and neither lookup asks for NULL.
+CREATE INDEX records_by_permit ON pgcoord.records (permit_id) WHERE permit_id IS NOT NULL;
+
 -- Every change of a record, in the same transaction as the change.
 CREATE TABLE pgcoord.record_events (
 	id           bigserial PRIMARY KEY,

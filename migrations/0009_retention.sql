@@ -59,9 +59,15 @@ BEGIN
 END $$;
 
 -- Records settled before the horizon, with their audit rows.
+-- PL/pgSQL, so the janitor's connection plans this once, not every sweep;
+-- sequential scans off, since planned on a fresh install's empty tables
+-- both deletes read every row (a hash join) instead of probing by key.
 CREATE FUNCTION pgcoord.janitor_purge_records(p_limit integer, p_keep_s integer)
 RETURNS integer
-LANGUAGE sql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	v_n integer;
+BEGIN
 	WITH doomed AS (
 		SELECT r.kind, r.key FROM pgcoord.records r
 		WHERE r.terminal AND r.settled_at < now() - make_interval(secs => p_keep_s)
@@ -75,22 +81,31 @@ LANGUAGE sql AS $$
 		DELETE FROM pgcoord.records r USING doomed d
 		WHERE r.kind = d.kind AND r.key = d.key
 		RETURNING 1)
-	SELECT count(*)::integer FROM gone
-$$;
+	SELECT count(*)::integer INTO v_n FROM gone;
+	RETURN v_n;
+END $$;
 
 -- Lease changes recorded before the horizon (a lease's row is its state;
--- these are history only).
+-- these are history only). PL/pgSQL and sequential scans off, as above:
+-- planned on an empty table, the delete read the whole table to find the
+-- chosen ids. Oldest by time, not by id: lease_events_at then reads only
+-- the rows past the horizon, where walking the ids read every row of the
+-- retention window each sweep to find none.
 CREATE FUNCTION pgcoord.janitor_purge_lease_events(p_limit integer, p_keep_s integer)
 RETURNS integer
-LANGUAGE sql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+	v_n integer;
+BEGIN
 	WITH gone AS (
 		DELETE FROM pgcoord.lease_events e
 		WHERE e.id IN (SELECT x.id FROM pgcoord.lease_events x
 			       WHERE x.at < now() - make_interval(secs => p_keep_s)
-			       ORDER BY x.id
+			       ORDER BY x.at
 			       LIMIT p_limit)
 		RETURNING 1)
-	SELECT count(*)::integer FROM gone
-$$;
+	SELECT count(*)::integer INTO v_n FROM gone;
+	RETURN v_n;
+END $$;
 
 SELECT pgcoord.secure_functions();

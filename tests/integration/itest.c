@@ -469,3 +469,16 @@ void iquota_set(int fd, const char *key, int64_t limit)
 	ireply_destroy(&r);
 	iparams_destroy(&p);
 }
+
+/* --- permits through libpgcoord ---------------------------------------- */
+
+pgcoord_err iclaim_one(pgcoord *c, const char *id, const char *key, int timeout_ms,
+		       pgcoord_claim **out)
+{
+	const char *keys[1] = {key};
+	struct pgcoord_claim_opts opts = PGCOORD_CLAIM_OPTS_INIT;
+
+	opts.keys = keys;
+	opts.nquotas = 1;
+	return pgcoord_permit_claim(c, id, &opts, timeout_ms, out);
+}

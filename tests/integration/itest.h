@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "harness.h"
+#include "pgcoord/pgcoord.h"
 #include "proto/codec.h"
 
 #define ICALL_MS 5000
@@ -138,5 +139,12 @@ void iquota_set(int fd, const char *key, int64_t limit);
  * --metrics-listen 127.0.0.1:0 (its port read from its log); the whole
  * response, malloc'd. */
 char *ihttp_get(struct hagent *a, const char *path);
+
+/* --- permits through libpgcoord ---------------------------------------- */
+
+/* pgcoord_permit_claim of id, weight 1 on the one quota key, answered at
+ * once, setting no limit: the plain claim most tests make. */
+pgcoord_err iclaim_one(pgcoord *c, const char *id, const char *key, int timeout_ms,
+		       pgcoord_claim **out);
 
 #endif

@@ -37,15 +37,8 @@ static pgcoord *client(struct hagent *a)
 
 static void claim(pgcoord *c, const char *id)
 {
-	const char *keys[1] = {"flat"};
 	pgcoord_claim *cl = NULL;
-	pgcoord_err err = pgcoord_permit_claim(
-	    c, id,
-	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-					 .keys = keys,
-					 .nquotas = 1,
-					 .limit = PGCOORD_NO_LIMIT},
-	    CALL_MS, &cl);
+	pgcoord_err err = iclaim_one(c, id, "flat", CALL_MS, &cl);
 	cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
 		     pgcoord_last_message(c));
 	pgcoord_claim_free(cl);

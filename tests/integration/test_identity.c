@@ -195,6 +195,55 @@ Test(identity, frozen_agent_keeps_its_replica_id_until_its_heartbeat_lapses)
 	hdb_drop(db);
 }
 
+/*
+ * Between a successor's takeover and the old agent's next heartbeat, the old
+ * agent still serves: a session.open it sends then is refused by the
+ * database (PCSUP) as superseded, with nothing written, and the agent keeps
+ * running until its heartbeat tells it.
+ */
+Test(identity, session_open_after_a_takeover_is_refused_superseded_and_writes_nothing)
+{
+	struct harness_db *db = idb_migrated();
+	/* no heartbeat during the test: the database is the only one to know */
+	const char *const args[] = {"--heartbeat-interval-ms", "20000", "--session-ttl-ms", "60000",
+				    NULL};
+	struct hagent *first = hagent_start(db, "id-sup", args);
+	int64_t first_inc = istatus_int(first, "incarnation");
+	int fd = iconnect(hagent_socket(first));
+	struct iparams p;
+	struct ireply r;
+	char inc_text[32];
+
+	/* a successor takes the replica_id over, as agent_register does */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT ok::int FROM pgcoord.agent_register('id-sup', %lld, "
+				    "'elsewhere', 1, 'test', 60000, %lld)",
+				    (long long)first_inc + 1, (long long)first_inc),
+		     1);
+	char *before = idb_fingerprint(db);
+
+	pgc_pack_kv_str(iparams_begin(&p, 1), "name", "too-late");
+	icall(fd, "session.open", &p, &r);
+	snprintf(inc_text, sizeof(inc_text), "incarnation %lld", (long long)first_inc);
+	ierr(&r, "superseded", false,
+	     (const char *const[]){inc_text, "id-sup", "no longer current", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	char *after = idb_fingerprint(db);
+	cr_assert_str_eq(after, before, "the refused session.open changed the database");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE name = 'too-late'"),
+		     0);
+	cr_assert_eq(db_incarnation(db, "id-sup"), first_inc + 1);
+	cr_assert(hagent_running(first), "%s", hagent_log(first));
+	free(before);
+	free(after);
+	close(fd);
+	hagent_destroy(first);
+	hdb_drop(db);
+}
+
 /* A taken-over session nobody resumes is closed when its grace runs out on
  * the successor, like any detached session; one that is resumed stays. */
 Test(identity, taken_over_session_not_resumed_within_grace_is_closed_by_the_successor)

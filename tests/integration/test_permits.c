@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "itest.h"
 #include "pgcoord/pgcoord.h"
 #include "proto/codec.h"
 
@@ -97,15 +98,8 @@ static pgcoord_claim *claim1(pgcoord *c, const char *id, const char *key, unsign
 static void assert_claim_conflict(pgcoord *c, const char *id, const char *key, const char *why)
 {
 	pgcoord_claim *cl = NULL;
-	const char *keys[1] = {key};
-	cr_assert_eq(pgcoord_permit_claim(
-			 c, id,
-			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-						      .keys = keys,
-						      .nquotas = 1,
-						      .limit = PGCOORD_NO_LIMIT},
-			 CALL_MS, &cl),
-		     PGCOORD_E_CONFLICT, "claim %s was not refused", id);
+	cr_assert_eq(iclaim_one(c, id, key, CALL_MS, &cl), PGCOORD_E_CONFLICT,
+		     "claim %s was not refused", id);
 	cr_assert_null(cl);
 	cr_assert(strstr(pgcoord_last_message(c), why), "%s", pgcoord_last_message(c));
 }
@@ -297,18 +291,11 @@ static void *race_worker(void *arg)
 	for (int round = 0; round < RACE_ROUNDS; round++) {
 		char id[64];
 		pgcoord_claim *cl = NULL;
-		const char *keys[1] = {"race"};
 
 		snprintf(id, sizeof(id), "race-%d-%d", round, r->index);
 		pthread_barrier_wait(r->barrier); /* everyone claims at once */
 		if (!r->setup_error[0]) {
-			r->errors[round] = pgcoord_permit_claim(
-			    c, id,
-			    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-							 .keys = keys,
-							 .nquotas = 1,
-							 .limit = PGCOORD_NO_LIMIT},
-			    CALL_MS, &cl);
+			r->errors[round] = iclaim_one(c, id, "race", CALL_MS, &cl);
 			r->results[round] = cl ? pgcoord_claim_get_status(cl) : 0;
 			r->tokens[round] = cl ? pgcoord_claim_get_token(cl) : 0;
 			pgcoord_claim_free(cl);
@@ -884,6 +871,11 @@ Test(permits, retention_deletes_only_finished_history_past_the_horizon)
 	cr_assert(leader);
 	cr_assert_eq(pgcoord_lease_release(c, "keep-lease", CALL_MS, NULL), PGCOORD_OK);
 
+	/* the janitor's own lease changes stay recent */
+	long recent_lease_events = hdb_query_long(
+	    db, "SELECT count(*) FROM pgcoord.lease_events WHERE name <> 'keep-lease'");
+	cr_assert_gt(recent_lease_events, 0);
+
 	/* two hours pass for everything but k-recent and k-held */
 	hdb_exec(db, "UPDATE pgcoord.permits SET released_at = now() - interval '2 hours' "
 		     "WHERE id IN ('k-old', 'k-named', 'k-rec-old');"
@@ -912,6 +904,9 @@ Test(permits, retention_deletes_only_finished_history_past_the_horizon)
 					"WHERE key = 'old'"),
 		     0);
 	/* kept: recent, counting, or named by an open record */
+	cr_assert_geq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_events "
+					 "WHERE name <> 'keep-lease'"),
+		      recent_lease_events);
 	assert_state(db, "k-recent", "released");
 	assert_state(db, "k-held", "held");
 	assert_state(db, "k-named", "released");
@@ -1010,16 +1005,8 @@ Test(permits, intent_phase_and_history_are_recorded_with_the_claim)
 	pgcoord_free(res);
 
 	/* one id names one claim */
-	const char *other[1] = {"life-2"};
 	quota_set(c, "life-2", 4, -1);
-	cr_assert_eq(pgcoord_permit_claim(
-			 c, "l-1",
-			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-						      .keys = other,
-						      .nquotas = 1,
-						      .limit = PGCOORD_NO_LIMIT},
-			 CALL_MS, &cl),
-		     PGCOORD_E_CONFLICT);
+	cr_assert_eq(iclaim_one(c, "l-1", "life-2", CALL_MS, &cl), PGCOORD_E_CONFLICT);
 	cr_assert_eq(in_flight(db, "life-2"), 0);
 
 	cr_assert_eq(pgcoord_permit_release(c, "l-1", 0, "done", CALL_MS, NULL), PGCOORD_OK);
@@ -1099,14 +1086,7 @@ Test(permits, multi_quota_claim_with_one_full_quota_changes_nothing)
 	/* a key that names no quota, and no limit: a clear error, no effect */
 	const char *missing[1] = {"m-none"};
 	pgcoord_claim *none = NULL;
-	cr_assert_eq(pgcoord_permit_claim(
-			 c, "m-4",
-			 &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-						      .keys = missing,
-						      .nquotas = 1,
-						      .limit = PGCOORD_NO_LIMIT},
-			 CALL_MS, &none),
-		     PGCOORD_E_NOT_FOUND);
+	cr_assert_eq(iclaim_one(c, "m-4", "m-none", CALL_MS, &none), PGCOORD_E_NOT_FOUND);
 	cr_assert(strstr(pgcoord_last_message(c), "m-none"), "%s", pgcoord_last_message(c));
 	cr_assert_eq(permit_rows(db, "m-4"), 0);
 	/* …unless the claim carries the limit, which is recorded */

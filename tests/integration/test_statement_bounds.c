@@ -261,6 +261,21 @@ static long metric(struct hagent *a, const char *name)
 	return v;
 }
 
+/* claim id on q and release it; the claim's error (PGCOORD_OK when done). */
+static pgcoord_err claim_and_release(pgcoord *c, const char *id)
+{
+	pgcoord_claim *cl = NULL;
+	pgcoord_err err = iclaim_one(c, id, "q", CALL_MS, &cl);
+	if (err != PGCOORD_OK)
+		return err;
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
+	pgcoord_claim_free(cl);
+	err = pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL);
+	cr_assert_eq(err, PGCOORD_OK, "release %s: %s (%s)", id, pgcoord_strerror(err),
+		     pgcoord_last_message(c));
+	return PGCOORD_OK;
+}
+
 /* With prepared_statements on (the direct run), each connection prepares a
  * text once and runs every later call by name, and sends the timeouts once
  * per connection, not with each call; with it off (behind PgBouncer), every
@@ -273,27 +288,14 @@ Test(statement_bounds, statements_are_prepared_once_per_connection_and_run_by_na
 	const char *const args[] = {"--pool-size", "2", "--metrics-listen", "127.0.0.1:0", NULL};
 	struct hagent *a = hagent_start(db, "r1", args);
 	pgcoord *c = client(a, "cycler");
-	const char *keys[1] = {"q"};
 
 	cr_assert_eq(pgcoord_quota_set(c, "q", 5, 0, CALL_MS), PGCOORD_OK, "%s",
 		     pgcoord_last_message(c));
 	for (int i = 0; i < CYCLES; i++) {
 		char id[32];
-		pgcoord_claim *cl = NULL;
 		snprintf(id, sizeof(id), "p%d", i);
-		pgcoord_err err = pgcoord_permit_claim(
-		    c, id,
-		    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-						 .keys = keys,
-						 .nquotas = 1,
-						 .limit = PGCOORD_NO_LIMIT},
-		    CALL_MS, &cl);
+		pgcoord_err err = claim_and_release(c, id);
 		cr_assert_eq(err, PGCOORD_OK, "claim %s: %s (%s)", id, pgcoord_strerror(err),
-			     pgcoord_last_message(c));
-		cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
-		pgcoord_claim_free(cl);
-		err = pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL);
-		cr_assert_eq(err, PGCOORD_OK, "release %s: %s (%s)", id, pgcoord_strerror(err),
 			     pgcoord_last_message(c));
 	}
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE state = "
@@ -395,28 +397,6 @@ Test(statement_bounds, a_statement_that_waited_in_the_queue_keeps_its_own_smalle
 	close(second);
 	hagent_destroy(a);
 	hdb_drop(db);
-}
-
-/* claim id on q and release it; the claim's error (PGCOORD_OK when done). */
-static pgcoord_err claim_and_release(pgcoord *c, const char *id)
-{
-	const char *keys[1] = {"q"};
-	pgcoord_claim *cl = NULL;
-	pgcoord_err err = pgcoord_permit_claim(
-	    c, id,
-	    &(struct pgcoord_claim_opts){.size = sizeof(struct pgcoord_claim_opts),
-					 .keys = keys,
-					 .nquotas = 1,
-					 .limit = PGCOORD_NO_LIMIT},
-	    CALL_MS, &cl);
-	if (err != PGCOORD_OK)
-		return err;
-	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_ADMITTED);
-	pgcoord_claim_free(cl);
-	err = pgcoord_permit_release(c, id, 0, NULL, CALL_MS, NULL);
-	cr_assert_eq(err, PGCOORD_OK, "release %s: %s (%s)", id, pgcoord_strerror(err),
-		     pgcoord_last_message(c));
-	return PGCOORD_OK;
 }
 
 /* The server sessions the agent prepared on go away. Directly, the agent's
