@@ -1098,7 +1098,7 @@ static void wait_claims_on_lock(struct harness_db *db, int n)
 {
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT (count(*) = %d)::int FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_claim_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_claim_%%' "
 			    "AND wait_event_type = 'Lock'",
 			    n),
 		  "%d claim statements did not reach the held rows", n);
@@ -1348,7 +1348,7 @@ Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
 	send_releases(fd, 10100, hot, 1);
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-			    "current_database() AND query LIKE '%%permit_release_group%%' "
+			    "current_database() AND query LIKE '%%pgcoord.permit_release_%%' "
 			    "AND wait_event_type = 'Lock'"),
 		  "no release reached the held quota row");
 	send_releases(fd, 10101, hot + 1, 1);
@@ -1361,9 +1361,10 @@ Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
 	read_released(fd, 10200, 1);
 	cr_assert_lt(hnow_ms() - sent, 2000, "the release on another key waited");
 	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"release\"}"), 1);
-	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-					"current_database() AND query LIKE "
-					"'%%permit_release_group%%' AND wait_event_type = 'Lock'"),
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+				    "current_database() AND query LIKE "
+				    "'%%pgcoord.permit_release_%%' AND wait_event_type = 'Lock'"),
 		     1);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
 					"'rh-%%' AND released_at IS NULL"),
