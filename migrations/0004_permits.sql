@@ -16,8 +16,9 @@
 -- * the claim and release functions run with enable_seqscan off, so every
 --   plan they make (also a generic one made while the tables were empty) is
 --   index-based: each statement in them has an index that answers it by key;
--- * no index reads the audit trail by quota key (the conservation check
---   aggregates it whole, and the agent reads audit rows by permit), and a
+-- * no index reads the audit trail or the shares by quota key (the
+--   conservation check aggregates the audit whole and reaches shares from
+--   the open permits, and the agent reads both by permit), and a
 --   permit's quota shares have no foreign keys: the claim writes the shares
 --   itself, in the transaction that inserted that permit row and updated
 --   that quota row, nothing deletes a quota, and both deletes of permits
@@ -94,15 +95,16 @@ CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
 CREATE INDEX permits_uncertain ON pgcoord.permits (state_at) WHERE state = 'uncertain';
 
 -- The weights that count: a permit's share of each quota it holds. No
--- foreign keys: see the top of this file.
+-- foreign keys: see the top of this file. Read by permit only: no index by
+-- key, since every share by key that counts belongs to an open permit, and
+-- those are reached through permits_open_by_owner (quota_status,
+-- permits_check), so a claim writes one index entry less.
 CREATE TABLE pgcoord.permit_quotas (
 	permit_id text COLLATE "C" NOT NULL,
 	key       text COLLATE "C" NOT NULL,
 	weight    integer NOT NULL CHECK (weight >= 1),
 	PRIMARY KEY (permit_id, key)
 );
-
-CREATE INDEX permit_quotas_by_key ON pgcoord.permit_quotas (key);
 
 -- The audit trail (guarantee 6): one row per state change, written in the
 -- same transaction as the change. Rows that move a counter carry the quota
@@ -202,16 +204,20 @@ LANGUAGE sql AS $$
 $$;
 
 -- One snapshot of quotas with how much of in_flight is held by live owners
--- and how much is uncertain (one statement, so the numbers agree).
+-- and how much is uncertain (one statement, so the numbers agree). The
+-- shares are found from the open permits (permits_open_by_owner), not by
+-- key: its cost grows with the permits open now, not with history.
 CREATE VIEW pgcoord.quota_status AS
 	SELECT q.key, q."limit", q.in_flight, q.lapse_after_s, q.created_at, q.updated_at,
-	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'held'), 0) AS held,
-	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'uncertain'), 0)
+	       coalesce(sum(o.weight) FILTER (WHERE o.effective_state = 'held'), 0) AS held,
+	       coalesce(sum(o.weight) FILTER (WHERE o.effective_state = 'uncertain'), 0)
 		AS uncertain,
-	       count(p.id) FILTER (WHERE p.effective_state <> 'released') AS permits
+	       count(o.id) FILTER (WHERE o.effective_state <> 'released') AS permits
 	FROM pgcoord.quotas q
-	LEFT JOIN pgcoord.permit_quotas pq ON pq.key = q.key
-	LEFT JOIN pgcoord.permit_status p ON p.id = pq.permit_id AND p.state <> 'released'
+	LEFT JOIN (SELECT p.id, p.effective_state, pq.key, pq.weight
+		   FROM pgcoord.permit_status p
+		   JOIN pgcoord.permit_quotas pq ON pq.permit_id = p.id
+		   WHERE p.state <> 'released') o ON o.key = q.key
 	GROUP BY q.key;
 
 -- Locks, in key order, the quota rows a set of permits holds weight on.
