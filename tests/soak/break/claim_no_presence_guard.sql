@@ -12,10 +12,12 @@
 	IF true THEN
 -- @end
 -- @replace
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
--- @with
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+				WHERE v_n > 1)
+-- @with
+				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
+				WHERE v_n > 1
 				ON CONFLICT DO NOTHING)
 -- @end
