@@ -487,13 +487,20 @@ BEGIN
 			END LOOP;
 			DELETE FROM pgcoord.permits p WHERE p.id = p_id AND p.token = v_p.token;
 			v_inserted := false;
+		ELSIF v_n = 1 THEN
+			-- one quota: its share is in the permit row; the audit row
+			-- (a statement of its own, not a filter on v_n: PL/pgSQL
+			-- would re-plan a statement whose plan v_n changes)
+			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
+				state, phase)
+			VALUES (p_id, p_keys[1], p_weights[1], 'admitted', p_actor, 'held',
+				'reserved');
 		ELSE
-			-- the shares (of two or more quotas: one is in the permit
-			-- row) and the audit rows in one statement
+			-- the shares (of two or more quotas) and the audit rows in
+			-- one statement
 			WITH shares AS (
 				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
-				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				WHERE v_n > 1)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
 				state, phase)
 			SELECT p_id, t.k, t.w, 'admitted', p_actor, 'held', 'reserved'

@@ -13,11 +13,9 @@
 -- @end
 -- @replace
 				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
-				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				WHERE v_n > 1)
+				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 -- @with
 				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				WHERE v_n > 1
 				ON CONFLICT DO NOTHING)
 -- @end
