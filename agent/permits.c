@@ -1056,8 +1056,8 @@ void rpc_permit_list(struct request *req)
 	req_query(req,
 		  "WITH sel AS ("
 		  " SELECT s.* FROM pgcoord.permit_status s"
-		  " WHERE ($1::text IS NULL OR s.id IN (SELECT f.permit_id FROM"
-		  "   pgcoord.permit_quotas f WHERE f.key = $1))"
+		  " WHERE ($1::text IS NULL OR EXISTS (SELECT 1 FROM pgcoord.permit_quotas f"
+		  "   WHERE f.permit_id = s.id AND f.key = $1))"
 		  "  AND ($2::text IS NULL OR s.effective_state = $2)"
 		  "  AND ($3::text IS NULL OR s.phase = $3)"
 		  "  AND ($4::bigint IS NULL OR s.owner_session = $4)"

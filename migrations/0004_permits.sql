@@ -16,8 +16,9 @@
 -- * the claim and release functions run with enable_seqscan off, so every
 --   plan they make (also a generic one made while the tables were empty) is
 --   index-based: each statement in them has an index that answers it by key;
--- * no index reads the audit trail by quota key (the conservation check
---   aggregates it whole, and the agent reads audit rows by permit), and a
+-- * no index reads the audit trail or the shares by quota key (the
+--   conservation check aggregates the audit whole and reaches shares from
+--   the open permits, and the agent reads both by permit), and a
 --   permit's quota shares have no foreign keys: the claim writes the shares
 --   itself, in the transaction that inserted that permit row and updated
 --   that quota row, nothing deletes a quota, and both deletes of permits
@@ -85,7 +86,11 @@ CREATE TABLE pgcoord.permits (
 	phase_at         timestamptz NOT NULL DEFAULT now(),
 	state_at         timestamptz NOT NULL DEFAULT now(),
 	released_at      timestamptz,
-	CHECK ((state = 'released') = (released_at IS NOT NULL))
+	-- the share of a permit of one quota, in its own row (see permit_quotas)
+	quota_key        text COLLATE "C",
+	quota_weight     integer CHECK (quota_weight >= 1),
+	CHECK ((state = 'released') = (released_at IS NOT NULL)),
+	CHECK ((quota_key IS NULL) = (quota_weight IS NULL))
 );
 
 CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
@@ -93,16 +98,49 @@ CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
 
 CREATE INDEX permits_uncertain ON pgcoord.permits (state_at) WHERE state = 'uncertain';
 
--- The weights that count: a permit's share of each quota it holds. No
--- foreign keys: see the top of this file.
-CREATE TABLE pgcoord.permit_quotas (
+-- The weights that count: a permit's share of each quota it holds, read as
+-- the view permit_quotas. Most permits name one quota: that share is in the
+-- permit's own row (quota_key, quota_weight), so their claim writes no row
+-- and no index entry for it; the shares of a permit of two or more quotas
+-- are rows of permit_quotas_multi (and its share columns stay NULL). A
+-- permit has its shares in one place or the other, never both. No foreign
+-- keys: see the top of this file. Read by permit only: no index by key,
+-- since every share by key that counts belongs to an open permit, and those
+-- are reached through permits_open_by_owner (quota_status, permits_check).
+CREATE TABLE pgcoord.permit_quotas_multi (
 	permit_id text COLLATE "C" NOT NULL,
 	key       text COLLATE "C" NOT NULL,
 	weight    integer NOT NULL CHECK (weight >= 1),
 	PRIMARY KEY (permit_id, key)
 );
 
-CREATE INDEX permit_quotas_by_key ON pgcoord.permit_quotas (key);
+-- Every share, wherever it is kept: a read by permit_id is a lookup by
+-- permits_pkey, and by permit_quotas_multi_pkey only for a permit without
+-- a share in its row. (Written as a lateral join, not as a UNION ALL of
+-- the two tables: the planner cannot push a join on permit_id into a
+-- UNION ALL branch that has a WHERE clause, and would scan every permit.)
+CREATE VIEW pgcoord.permit_quotas AS
+	SELECT p.id AS permit_id, s.key, s.weight
+	FROM pgcoord.permits p
+	CROSS JOIN LATERAL (
+		SELECT p.quota_key AS key, p.quota_weight AS weight WHERE p.quota_key IS NOT NULL
+		UNION ALL
+		SELECT m.key, m.weight FROM pgcoord.permit_quotas_multi m
+		WHERE p.quota_key IS NULL AND m.permit_id = p.id) s;
+
+-- A share written by hand (tests, repairs) goes in as a row of
+-- permit_quotas_multi, which every reader sees the same.
+CREATE FUNCTION pgcoord.permit_quotas_insert()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
+	VALUES (NEW.permit_id, NEW.key, NEW.weight);
+	RETURN NEW;
+END $$;
+
+CREATE TRIGGER permit_quotas_insert INSTEAD OF INSERT ON pgcoord.permit_quotas
+	FOR EACH ROW EXECUTE FUNCTION pgcoord.permit_quotas_insert();
 
 -- The audit trail (guarantee 6): one row per state change, written in the
 -- same transaction as the change. Rows that move a counter carry the quota
@@ -202,16 +240,20 @@ LANGUAGE sql AS $$
 $$;
 
 -- One snapshot of quotas with how much of in_flight is held by live owners
--- and how much is uncertain (one statement, so the numbers agree).
+-- and how much is uncertain (one statement, so the numbers agree). The
+-- shares are found from the open permits (permits_open_by_owner), not by
+-- key: its cost grows with the permits open now, not with history.
 CREATE VIEW pgcoord.quota_status AS
 	SELECT q.key, q."limit", q.in_flight, q.lapse_after_s, q.created_at, q.updated_at,
-	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'held'), 0) AS held,
-	       coalesce(sum(pq.weight) FILTER (WHERE p.effective_state = 'uncertain'), 0)
+	       coalesce(sum(o.weight) FILTER (WHERE o.effective_state = 'held'), 0) AS held,
+	       coalesce(sum(o.weight) FILTER (WHERE o.effective_state = 'uncertain'), 0)
 		AS uncertain,
-	       count(p.id) FILTER (WHERE p.effective_state <> 'released') AS permits
+	       count(o.id) FILTER (WHERE o.effective_state <> 'released') AS permits
 	FROM pgcoord.quotas q
-	LEFT JOIN pgcoord.permit_quotas pq ON pq.key = q.key
-	LEFT JOIN pgcoord.permit_status p ON p.id = pq.permit_id AND p.state <> 'released'
+	LEFT JOIN (SELECT p.id, p.effective_state, pq.key, pq.weight
+		   FROM pgcoord.permit_status p
+		   JOIN pgcoord.permit_quotas pq ON pq.permit_id = p.id
+		   WHERE p.state <> 'released') o ON o.key = q.key
 	GROUP BY q.key;
 
 -- Locks, in key order, the quota rows a set of permits holds weight on.
@@ -378,9 +420,10 @@ BEGIN
 	-- row (or, if we were denied, its absence), so a lost-reply retry or a
 	-- double delivery can never reach the counters a second time.
 	INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
-		phase, on_owner_loss, intent)
+		phase, on_owner_loss, intent, quota_key, quota_weight)
 	VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
-		'reserved', p_on_owner_loss, p_intent)
+		'reserved', p_on_owner_loss, p_intent, CASE WHEN v_n = 1 THEN p_keys[1] END,
+		CASE WHEN v_n = 1 THEN p_weights[1] END)
 	ON CONFLICT (id) DO NOTHING
 	RETURNING * INTO v_p;
 	IF NOT FOUND AND p_uid IS NOT NULL THEN
@@ -392,17 +435,20 @@ BEGIN
 		-- the one made on a fresh install's empty tables did until an
 		-- analyze; permits_pkey answers it by id)
 		DELETE FROM pgcoord.permits p
-		WHERE p.id = p_id AND p.released_at IS NOT NULL
-		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p.id)
+		WHERE p.id = p_id AND p.released_at IS NOT NULL AND p.quota_key IS NULL
+		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permit_quotas_multi pq
+				  WHERE pq.permit_id = p.id)
 		  AND (SELECT s.owner_uid FROM pgcoord.sessions s WHERE s.id = p.owner_session)
 			IS DISTINCT FROM p_uid;
 		IF FOUND THEN
 			-- a refusal below rolls the tombstone's delete back with it
 			DELETE FROM pgcoord.permit_events e WHERE e.permit_id = p_id;
 			INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica,
-				state, phase, on_owner_loss, intent)
+				state, phase, on_owner_loss, intent, quota_key, quota_weight)
 			VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
-				'reserved', p_on_owner_loss, p_intent)
+				'reserved', p_on_owner_loss, p_intent,
+				CASE WHEN v_n = 1 THEN p_keys[1] END,
+				CASE WHEN v_n = 1 THEN p_weights[1] END)
 			ON CONFLICT (id) DO NOTHING
 			RETURNING * INTO v_p;
 		END IF;
@@ -441,10 +487,19 @@ BEGIN
 			END LOOP;
 			DELETE FROM pgcoord.permits p WHERE p.id = p_id AND p.token = v_p.token;
 			v_inserted := false;
+		ELSIF v_n = 1 THEN
+			-- one quota: its share is in the permit row; the audit row
+			-- (a statement of its own, not a filter on v_n: PL/pgSQL
+			-- would re-plan a statement whose plan v_n changes)
+			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
+				state, phase)
+			VALUES (p_id, p_keys[1], p_weights[1], 'admitted', p_actor, 'held',
+				'reserved');
 		ELSE
-			-- the shares and the audit rows in one statement
+			-- the shares (of two or more quotas) and the audit rows in
+			-- one statement
 			WITH shares AS (
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
 				state, phase)
@@ -979,9 +1034,14 @@ BEGIN
 	-- the presence guard, and the tokens in arrival order
 	WITH ins AS (
 		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
-			phase, on_owner_loss, intent)
+			phase, on_owner_loss, intent, quota_key, quota_weight)
 		SELECT p_ids[s.i], nextval('pgcoord.token_seq'), p_sessions[s.i], p_replicas[s.i],
-		       'held', 'reserved', p_on_owner_loss[s.i], p_intents[s.i]
+		       'held', 'reserved', p_on_owner_loss[s.i], p_intents[s.i],
+		       -- a member's arrays may start at any subscript: unnest pairs them
+		       CASE WHEN cardinality(p_keys[s.i]::text[]) = 1
+			    THEN (SELECT a.k FROM unnest(p_keys[s.i]::text[]) AS a(k)) END,
+		       CASE WHEN cardinality(p_keys[s.i]::text[]) = 1
+			    THEN (SELECT a.w FROM unnest(p_weights[s.i]::integer[]) AS a(w)) END
 		FROM (SELECT s.i FROM unnest(v_set) WITH ORDINALITY AS s(i, o) ORDER BY s.o) s
 		ON CONFLICT (id) DO NOTHING
 		RETURNING p.id, p.token)
@@ -1040,11 +1100,13 @@ BEGIN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	-- the shares and the audit rows in one statement
+	-- the shares of permits of two or more quotas (one is in the permit
+	-- row) and the audit rows in one statement
 	WITH shares AS (
-		INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 		SELECT p_ids[i], a.k, a.w
-		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w))
+		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
+		WHERE cardinality(p_keys[i]::text[]) > 1)
 	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, state, phase)
 	SELECT p_ids[s.i], a.k, a.w, 'admitted', p_actors[s.i], 'held', 'reserved'
 	FROM unnest(v_adm) WITH ORDINALITY AS s(i, o)
@@ -1164,10 +1226,16 @@ BEGIN
 		  AND (m.override OR (p.owner_session = m.session
 		       AND (SELECT s.owner_uid FROM pgcoord.sessions s
 			    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM m.uid))
-		RETURNING m.i, p.id, p.phase, p.owner_replica, m.override, m.actor, m.reason),
+		RETURNING m.i, p.id, p.phase, p.owner_replica, m.override, m.actor, m.reason,
+			p.quota_key, p.quota_weight),
+	-- the shares: in the permit row, or (two or more) in permit_quotas_multi
 	s AS (
-		SELECT r.*, pq.key, pq.weight FROM r JOIN pgcoord.permit_quotas pq
-			ON pq.permit_id = r.id),
+		SELECT r.*, r.quota_key AS key, r.quota_weight AS weight FROM r
+		WHERE r.quota_key IS NOT NULL
+		UNION ALL
+		SELECT r.*, pq.key, pq.weight FROM r JOIN pgcoord.permit_quotas_multi pq
+			ON pq.permit_id = r.id
+		WHERE r.quota_key IS NULL),
 	u AS (
 		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - t.w
 		FROM (SELECT s.key, sum(s.weight) AS w FROM s GROUP BY s.key) t

@@ -134,9 +134,12 @@ BEGIN
 		FROM unnest(w.keys, w.weights) AS t(k, w) JOIN pgcoord.quotas q ON q.key = t.k;
 		CONTINUE WHEN NOT v_fits;
 		INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
-			phase, on_owner_loss, intent)
+			phase, on_owner_loss, intent, quota_key, quota_weight)
 		VALUES (w.id, nextval('pgcoord.token_seq'), w.session, w.replica, 'held', 'reserved',
-			w.on_owner_loss, w.intent)
+			w.on_owner_loss, w.intent,
+			CASE WHEN cardinality(w.keys) = 1 THEN (SELECT t.k FROM unnest(w.keys) AS t(k)) END,
+			CASE WHEN cardinality(w.keys) = 1
+			     THEN (SELECT t.w FROM unnest(w.weights) AS t(w)) END)
 		ON CONFLICT (id) DO NOTHING
 		RETURNING p.token INTO v_token;
 		UPDATE pgcoord.quotas q SET waiting = q.waiting - 1,
@@ -150,8 +153,10 @@ BEGIN
 			WHERE x.seq = w.seq;
 			CONTINUE;
 		END IF;
-		INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
-		SELECT w.id, t.k, t.w FROM unnest(w.keys, w.weights) AS t(k, w);
+		-- the shares of two or more quotas (one is in the permit row)
+		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
+		SELECT w.id, t.k, t.w FROM unnest(w.keys, w.weights) AS t(k, w)
+		WHERE cardinality(w.keys) > 1;
 		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason, state,
 			phase)
 		SELECT w.id, t.k, t.w, 'admitted', w.actor,

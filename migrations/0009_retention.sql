@@ -53,7 +53,7 @@ BEGIN
 		RETURN 0;
 	END IF;
 	DELETE FROM pgcoord.permit_events e WHERE e.permit_id = ANY (v_ids);
-	DELETE FROM pgcoord.permit_quotas pq WHERE pq.permit_id = ANY (v_ids);
+	DELETE FROM pgcoord.permit_quotas_multi pq WHERE pq.permit_id = ANY (v_ids);
 	DELETE FROM pgcoord.permits p WHERE p.id = ANY (v_ids);
 	RETURN cardinality(v_ids);
 END $$;

@@ -1,9 +1,9 @@
 /*
- * test_flat_check.c — permit.check costs what is open, not the past
- * (migrations/0005_permit_audit.sql): over a long history of released permits it reads the
- * quotas, the open permits and the audit rows the janitor has not folded
- * yet, and still finds a broken counter; folding keeps every audit row, so
- * permit.history answers as before.
+ * test_flat_check.c — permit.check and a quota's status cost what is open,
+ * not the past (migrations/0004_permits.sql, 0005_permit_audit.sql): over a long history of
+ * released permits it reads the quotas, the open permits and the audit rows the janitor has not
+ * folded yet, and still finds a broken counter; folding keeps every audit row, so permit.history
+ * answers as before.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -125,6 +125,20 @@ Test(flat_check, reads_what_is_open_finds_a_broken_counter_and_keeps_history)
 		cr_assert_eq(quotas, 1, "check %d: the quota was not found conserved", i + 1);
 		cr_assert_leq(read, MAX_ROWS_READ,
 			      "check %d read %ld rows of the permit tables for 2 open permits: "
+			      "it reads the %d released permits of the past",
+			      i + 1, read, PAST_PERMITS);
+		/* so does a quota's status (quota.get, quota.list, watches):
+		 * shares are not read by key, where the past lies */
+		hdb_exec(db, "BEGIN");
+		before = rows_read(db);
+		long held = hdb_query_long(db, "SELECT held FROM pgcoord.quota_status "
+					       "WHERE key = 'flat'");
+		read = rows_read(db) - before;
+		hdb_exec(db, "COMMIT");
+		cr_assert_eq(held, 2, "status %d: 'flat' holds %ld, not its 2 open permits", i + 1,
+			     held);
+		cr_assert_leq(read, MAX_ROWS_READ,
+			      "status %d read %ld rows of the permit tables for 2 open permits: "
 			      "it reads the %d released permits of the past",
 			      i + 1, read, PAST_PERMITS);
 	}

@@ -1082,6 +1082,18 @@ Test(permits, multi_quota_claim_with_one_full_quota_changes_nothing)
 	cr_assert_eq(in_flight(db, "m-a"), 2);
 	cr_assert_eq(in_flight(db, "m-c"), 1);
 	cr_assert_eq(events(db, "m-3", "admitted"), 2);
+	/* a share of one quota is kept in the permit's row, shares of two or
+	 * more in permit_quotas_multi; readers see both as permit_quotas */
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas_multi "
+					"WHERE permit_id IN ('m-3', 'm-filler')"),
+		     2);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE "
+					"(id, quota_key, quota_weight) IN (('m-filler', 'm-b', 1)) "
+					"OR (id = 'm-3' AND quota_key IS NULL)"),
+		     2);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas "
+					"WHERE permit_id IN ('m-3', 'm-filler')"),
+		     3);
 
 	/* a key that names no quota, and no limit: a clear error, no effect */
 	const char *missing[1] = {"m-none"};

@@ -12,10 +12,10 @@
 	IF true THEN
 -- @end
 -- @replace
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
 -- @with
-				INSERT INTO pgcoord.permit_quotas (permit_id, key, weight)
+				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
 				ON CONFLICT DO NOTHING)
 -- @end

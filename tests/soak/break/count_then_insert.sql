@@ -1,8 +1,10 @@
 -- BROKEN ON PURPOSE (test builds only): admission by count-then-insert.
 -- The claim counts the weights of the quota's open permits in its own
 -- snapshot and then adds its weight unconditionally: two claims that count
--- at the same time both see room and both go in (guarantee 1). The soak
--- checker must report quota_limit.
+-- at the same time both see room and both go in (guarantee 1). The count
+-- leaves out the claim's own permit row, which already carries its share
+-- (a one-quota permit's share is in its row). The soak checker must report
+-- quota_limit.
 -- @function pgcoord.permit_claim_as
 -- @replace
 			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
@@ -12,7 +14,8 @@
 -- @with
 			IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
 			    JOIN pgcoord.permits p ON p.id = pq.permit_id
-			    WHERE pq.key = p_keys[j] AND p.state <> 'released') + p_weights[j]
+			    WHERE pq.key = p_keys[j] AND p.state <> 'released'
+			      AND p.id <> p_id) + p_weights[j]
 			   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = p_keys[j]) THEN
 				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
 				WHERE q.key = p_keys[j];
