@@ -1293,15 +1293,24 @@ CREATE FUNCTION pgcoord.permit_release_one(p_uid bigint, p_id text, p_session bi
 RETURNS pgcoord.release_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
+	v_key text;
+	v_weight integer;
 	v_phase text;
 	v_replica text;
 	v_now bigint;
 BEGIN
-	PERFORM 1 FROM pgcoord.quotas q
-	WHERE q.key = ANY (ARRAY(SELECT pq.key FROM pgcoord.permit_quotas pq
-				 WHERE pq.permit_id = p_id))
-	ORDER BY q.key
-	FOR NO KEY UPDATE OF q;
+	-- a one-quota permit's share is in its own row; read unlocked, it is
+	-- only which quota row to lock: the UPDATE below re-reads the row
+	SELECT p.quota_key INTO v_key FROM pgcoord.permits p WHERE p.id = p_id;
+	IF v_key IS NOT NULL THEN
+		PERFORM 1 FROM pgcoord.quotas q WHERE q.key = v_key FOR NO KEY UPDATE OF q;
+	ELSE
+		PERFORM 1 FROM pgcoord.quotas q
+		WHERE q.key = ANY (ARRAY(SELECT pq.key FROM pgcoord.permit_quotas_multi pq
+					 WHERE pq.permit_id = p_id))
+		ORDER BY q.key
+		FOR NO KEY UPDATE OF q;
+	END IF;
 
 	-- the guard of permit_release_group's UPDATE, for one member
 	UPDATE pgcoord.permits p SET state = 'released', released_at = now(), state_at = now()
@@ -1310,24 +1319,36 @@ BEGIN
 	  AND (p_override OR (p.owner_session = p_session
 	       AND (SELECT s.owner_uid FROM pgcoord.sessions s
 		    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM p_uid))
-	RETURNING p.phase, p.owner_replica INTO v_phase, v_replica;
+	RETURNING p.phase, p.owner_replica, p.quota_key, p.quota_weight
+	INTO v_phase, v_replica, v_key, v_weight;
 	IF NOT FOUND THEN
 		RETURN pgcoord.permit_release_as(p_uid, p_id, p_session, p_override, p_actor,
 			p_reason);
 	END IF;
 
-	WITH s AS (
-		SELECT pq.key, pq.weight FROM pgcoord.permit_quotas pq WHERE pq.permit_id = p_id),
-	u AS (
-		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - s.weight
-		FROM s WHERE q.key = s.key)
-	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason, state,
-		phase)
-	SELECT p_id, s.key, -s.weight,
-	       CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
-	       coalesce(p_actor, 'agent@' || coalesce(v_replica, '?')), p_reason, 'released',
-	       v_phase
-	FROM s ORDER BY s.key;
+	IF v_key IS NOT NULL THEN
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - v_weight WHERE q.key = v_key;
+		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason,
+			state, phase)
+		VALUES (p_id, v_key, -v_weight,
+			CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
+			coalesce(p_actor, 'agent@' || coalesce(v_replica, '?')), p_reason,
+			'released', v_phase);
+	ELSE
+		WITH s AS (
+			SELECT pq.key, pq.weight FROM pgcoord.permit_quotas_multi pq
+			WHERE pq.permit_id = p_id),
+		u AS (
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight - s.weight
+			FROM s WHERE q.key = s.key)
+		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason,
+			state, phase)
+		SELECT p_id, s.key, -s.weight,
+		       CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
+		       coalesce(p_actor, 'agent@' || coalesce(v_replica, '?')), p_reason,
+		       'released', v_phase
+		FROM s ORDER BY s.key;
+	END IF;
 
 	v_now := (extract(epoch FROM now()) * 1000)::bigint;
 	RETURN ('released', 'released', v_now, v_now)::pgcoord.release_decision;

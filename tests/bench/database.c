@@ -88,6 +88,16 @@ static void make_durable(const struct bench_cfg *cfg, PGconn *admin)
 	}
 }
 
+/* Whether this schema keeps a one-quota permit's share in the permit row
+ * (migrations/0004_permits.sql); an older agent's keeps every share in
+ * permit_quotas. */
+static bool inline_shares(PGconn *c)
+{
+	return pgq_query_ll(c, "SELECT count(*) FROM pg_attribute WHERE attrelid = "
+			       "'pgcoord.permits'::regclass AND attname = 'quota_key' "
+			       "AND NOT attisdropped") > 0;
+}
+
 /*
  * History as the agent leaves it: released permits (tombstones) on quota
  * keys of their own, each with its share, its 'admitted' and 'released'
@@ -115,7 +125,20 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 	    "SELECT 'history-' || lpad(i::text, 7, '0'), 'limit_set', 'bench-history', "
 	    "'limit none -> 1, lapse_after_s off -> off' FROM generate_series(0, %ld) i",
 	    cfg->history_keys - 1);
-	if (cfg->history_permits > 0) {
+	if (cfg->history_permits > 0 && inline_shares(c)) {
+		/* a one-quota permit's share in its own row, as a claim writes it */
+		pgq_exec_or_die(
+		    c,
+		    "INSERT INTO pgcoord.permits (id, token, owner_replica, state, phase, "
+		    "on_owner_loss, created_at, phase_at, state_at, released_at, quota_key, "
+		    "quota_weight) "
+		    "SELECT 'history-' || i, nextval('pgcoord.token_seq'), 'bench-history', "
+		    "'released', 'reserved', 'uncertain', t, t, t, t, "
+		    "'history-' || lpad((i %% %ld)::text, 7, '0'), 1 "
+		    "FROM generate_series(1, %ld) i, LATERAL (SELECT now() - interval "
+		    "'1 day' + i * interval '1 ms' AS t) ts",
+		    cfg->history_keys, cfg->history_permits);
+	} else if (cfg->history_permits > 0) {
 		pgq_exec_or_die(
 		    c,
 		    "INSERT INTO pgcoord.permits (id, token, owner_replica, state, phase, "
@@ -131,6 +154,8 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		    "SELECT 'history-' || i, 'history-' || lpad((i %% %ld)::text, 7, '0'), 1 "
 		    "FROM generate_series(1, %ld) i",
 		    cfg->history_keys, cfg->history_permits);
+	}
+	if (cfg->history_permits > 0) {
 		pgq_exec_or_die(
 		    c, "INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, "
 		       "state, phase) SELECT permit_id, key, 1, 'admitted', 'agent@bench-history', "
@@ -144,8 +169,9 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		    "WHERE permit_id LIKE 'history-%%' ORDER BY permit_id");
 	}
 	pgq_exec_or_die(c, "COMMIT");
-	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_quotas, "
-			   "pgcoord.permit_events");
+	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_events");
+	pgq_exec_or_die(c, inline_shares(c) ? "VACUUM ANALYZE pgcoord.permit_quotas_multi"
+					    : "VACUUM ANALYZE pgcoord.permit_quotas");
 	/* folded for permit.check as the janitor would long since have folded
 	 * it (migrations/0005_permit_audit.sql), so that the cells do not pay for folding at once
 	 * a backlog the preload made at once; an agent without 0011 has none */
