@@ -7,7 +7,10 @@
 -- owner's rights and the runtime role needs none of its own; its
 -- search_path is pinned, so objects a caller puts in another schema or in
 -- pg_temp cannot stand in for ours or for pg_catalog's; and PUBLIC may not
--- execute it.
+-- execute it. Its statements are never JIT-compiled: they are short
+-- lookups by key, and a plan priced above jit_above_cost (a function that
+-- turns enable_seqscan off prices any sequential scan it must keep at
+-- 10^10) would compile for up to a second on every call.
 --
 -- New functions start without those attributes: pgcoord.secure_functions()
 -- applies them to every function in the schema. Every migration calls it
@@ -33,7 +36,8 @@ BEGIN
 		WHERE ns.nspname = 'pgcoord' AND p.prokind = 'f'
 	LOOP
 		EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER '
-			       'SET search_path = pg_catalog, pgcoord, pg_temp', f.sig);
+			       'SET search_path = pg_catalog, pgcoord, pg_temp SET jit = off',
+			       f.sig);
 		EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
 		n := n + 1;
 	END LOOP;

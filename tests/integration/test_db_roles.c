@@ -23,16 +23,18 @@ static const char *role(void)
 }
 
 /*
- * pgcoord routines lacking SECURITY DEFINER or the pinned search_path.
- * Other settings may stand beside it (0008 plans the claim and release
- * without sequential scans); a function has one search_path setting at most.
+ * pgcoord routines lacking SECURITY DEFINER, the pinned search_path or JIT
+ * off. Other settings may stand beside them (0004 plans the claim and
+ * release without sequential scans); a function has one search_path
+ * setting at most.
  */
 static long unpinned(struct harness_db *db)
 {
 	return hdb_query_long(db,
 			      "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = "
 			      "'pgcoord'::regnamespace AND p.prokind IN ('f', 'p') AND NOT "
-			      "(p.prosecdef AND '%s' = ANY (coalesce(p.proconfig, '{}')))",
+			      "(p.prosecdef AND '%s' = ANY (coalesce(p.proconfig, '{}')) "
+			      "AND 'jit=off' = ANY (p.proconfig))",
 			      PINNED);
 }
 
@@ -84,7 +86,8 @@ Test(db_roles, every_function_is_definer_pinned_and_not_public)
 	cr_assert_gt(hdb_query_long(db, "SELECT count(*) FROM pg_proc WHERE pronamespace = "
 					"'pgcoord'::regnamespace"),
 		     20);
-	cr_assert_eq(unpinned(db), 0, "functions without SECURITY DEFINER or the pinned path");
+	cr_assert_eq(unpinned(db), 0,
+		     "functions without SECURITY DEFINER, the pinned path or JIT off");
 	cr_assert_eq(public_executable(db), 0, "functions PUBLIC may execute");
 	hdb_drop(db);
 }
