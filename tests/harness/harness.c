@@ -265,6 +265,13 @@ static void conninfo_add(char *buf, size_t size, const char *key, const char *va
 	buf[len] = '\0';
 }
 
+/*
+ * The harness's own connection to the server, for its checks. Without JIT:
+ * on a fresh database's default statistics a check query (a count over a
+ * correlated subquery) can be estimated above jit_above_cost and spend a
+ * second compiling what runs in a millisecond. Agents keep the server's
+ * settings.
+ */
 static char *server_conninfo(const char *dbname)
 {
 	char buf[2048] = "";
@@ -273,6 +280,7 @@ static char *server_conninfo(const char *dbname)
 	conninfo_add(buf, sizeof(buf), "port", henv("PGCOORD_TEST_PGPORT"));
 	conninfo_add(buf, sizeof(buf), "user", henv("PGCOORD_TEST_PGUSER"));
 	conninfo_add(buf, sizeof(buf), "dbname", dbname);
+	conninfo_add(buf, sizeof(buf), "options", "-c jit=off");
 	return xstrdup(buf);
 }
 
