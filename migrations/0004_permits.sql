@@ -53,15 +53,40 @@
 -- stops one member (whose part alone rolls back, 40P01: the agent sends
 -- that member again in its next group, groups.c) or the whole statement.
 
+-- The single-column checks of quotas and permits are domains: a domain's
+-- check runs where a value is written to such a column (an insert, or an
+-- update that sets it), from the type cache. A table CHECK, by contrast,
+-- is parsed again from its stored text by every statement that writes the
+-- table and runs on every column of each row it writes, the unchanged ones
+-- too (PostgreSQL 15): the eight of permits cost an UPDATE of one row about
+-- as much again as the update itself. The rules are the same ones, enforced
+-- by Postgres on every write as before, with the same error (23514,
+-- check_violation) for a value out of range from any caller; only the
+-- checks that tie two columns together stay table CHECKs, in one.
+CREATE DOMAIN pgcoord.quota_key AS text COLLATE "C"
+	CHECK (octet_length(VALUE) BETWEEN 1 AND 200);
+CREATE DOMAIN pgcoord.quota_limit AS integer CHECK (VALUE >= 0);
+-- guarantee 2's counter never goes below zero
+CREATE DOMAIN pgcoord.quota_in_flight AS bigint CHECK (VALUE >= 0);
+CREATE DOMAIN pgcoord.lapse_seconds AS integer CHECK (VALUE > 0);
+CREATE DOMAIN pgcoord.permit_id AS text COLLATE "C"
+	CHECK (octet_length(VALUE) BETWEEN 1 AND 200);
+CREATE DOMAIN pgcoord.permit_state AS text CHECK (VALUE IN ('held', 'uncertain', 'released'));
+CREATE DOMAIN pgcoord.permit_phase AS text
+	CHECK (VALUE IN ('reserved', 'dispatched', 'running'));
+CREATE DOMAIN pgcoord.permit_on_owner_loss AS text CHECK (VALUE IN ('uncertain', 'release'));
+CREATE DOMAIN pgcoord.permit_intent AS bytea CHECK (octet_length(VALUE) <= 65536);
+CREATE DOMAIN pgcoord.permit_weight AS integer CHECK (VALUE >= 1);
+
 CREATE TABLE pgcoord.quotas (
-	key           text COLLATE "C" PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 200),
-	"limit"       integer NOT NULL CHECK ("limit" >= 0),
+	key           pgcoord.quota_key PRIMARY KEY,
+	"limit"       pgcoord.quota_limit NOT NULL,
 	-- sum of the weights of this quota's permits that are not released
 	-- (guarantee 2); moved only by admission and release, in the same
 	-- transaction as the permit rows that explain it
-	in_flight     bigint NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
+	in_flight     pgcoord.quota_in_flight NOT NULL DEFAULT 0,
 	-- opt-in: the janitor releases permits uncertain for longer than this
-	lapse_after_s integer CHECK (lapse_after_s > 0),
+	lapse_after_s pgcoord.lapse_seconds,
 	created_at    timestamptz NOT NULL DEFAULT now(),
 	updated_at    timestamptz NOT NULL DEFAULT now(), -- last change of limit or lapse_after_s
 	-- the queued waiting claims on this quota (see the waiting claims)
@@ -69,7 +94,7 @@ CREATE TABLE pgcoord.quotas (
 ) WITH (fillfactor = 50);
 
 CREATE TABLE pgcoord.permits (
-	id               text COLLATE "C" PRIMARY KEY CHECK (octet_length(id) BETWEEN 1 AND 200),
+	id               pgcoord.permit_id PRIMARY KEY,
 	token            bigint NOT NULL, -- from token_seq: fleet-wide fencing number
 	-- NULL only after an operator asserted "running" without a session of
 	-- its own: the permit then counts until an operator releases it
@@ -77,10 +102,10 @@ CREATE TABLE pgcoord.permits (
 	owner_replica    text,
 	-- released rows stay as tombstones so a very late duplicate claim of
 	-- the same id can never be admitted twice (guarantee 3)
-	state            text NOT NULL CHECK (state IN ('held', 'uncertain', 'released')),
-	phase            text NOT NULL CHECK (phase IN ('reserved', 'dispatched', 'running')),
-	on_owner_loss    text NOT NULL CHECK (on_owner_loss IN ('uncertain', 'release')),
-	intent           bytea CHECK (octet_length(intent) <= 65536),
+	state            pgcoord.permit_state NOT NULL,
+	phase            pgcoord.permit_phase NOT NULL,
+	on_owner_loss    pgcoord.permit_on_owner_loss NOT NULL,
+	intent           pgcoord.permit_intent,
 	uncertain_reason text,
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	phase_at         timestamptz NOT NULL DEFAULT now(),
@@ -88,9 +113,10 @@ CREATE TABLE pgcoord.permits (
 	released_at      timestamptz,
 	-- the share of a permit of one quota, in its own row (see permit_quotas)
 	quota_key        text COLLATE "C",
-	quota_weight     integer CHECK (quota_weight >= 1),
-	CHECK ((state = 'released') = (released_at IS NOT NULL)),
-	CHECK ((quota_key IS NULL) = (quota_weight IS NULL))
+	quota_weight     pgcoord.permit_weight,
+	-- one CHECK, not two: each is parsed per writing statement (above)
+	CHECK ((state = 'released') = (released_at IS NOT NULL)
+		AND (quota_key IS NULL) = (quota_weight IS NULL))
 );
 
 CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
