@@ -1141,18 +1141,20 @@ BEGIN
 		END IF;
 	END LOOP;
 
-	UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
-	FROM (SELECT a.k, sum(a.w) AS w
-	      FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
-	      GROUP BY a.k) t
-	WHERE q.key = t.k;
 	IF cardinality(v_den) > 0 THEN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	-- the shares of permits of two or more quotas (one is in the permit
-	-- row) and the audit rows in one statement
-	WITH shares AS (
+	-- the counters, the shares of permits of two or more quotas (one is in
+	-- the permit row) and the audit rows in one statement
+	WITH counters AS (
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
+		FROM (SELECT a.k, sum(a.w) AS w
+		      FROM unnest(v_adm) AS i,
+			   unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
+		      GROUP BY a.k) t
+		WHERE q.key = t.k),
+	shares AS (
 		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 		SELECT p_ids[i], a.k, a.w
 		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
