@@ -53,15 +53,40 @@
 -- stops one member (whose part alone rolls back, 40P01: the agent sends
 -- that member again in its next group, groups.c) or the whole statement.
 
+-- The single-column checks of quotas and permits are domains: a domain's
+-- check runs where a value is written to such a column (an insert, or an
+-- update that sets it), from the type cache. A table CHECK, by contrast,
+-- is parsed again from its stored text by every statement that writes the
+-- table and runs on every column of each row it writes, the unchanged ones
+-- too (PostgreSQL 15): the eight of permits cost an UPDATE of one row about
+-- as much again as the update itself. The rules are the same ones, enforced
+-- by Postgres on every write as before, with the same error (23514,
+-- check_violation) for a value out of range from any caller; only the
+-- checks that tie two columns together stay table CHECKs, in one.
+CREATE DOMAIN pgcoord.quota_key AS text COLLATE "C"
+	CHECK (octet_length(VALUE) BETWEEN 1 AND 200);
+CREATE DOMAIN pgcoord.quota_limit AS integer CHECK (VALUE >= 0);
+-- guarantee 2's counter never goes below zero
+CREATE DOMAIN pgcoord.quota_in_flight AS bigint CHECK (VALUE >= 0);
+CREATE DOMAIN pgcoord.lapse_seconds AS integer CHECK (VALUE > 0);
+CREATE DOMAIN pgcoord.permit_id AS text COLLATE "C"
+	CHECK (octet_length(VALUE) BETWEEN 1 AND 200);
+CREATE DOMAIN pgcoord.permit_state AS text CHECK (VALUE IN ('held', 'uncertain', 'released'));
+CREATE DOMAIN pgcoord.permit_phase AS text
+	CHECK (VALUE IN ('reserved', 'dispatched', 'running'));
+CREATE DOMAIN pgcoord.permit_on_owner_loss AS text CHECK (VALUE IN ('uncertain', 'release'));
+CREATE DOMAIN pgcoord.permit_intent AS bytea CHECK (octet_length(VALUE) <= 65536);
+CREATE DOMAIN pgcoord.permit_weight AS integer CHECK (VALUE >= 1);
+
 CREATE TABLE pgcoord.quotas (
-	key           text COLLATE "C" PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 200),
-	"limit"       integer NOT NULL CHECK ("limit" >= 0),
+	key           pgcoord.quota_key PRIMARY KEY,
+	"limit"       pgcoord.quota_limit NOT NULL,
 	-- sum of the weights of this quota's permits that are not released
 	-- (guarantee 2); moved only by admission and release, in the same
 	-- transaction as the permit rows that explain it
-	in_flight     bigint NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
+	in_flight     pgcoord.quota_in_flight NOT NULL DEFAULT 0,
 	-- opt-in: the janitor releases permits uncertain for longer than this
-	lapse_after_s integer CHECK (lapse_after_s > 0),
+	lapse_after_s pgcoord.lapse_seconds,
 	created_at    timestamptz NOT NULL DEFAULT now(),
 	updated_at    timestamptz NOT NULL DEFAULT now(), -- last change of limit or lapse_after_s
 	-- the queued waiting claims on this quota (see the waiting claims)
@@ -69,7 +94,7 @@ CREATE TABLE pgcoord.quotas (
 ) WITH (fillfactor = 50);
 
 CREATE TABLE pgcoord.permits (
-	id               text COLLATE "C" PRIMARY KEY CHECK (octet_length(id) BETWEEN 1 AND 200),
+	id               pgcoord.permit_id PRIMARY KEY,
 	token            bigint NOT NULL, -- from token_seq: fleet-wide fencing number
 	-- NULL only after an operator asserted "running" without a session of
 	-- its own: the permit then counts until an operator releases it
@@ -77,10 +102,10 @@ CREATE TABLE pgcoord.permits (
 	owner_replica    text,
 	-- released rows stay as tombstones so a very late duplicate claim of
 	-- the same id can never be admitted twice (guarantee 3)
-	state            text NOT NULL CHECK (state IN ('held', 'uncertain', 'released')),
-	phase            text NOT NULL CHECK (phase IN ('reserved', 'dispatched', 'running')),
-	on_owner_loss    text NOT NULL CHECK (on_owner_loss IN ('uncertain', 'release')),
-	intent           bytea CHECK (octet_length(intent) <= 65536),
+	state            pgcoord.permit_state NOT NULL,
+	phase            pgcoord.permit_phase NOT NULL,
+	on_owner_loss    pgcoord.permit_on_owner_loss NOT NULL,
+	intent           pgcoord.permit_intent,
 	uncertain_reason text,
 	created_at       timestamptz NOT NULL DEFAULT now(),
 	phase_at         timestamptz NOT NULL DEFAULT now(),
@@ -88,9 +113,10 @@ CREATE TABLE pgcoord.permits (
 	released_at      timestamptz,
 	-- the share of a permit of one quota, in its own row (see permit_quotas)
 	quota_key        text COLLATE "C",
-	quota_weight     integer CHECK (quota_weight >= 1),
-	CHECK ((state = 'released') = (released_at IS NOT NULL)),
-	CHECK ((quota_key IS NULL) = (quota_weight IS NULL))
+	quota_weight     pgcoord.permit_weight,
+	-- one CHECK, not two: each is parsed per writing statement (above)
+	CHECK ((state = 'released') = (released_at IS NOT NULL)
+		AND (quota_key IS NULL) = (quota_weight IS NULL))
 );
 
 CREATE INDEX permits_open_by_owner ON pgcoord.permits (owner_session)
@@ -408,25 +434,36 @@ BEGIN
 	IF array_ndims(p_weights) <> 1 OR array_lower(p_weights, 1) <> 1 THEN
 		p_weights := ARRAY(SELECT unnest(p_weights));
 	END IF;
-	-- a lock, not a write: the refusal loses nothing (session_lock_live)
-	PERFORM 1 FROM pgcoord.sessions s
-	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
-	FOR KEY SHARE;
-	IF NOT FOUND THEN
-		RAISE EXCEPTION USING ERRCODE = 'PCSEX', MESSAGE = pgcoord.claim_session_expired();
-	END IF;
 	-- The presence guard (guarantee 3): the permit row goes in first. A
 	-- duplicate that races us waits here on our insert and then finds the
 	-- row (or, if we were denied, its absence), so a lost-reply retry or a
-	-- double delivery can never reach the counters a second time.
+	-- double delivery can never reach the counters a second time. The
+	-- session row is locked first, by the same statement (its FOR KEY
+	-- SHARE is taken before the insert runs: a lock, not a write, so a
+	-- refusal loses nothing, session_lock_live): no session row, no insert.
 	INSERT INTO pgcoord.permits AS p (id, token, owner_session, owner_replica, state,
 		phase, on_owner_loss, intent, quota_key, quota_weight)
-	VALUES (p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
+	SELECT p_id, nextval('pgcoord.token_seq'), p_session, p_replica, 'held',
 		'reserved', p_on_owner_loss, p_intent, CASE WHEN v_n = 1 THEN p_keys[1] END,
-		CASE WHEN v_n = 1 THEN p_weights[1] END)
+		CASE WHEN v_n = 1 THEN p_weights[1] END
+	FROM pgcoord.sessions s
+	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+	FOR KEY SHARE OF s
 	ON CONFLICT (id) DO NOTHING
 	RETURNING * INTO v_p;
-	IF NOT FOUND AND p_uid IS NOT NULL THEN
+	v_inserted := FOUND;
+	IF NOT v_inserted THEN
+		-- no row: the session is not live, or the id exists; the
+		-- session is refused first, as before any other answer
+		PERFORM 1 FROM pgcoord.sessions s
+		WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+		FOR KEY SHARE;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION USING ERRCODE = 'PCSEX',
+				MESSAGE = pgcoord.claim_session_expired();
+		END IF;
+	END IF;
+	IF NOT v_inserted AND p_uid IS NOT NULL THEN
 		-- the id exists: another uid's retirement of it goes, and the
 		-- insert runs again ("released" said by released_at, the same
 		-- test by the CHECK on permits: the predicate of
@@ -451,9 +488,9 @@ BEGIN
 				CASE WHEN v_n = 1 THEN p_weights[1] END)
 			ON CONFLICT (id) DO NOTHING
 			RETURNING * INTO v_p;
+			v_inserted := FOUND;
 		END IF;
 	END IF;
-	v_inserted := FOUND;
 	IF v_inserted THEN
 		-- the per-call limit applies to this very admission, and stays
 		-- recorded if the claim is denied: it is the caller's current
@@ -466,18 +503,39 @@ BEGIN
 		-- Guarantee 1: one conditional UPDATE per quota, in key order
 		-- (the keys are sorted); Postgres re-checks the predicate on the
 		-- latest row version under the row lock, so admissions on one
-		-- quota serialize and never overshoot, on any agent.
-		FOR j IN 1 .. v_n LOOP
-			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
-			WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
-			  AND q.waiting = 0;
+		-- quota serialize and never overshoot, on any agent. One quota:
+		-- its UPDATE and its audit row are one statement (its share is in
+		-- the permit row); a denial inserts no audit row.
+		IF v_n = 1 THEN
+			WITH u AS (
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[1]
+				WHERE q.key = p_keys[1] AND q.in_flight + p_weights[1] <= q."limit"
+				  AND q.waiting = 0
+				RETURNING q.key)
+			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
+				state, phase)
+			SELECT p_id, p_keys[1], p_weights[1], 'admitted', p_actor, 'held',
+				'reserved'
+			FROM u;
 			IF NOT FOUND THEN
-				v_denied := j;
+				v_denied := 1;
 				SELECT q."limit", q.in_flight INTO v_denied_limit, v_denied_in_flight
-				FROM pgcoord.quotas q WHERE q.key = p_keys[j];
-				EXIT;
+				FROM pgcoord.quotas q WHERE q.key = p_keys[1];
 			END IF;
-		END LOOP;
+		ELSE
+			FOR j IN 1 .. v_n LOOP
+				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
+				WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
+				  AND q.waiting = 0;
+				IF NOT FOUND THEN
+					v_denied := j;
+					SELECT q."limit", q.in_flight
+					INTO v_denied_limit, v_denied_in_flight
+					FROM pgcoord.quotas q WHERE q.key = p_keys[j];
+					EXIT;
+				END IF;
+			END LOOP;
+		END IF;
 		IF v_denied IS NOT NULL THEN
 			-- all or nothing: give back the keys before the refusing
 			-- one (still locked by us) and take the permit row out
@@ -487,15 +545,7 @@ BEGIN
 			END LOOP;
 			DELETE FROM pgcoord.permits p WHERE p.id = p_id AND p.token = v_p.token;
 			v_inserted := false;
-		ELSIF v_n = 1 THEN
-			-- one quota: its share is in the permit row; the audit row
-			-- (a statement of its own, not a filter on v_n: PL/pgSQL
-			-- would re-plan a statement whose plan v_n changes)
-			INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor,
-				state, phase)
-			VALUES (p_id, p_keys[1], p_weights[1], 'admitted', p_actor, 'held',
-				'reserved');
-		ELSE
+		ELSIF v_n > 1 THEN
 			-- the shares (of two or more quotas) and the audit rows in
 			-- one statement
 			WITH shares AS (
@@ -1091,18 +1141,20 @@ BEGIN
 		END IF;
 	END LOOP;
 
-	UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
-	FROM (SELECT a.k, sum(a.w) AS w
-	      FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
-	      GROUP BY a.k) t
-	WHERE q.key = t.k;
 	IF cardinality(v_den) > 0 THEN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	-- the shares of permits of two or more quotas (one is in the permit
-	-- row) and the audit rows in one statement
-	WITH shares AS (
+	-- the counters, the shares of permits of two or more quotas (one is in
+	-- the permit row) and the audit rows in one statement
+	WITH counters AS (
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
+		FROM (SELECT a.k, sum(a.w) AS w
+		      FROM unnest(v_adm) AS i,
+			   unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
+		      GROUP BY a.k) t
+		WHERE q.key = t.k),
+	shares AS (
 		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
 		SELECT p_ids[i], a.k, a.w
 		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
@@ -1294,17 +1346,18 @@ RETURNS pgcoord.release_decision
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
 	v_key text;
-	v_weight integer;
 	v_phase text;
 	v_replica text;
 	v_now bigint;
 BEGIN
-	-- a one-quota permit's share is in its own row; read unlocked, it is
-	-- only which quota row to lock: the UPDATE below re-reads the row
-	SELECT p.quota_key INTO v_key FROM pgcoord.permits p WHERE p.id = p_id;
-	IF v_key IS NOT NULL THEN
-		PERFORM 1 FROM pgcoord.quotas q WHERE q.key = v_key FOR NO KEY UPDATE OF q;
-	ELSE
+	-- a one-quota permit's share is in its own row: its quota row is
+	-- locked by a join that locks only that row (the permit row is read
+	-- unlocked, only to know which quota: the UPDATE below re-reads it)
+	SELECT q.key INTO v_key FROM pgcoord.permits p
+	JOIN pgcoord.quotas q ON q.key = p.quota_key
+	WHERE p.id = p_id
+	FOR NO KEY UPDATE OF q;
+	IF v_key IS NULL THEN
 		PERFORM 1 FROM pgcoord.quotas q
 		WHERE q.key = ANY (ARRAY(SELECT pq.key FROM pgcoord.permit_quotas_multi pq
 					 WHERE pq.permit_id = p_id))
@@ -1312,29 +1365,36 @@ BEGIN
 		FOR NO KEY UPDATE OF q;
 	END IF;
 
-	-- the guard of permit_release_group's UPDATE, for one member
-	UPDATE pgcoord.permits p SET state = 'released', released_at = now(), state_at = now()
-	WHERE p.id = p_id AND p.released_at IS NULL
-	  AND (p_override OR p.state = 'held')
-	  AND (p_override OR (p.owner_session = p_session
-	       AND (SELECT s.owner_uid FROM pgcoord.sessions s
-		    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM p_uid))
-	RETURNING p.phase, p.owner_replica, p.quota_key, p.quota_weight
-	INTO v_phase, v_replica, v_key, v_weight;
+	-- the guard of permit_release_group's UPDATE, for one member; a
+	-- one-quota permit's counter and audit row go in the same statement
+	WITH r AS (
+		UPDATE pgcoord.permits p SET state = 'released', released_at = now(),
+			state_at = now()
+		WHERE p.id = p_id AND p.released_at IS NULL
+		  AND (p_override OR p.state = 'held')
+		  AND (p_override OR (p.owner_session = p_session
+		       AND (SELECT s.owner_uid FROM pgcoord.sessions s
+			    WHERE s.id = p.owner_session) IS NOT DISTINCT FROM p_uid))
+		RETURNING p.phase, p.owner_replica, p.quota_key, p.quota_weight),
+	u AS (
+		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - r.quota_weight
+		FROM r WHERE q.key = r.quota_key),
+	e AS (
+		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason,
+			state, phase)
+		SELECT p_id, r.quota_key, -r.quota_weight,
+		       CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
+		       coalesce(p_actor, 'agent@' || coalesce(r.owner_replica, '?')), p_reason,
+		       'released', r.phase
+		FROM r WHERE r.quota_key IS NOT NULL)
+	SELECT r.phase, r.owner_replica, r.quota_key INTO v_phase, v_replica, v_key FROM r;
 	IF NOT FOUND THEN
 		RETURN pgcoord.permit_release_as(p_uid, p_id, p_session, p_override, p_actor,
 			p_reason);
 	END IF;
 
-	IF v_key IS NOT NULL THEN
-		UPDATE pgcoord.quotas q SET in_flight = q.in_flight - v_weight WHERE q.key = v_key;
-		INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, reason,
-			state, phase)
-		VALUES (p_id, v_key, -v_weight,
-			CASE WHEN p_override THEN 'override_released' ELSE 'released' END,
-			coalesce(p_actor, 'agent@' || coalesce(v_replica, '?')), p_reason,
-			'released', v_phase);
-	ELSE
+	IF v_key IS NULL THEN
+		-- two or more quotas: the shares in permit_quotas_multi
 		WITH s AS (
 			SELECT pq.key, pq.weight FROM pgcoord.permit_quotas_multi pq
 			WHERE pq.permit_id = p_id),

@@ -366,7 +366,9 @@ BEGIN
 	RETURN QUERY
 	WITH d AS (DELETE FROM pgcoord.waiters w
 		   WHERE w.replica = p_replica AND w.state <> 'queued' RETURNING w.*)
-	SELECT d.id::text, d.session, d.state, d.reason, p.token, p.state, p.phase, p.owner_replica,
+	-- (the permit's columns are domains: RETURN QUERY wants the declared text)
+	SELECT d.id::text, d.session, d.state, d.reason, p.token, p.state::text, p.phase::text,
+	       p.owner_replica,
 	       pgcoord.ms(p.created_at), pgcoord.ms(d.left_at) - pgcoord.ms(d.queued_at),
 	       pgcoord.ms(now())
 	FROM d LEFT JOIN pgcoord.permits p ON p.id = d.id AND d.state = 'admitted'

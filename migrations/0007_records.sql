@@ -445,9 +445,10 @@ BEGIN
 	      FROM pgcoord.records r
 	      WHERE NOT r.terminal AND (p_kinds IS NULL OR r.kind = ANY (p_kinds))) o;
 
+	-- (the permit's columns are domains: RETURN QUERY wants the declared text)
 	RETURN QUERY
-	SELECT pgcoord.ms(now()), v_left, v_remaining, s.*, p.state, p.phase, p.token,
-	       p.owner_session, p.uncertain_reason
+	SELECT pgcoord.ms(now()), v_left, v_remaining, s.*, p.state::text, p.phase::text,
+	       p.token, p.owner_session, p.uncertain_reason
 	FROM (SELECT 1) one
 	LEFT JOIN (pgcoord.record_status s LEFT JOIN pgcoord.permits p ON p.id = s.permit_id)
 	  ON (s.kind, s.key) IN (SELECT * FROM unnest(v_a_kinds, v_a_keys))
@@ -481,8 +482,8 @@ LANGUAGE sql STABLE AS $$
 		       count(*) FILTER (WHERE NOT o.live AND o.mine) - (SELECT count(*) FROM cand)
 			AS remaining
 		FROM open o)
-	SELECT pgcoord.ms(now()), t.left_alone, t.remaining, s.*, p.state, p.phase, p.token,
-	       p.owner_session, p.uncertain_reason
+	SELECT pgcoord.ms(now()), t.left_alone, t.remaining, s.*, p.state::text, p.phase::text,
+	       p.token, p.owner_session, p.uncertain_reason
 	FROM totals t
 	LEFT JOIN (pgcoord.record_status s LEFT JOIN pgcoord.permits p ON p.id = s.permit_id)
 	  ON (s.kind, s.key) IN (SELECT c.kind, c.key FROM cand c)

@@ -1965,3 +1965,73 @@ Test(permits, admin_calls_are_forbidden_to_other_uids_unless_listed)
 	hagent_destroy(b);
 	hdb_drop(db);
 }
+
+/* Runs sql as the owner and asserts that it changes exactly one row, or,
+ * with refused, that a rule of the column or row refuses it (23514). */
+static void owner_write(PGconn *conn, bool refused, const char *sql)
+{
+	PGresult *res = PQexec(conn, sql);
+	if (refused) {
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		cr_assert(state && strcmp(state, "23514") == 0,
+			  "not refused as a check violation: %s\n(%s)", sql,
+			  state ? PQresultErrorMessage(res) : PQcmdTuples(res));
+	} else {
+		cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s: %s", sql,
+			     PQresultErrorMessage(res));
+		cr_assert_str_eq(PQcmdTuples(res), "1", "%s changed no row", sql);
+	}
+	PQclear(res);
+}
+
+/* The rules of a quota's and a permit's columns (domains, and the one
+ * table CHECK that ties columns together) refuse a bad row whoever writes
+ * it: a row damaged by hand as the owner does not go in. */
+Test(permits, column_rules_refuse_a_row_damaged_by_hand)
+{
+	struct harness_db *db = ledger_db();
+	PGconn *conn = hdb_connect(db);
+
+	owner_write(conn, false, "INSERT INTO pgcoord.quotas (key, \"limit\") VALUES ('rules', 5)");
+	owner_write(conn, true, "INSERT INTO pgcoord.quotas (key, \"limit\") VALUES ('', 5)");
+	owner_write(conn, true,
+		    "INSERT INTO pgcoord.quotas (key, \"limit\") VALUES (repeat('k', 201), 5)");
+	owner_write(conn, true, "UPDATE pgcoord.quotas SET \"limit\" = -1 WHERE key = 'rules'");
+	owner_write(conn, true, "UPDATE pgcoord.quotas SET in_flight = -1 WHERE key = 'rules'");
+	owner_write(conn, true, "UPDATE pgcoord.quotas SET lapse_after_s = 0 WHERE key = 'rules'");
+	owner_write(conn, false, "UPDATE pgcoord.quotas SET in_flight = 1 WHERE key = 'rules'");
+
+	owner_write(conn, false,
+		    "INSERT INTO pgcoord.permits (id, token, state, phase, on_owner_loss, "
+		    "quota_key, quota_weight) VALUES ('rules-1', 1, 'held', 'reserved', "
+		    "'release', 'rules', 1)");
+	owner_write(conn, true,
+		    "INSERT INTO pgcoord.permits (id, token, state, phase, on_owner_loss) "
+		    "VALUES (repeat('p', 201), 2, 'held', 'reserved', 'release')");
+	owner_write(conn, true,
+		    "INSERT INTO pgcoord.permits (id, token, state, phase, on_owner_loss) "
+		    "VALUES ('', 2, 'held', 'reserved', 'release')");
+	owner_write(conn, true, "UPDATE pgcoord.permits SET state = 'gone' WHERE id = 'rules-1'");
+	owner_write(conn, true, "UPDATE pgcoord.permits SET phase = 'done' WHERE id = 'rules-1'");
+	owner_write(conn, true,
+		    "UPDATE pgcoord.permits SET on_owner_loss = 'drop' WHERE id = 'rules-1'");
+	owner_write(conn, true,
+		    "UPDATE pgcoord.permits SET intent = decode(repeat('00', 65537), 'hex') "
+		    "WHERE id = 'rules-1'");
+	owner_write(conn, true, "UPDATE pgcoord.permits SET quota_weight = 0 WHERE id = 'rules-1'");
+	/* the rules that tie two columns: released iff released_at, and a
+	 * share in the row has both its key and its weight */
+	owner_write(conn, true,
+		    "UPDATE pgcoord.permits SET state = 'released' WHERE id = 'rules-1'");
+	owner_write(conn, true,
+		    "UPDATE pgcoord.permits SET released_at = now() WHERE id = 'rules-1'");
+	owner_write(conn, true,
+		    "UPDATE pgcoord.permits SET quota_weight = NULL WHERE id = 'rules-1'");
+	owner_write(conn, false,
+		    "UPDATE pgcoord.permits SET state = 'released', released_at = now(), "
+		    "phase = 'running', on_owner_loss = 'uncertain', quota_weight = 2 "
+		    "WHERE id = 'rules-1'");
+
+	PQfinish(conn);
+	hdb_drop(db);
+}

@@ -5,11 +5,11 @@
 -- (guarantees 2 and 3). The soak checker must report admitted_once.
 -- @function pgcoord.permit_claim_as
 -- @replace
-	v_inserted := FOUND;
 	IF v_inserted THEN
+		-- the per-call limit applies to this very admission, and stays
 -- @with
-	v_inserted := FOUND;
 	IF true THEN
+		-- the per-call limit applies to this very admission, and stays
 -- @end
 -- @replace
 				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)

@@ -25,8 +25,8 @@
 -- @end
 -- @function pgcoord.permit_release_one
 -- @replace
-	WHERE p.id = p_id AND p.released_at IS NULL
-	  AND (p_override OR p.state = 'held')
+		WHERE p.id = p_id AND p.released_at IS NULL
+		  AND (p_override OR p.state = 'held')
 -- @with
-	WHERE p.id = p_id
+		WHERE p.id = p_id
 -- @end
