@@ -157,13 +157,14 @@ CREATE DOMAIN pgcoord.permit_event_kind AS text
 -- and the signed delta, so sum(delta) per key must equal in_flight.
 --
 -- Two indexes, one b-tree entry per row. An id is unique because only its
--- sequence writes it (no writer names the column), so it has no b-tree of
--- its own: the readers of ids in order from a point (the fold and
--- permits_check, 0005, which read past folded_upto) use a BRIN index. Ids
--- only grow, so the rows past a point lie in the last few block ranges, and
--- a row inserted into a range not yet summarized writes nothing to it; the
--- fold summarizes the ranges behind the table's last one (0005). Every
--- other reader goes by permit: permit_events_by_permit.
+-- sequence writes it (no writer names the column; the soak checker, which
+-- reads every row, verifies it), so it has no b-tree of its own: the
+-- readers of ids in order from a point (the fold and permits_check, 0005,
+-- which read past folded_upto) use a BRIN index. Ids only grow, so the
+-- rows past a point lie in the last few block ranges, and a row inserted
+-- into a range not yet summarized writes nothing to it; the fold summarizes
+-- the ranges behind the table's last one (0005). Every other reader goes by
+-- permit: permit_events_by_permit.
 CREATE TABLE pgcoord.permit_events (
 	id        bigserial,
 	permit_id text COLLATE "C",          -- NULL for quota events (limit_set)
