@@ -168,23 +168,46 @@ END $$;
 CREATE TRIGGER permit_quotas_insert INSTEAD OF INSERT ON pgcoord.permit_quotas
 	FOR EACH ROW EXECUTE FUNCTION pgcoord.permit_quotas_insert();
 
+-- What an audit row records: the kinds of event, as a domain rather than a
+-- CHECK of the table. PostgreSQL 15 re-parses a table's CHECK expressions
+-- each time a statement starts writing it; a domain's are parsed once per
+-- connection and cached. The writers (the functions of this series) name
+-- only these; a domain over text leaves their INSERTs and every reader's
+-- text as they are (a client is told the column is text).
+CREATE DOMAIN pgcoord.permit_event_kind AS text
+	CHECK (VALUE IN ('admitted', 'limit_set', 'phase', 'uncertain', 'adopted', 'released',
+		'resolved_gone', 'override_released', 'owner_lost_released', 'lapsed', 'retired'));
+
 -- The audit trail (guarantee 6): one row per state change, written in the
 -- same transaction as the change. Rows that move a counter carry the quota
 -- and the signed delta, so sum(delta) per key must equal in_flight.
+--
+-- Two indexes, one b-tree entry per row. An id is unique because only its
+-- sequence writes it (no writer names the column; the soak checker, which
+-- reads every row, verifies it), so it has no b-tree of its own: the
+-- readers of ids in order from a point (the fold and permits_check, 0005,
+-- which read past folded_upto) use a BRIN index. Ids only grow, so the
+-- rows past a point lie in the last few block ranges, and a row inserted
+-- into a range not yet summarized writes nothing to it; the fold summarizes
+-- the ranges behind the table's last one (0005). Every other reader goes by
+-- permit: permit_events_by_permit.
 CREATE TABLE pgcoord.permit_events (
-	id        bigserial PRIMARY KEY,
+	id        bigserial,
 	permit_id text COLLATE "C",          -- NULL for quota events (limit_set)
 	key       text COLLATE "C",          -- NULL for events not tied to one quota
 	delta     bigint NOT NULL DEFAULT 0,
-	event     text NOT NULL CHECK (event IN ('admitted', 'limit_set', 'phase', 'uncertain',
-		'adopted', 'released', 'resolved_gone', 'override_released',
-		'owner_lost_released', 'lapsed', 'retired')),
+	event     pgcoord.permit_event_kind NOT NULL,
 	actor     text NOT NULL,
 	reason    text,                      -- reason or evidence
 	state     text,                      -- the permit's state after the event
 	phase     text,
 	at        timestamptz NOT NULL DEFAULT now()
 );
+
+-- Small ranges (8 blocks, some 500 rows): a read past a point reads at most
+-- the unsummarized tail and a range or two of rows it does not want.
+CREATE INDEX permit_events_by_id ON pgcoord.permit_events USING brin (id)
+	WITH (pages_per_range = 8);
 
 CREATE INDEX permit_events_by_permit ON pgcoord.permit_events (permit_id, id)
 	WHERE permit_id IS NOT NULL;

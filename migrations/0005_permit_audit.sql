@@ -17,6 +17,14 @@
 -- below X has ended (the oldest running one is X or later), every row up to
 -- S is committed or gone for good, and a later sweep folds up to S. No
 -- lock on any quota row is taken: claims never wait for a fold.
+--
+-- The rows past folded_upto are found through the BRIN index
+-- permit_events_by_id (0004). The fold summarizes its ranges as the table
+-- grows, all but the last one: an unsummarized range is read by every scan,
+-- and every insert into a summarized range past its maximum rewrites its
+-- summary. A row committed late into a range already summarized widens that
+-- summary as it is inserted, so the argument above holds: the index hands a
+-- scan every block that may hold a matching row, visible or not yet.
 
 -- One row: audit ids up to folded_upto are in the totals below; the
 -- candidate (pending_upto, pending_xmax) becomes safe later.
@@ -25,7 +33,9 @@ CREATE TABLE pgcoord.permit_audit_horizon (
 	folded_upto  bigint NOT NULL DEFAULT 0,
 	pending_upto bigint,
 	pending_xmax xid8,
-	folded_at    timestamptz
+	folded_at    timestamptz,
+	-- blocks of permit_events below this are in BRIN ranges summarized
+	summarized_below bigint NOT NULL DEFAULT 0
 );
 
 INSERT INTO pgcoord.permit_audit_horizon DEFAULT VALUES;
@@ -38,6 +48,38 @@ CREATE TABLE pgcoord.permit_audit_totals (
 	last_admit bigint,
 	last_set   bigint
 );
+
+-- Summarizes at most p_limit BRIN ranges of permit_events_by_id, oldest
+-- first, all but the one holding the table's last block; returns the block
+-- below which every range is now summarized. The ranges' size is the
+-- index's pages_per_range (0004). It skips a turn rather than wait while
+-- VACUUM holds the table (VACUUM summarizes too).
+CREATE FUNCTION pgcoord.permit_events_summarize(p_from bigint, p_limit integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	c_range constant bigint := 8;
+	v_blocks bigint := pg_relation_size('pgcoord.permit_events')
+		/ current_setting('block_size')::bigint;
+	v_last bigint := greatest(v_blocks - 1, 0) / c_range * c_range;
+	v_from bigint := least(p_from, v_last);
+	v_n integer := 0;
+BEGIN
+	IF v_from >= v_last THEN
+		RETURN v_from;
+	END IF;
+	BEGIN
+		LOCK TABLE pgcoord.permit_events IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+	EXCEPTION WHEN lock_not_available THEN
+		RETURN v_from;
+	END;
+	WHILE v_from < v_last AND v_n < p_limit LOOP
+		PERFORM brin_summarize_range('pgcoord.permit_events_by_id', v_from);
+		v_from := v_from + c_range;
+		v_n := v_n + 1;
+	END LOOP;
+	RETURN v_from;
+END $$;
 
 -- Folds at most p_limit * 100 audit ids per call, so that a backlog (the
 -- whole history of a large table) goes in short transactions, well within
@@ -56,6 +98,8 @@ BEGIN
 		RETURN 0;
 	END IF;
 	SELECT * INTO v_h FROM pgcoord.permit_audit_horizon h WHERE h.one FOR UPDATE;
+	-- first, so that the scan below skips the ranges it can
+	v_h.summarized_below := pgcoord.permit_events_summarize(v_h.summarized_below, p_limit);
 	IF v_h.pending_xmax IS NOT NULL
 	   AND pg_snapshot_xmin(pg_current_snapshot()) >= v_h.pending_xmax THEN
 		v_to := least(v_h.pending_upto, v_h.folded_upto + p_limit::bigint * 100);
@@ -85,6 +129,7 @@ BEGIN
 	END IF;
 	UPDATE pgcoord.permit_audit_horizon SET folded_upto = v_h.folded_upto,
 		pending_upto = v_h.pending_upto, pending_xmax = v_h.pending_xmax,
+		summarized_below = v_h.summarized_below,
 		folded_at = CASE WHEN v_n > 0 THEN now() ELSE folded_at END
 	WHERE one;
 	RETURN v_n;

@@ -184,6 +184,14 @@ Test(flat_check, reads_what_is_open_finds_a_broken_counter_and_keeps_history)
 		      "permit.check missed an audit row it has folded");
 	cr_assert(named);
 
+	/* an event of no known kind is refused (the column's domain, 0004),
+	 * as the table's CHECK refused it */
+	hdb_exec(db, "DO $$ BEGIN "
+		     "INSERT INTO pgcoord.permit_events (permit_id, event, actor) "
+		     "VALUES ('forged', 'admited', 'forger'); "
+		     "RAISE EXCEPTION 'an audit row of event ''admited'' was accepted'; "
+		     "EXCEPTION WHEN check_violation THEN NULL; END $$");
+
 	pgcoord_close(c);
 	cr_assert_eq(hagent_stop(a), 0);
 	hagent_destroy(a);
