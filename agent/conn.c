@@ -122,7 +122,20 @@ void conn_send(struct conn *c, const void *data, size_t len)
 		conn_close(c, "output limit");
 		return;
 	}
-	evbuffer_add(out, data, len);
+	if (evbuffer_get_length(out) == 0) {
+		/* Nothing queued before it: written now, which is almost always
+		 * all of it, instead of arming a write event for the next turn of
+		 * the loop (two epoll_ctl calls and an epoll_wait per reply).
+		 * What does not fit, or fails, goes through the buffer, whose
+		 * write reports the error. */
+		ssize_t n = send(bufferevent_getfd(c->bev), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n > 0) {
+			data = (const char *)data + n;
+			len -= (size_t)n;
+		}
+	}
+	if (len > 0)
+		evbuffer_add(out, data, len);
 	c->last_active_ms = mono_ms();
 }
 
