@@ -100,7 +100,7 @@ struct client {
 };
 
 /* A connection made by conn_create itself on one end of a socketpair, so
- * the bufferevent, timers, input buffer and scanner are the agent's own.
+ * the read event, timers, input buffer and scanner are the agent's own.
  * SO_PEERCRED names this process; the peer's uid is set afterwards, as the
  * listener would have read it from a different client. */
 static struct conn *connect_client(struct agent *ag, struct client *cl, uid_t uid)
