@@ -197,7 +197,8 @@ static void check_output(struct client *cl)
 }
 
 /* Runs the loop until the agent has read what was sent and written what it
- * queued (a bufferevent reads on one pass and writes on the next), then
+ * queued (a reply that did not fit in the socket is written on a later
+ * pass), then
  * reads it as the client. */
 static void pump(struct agent *ag, struct client *cl)
 {
