@@ -170,6 +170,7 @@ static void send_error_and_close(struct conn *c, enum pgc_error_code code, const
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	pgc_pack_response_error(&pk, 0, pgc_error_name(code), msg, pgc_error_retryable(code));
+	conn_ref(c); /* a reply written at once closes c here: keep it to look */
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 	conn_close_after_flush(c);
@@ -179,6 +180,7 @@ static void send_error_and_close(struct conn *c, enum pgc_error_code code, const
 		c->deadline_at_ms = mono_ms() + (uint64_t)ms;
 		evtimer_add(c->deadline_timer, &tv);
 	}
+	conn_unref(c);
 }
 
 /* Answers a framing failure and closes: after a bad frame the stream
