@@ -58,6 +58,8 @@ void conn_close(struct conn *c, const char *why)
 	log_write(&ag->log, LOG_LEVEL_DEBUG, "conn", kv, "closed: %s", why);
 	if (ag->conn_hooks)
 		ag->conn_hooks->closing(ag, c);
+	event_free(c->read_event);
+	c->read_event = NULL;
 	bufferevent_free(c->bev);
 	c->bev = NULL;
 	event_free(c->deadline_timer);
@@ -101,7 +103,7 @@ void conn_close_after_flush(struct conn *c)
 	if (c->closed)
 		return;
 	c->closing = true;
-	bufferevent_disable(c->bev, EV_READ);
+	event_del(c->read_event);
 	write_cb(c->bev, c);
 }
 
@@ -122,7 +124,20 @@ void conn_send(struct conn *c, const void *data, size_t len)
 		conn_close(c, "output limit");
 		return;
 	}
-	evbuffer_add(out, data, len);
+	if (evbuffer_get_length(out) == 0) {
+		/* Nothing queued before it: written now, which is almost always
+		 * all of it, instead of arming a write event for the next turn of
+		 * the loop (two epoll_ctl calls and an epoll_wait per reply).
+		 * What does not fit, or fails, goes through the buffer, whose
+		 * write reports the error. */
+		ssize_t n = send(bufferevent_getfd(c->bev), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n > 0) {
+			data = (const char *)data + n;
+			len -= (size_t)n;
+		}
+	}
+	if (len > 0)
+		evbuffer_add(out, data, len);
 	c->last_active_ms = mono_ms();
 }
 
@@ -155,6 +170,7 @@ static void send_error_and_close(struct conn *c, enum pgc_error_code code, const
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	pgc_pack_response_error(&pk, 0, pgc_error_name(code), msg, pgc_error_retryable(code));
+	conn_ref(c); /* a reply written at once closes c here: keep it to look */
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 	conn_close_after_flush(c);
@@ -164,6 +180,7 @@ static void send_error_and_close(struct conn *c, enum pgc_error_code code, const
 		c->deadline_at_ms = mono_ms() + (uint64_t)ms;
 		evtimer_add(c->deadline_timer, &tv);
 	}
+	conn_unref(c);
 }
 
 /* Answers a framing failure and closes: after a bad frame the stream
@@ -305,50 +322,91 @@ static void rbuf_settle(struct conn *c)
 	}
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+/*
+ * Reads what the socket holds into rbuf with one recv() when it fits (the
+ * usual request), instead of the bufferevent's ioctl(FIONREAD) and readv()
+ * and a copy out of its buffer. False when the connection was closed.
+ */
+static bool read_some(struct conn *c, int fd, size_t limit, bool *more)
+{
+	size_t held = c->rlen - c->rpos;
+	/* room for a small request, or to double a large one being received */
+	size_t want = held > RBUF_MIN ? held : RBUF_MIN;
+
+	if (held >= limit) { /* the scanner has said TOO_BIG by now */
+		*more = false;
+		return true;
+	}
+	if (want > limit - held)
+		want = limit - held;
+	if (!rbuf_reserve(c, want)) {
+		log_error(&c->ag->log, "conn", "conn %llu: out of memory for input",
+			  (unsigned long long)c->id);
+		conn_close(c, "out of memory");
+		return false;
+	}
+	/* all the room there is, within the one-frame limit */
+	size_t room = c->rcap - c->rlen;
+	if (room > limit - held)
+		room = limit - held;
+	ssize_t n;
+	do
+		n = recv(fd, c->rbuf + c->rlen, room, 0);
+	while (n < 0 && errno == EINTR);
+	if (n == 0) {
+		conn_close(c, "client closed the connection");
+		return false;
+	}
+	if (n < 0) {
+		*more = false;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return true;
+		conn_close(c, strerror(errno));
+		return false;
+	}
+	c->rlen += (size_t)n;
+	/* a stream recv stops short of room only when it emptied the socket */
+	*more = (size_t)n == room;
+	return true;
+}
+
+static void read_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct conn *c = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
 	/* one byte past the largest frame is the scanner's proof of TOO_BIG, so
 	 * no more than that is ever held for one frame */
 	size_t limit = (size_t)c->ag->cfg.max_message_bytes + 1;
 	uint64_t now = mono_ms();
+	bool more = true, unscanned = false;
+	(void)what;
 
 	conn_ref(c); /* dispatching may close c */
 	c->last_active_ms = now;
 	while (!c->closed && !c->closing) {
-		size_t held = c->rlen - c->rpos;
-		size_t want = evbuffer_get_length(in);
 		size_t frame_len = 0;
-		enum pgc_scan_result r;
+		enum pgc_scan_result r = PGC_SCAN_NEED_MORE;
 
-		if (want > limit - held)
-			want = limit - held;
-		if (want > 0) {
-			if (!rbuf_reserve(c, want)) {
-				log_error(&c->ag->log, "conn", "conn %llu: out of memory for input",
-					  (unsigned long long)c->id);
-				conn_close(c, "out of memory");
+		if (unscanned)
+			r = pgc_scanner_feed(&c->scan, c->rbuf + c->rpos, c->rlen - c->rpos,
+					     &frame_len);
+		if (r == PGC_SCAN_COMPLETE) {
+			c->frame_started_ms = 0;
+			c->ag->conn_hooks->frame(c, (const char *)c->rbuf + c->rpos, frame_len);
+			if (c->closed)
 				break;
-			}
-			evbuffer_remove(in, c->rbuf + c->rlen, want);
-			c->rlen += want;
+			c->rpos += frame_len;
+			rbuf_settle(c);
+			unscanned = c->rpos < c->rlen;
+			continue;
 		}
-		if (c->rlen == c->rpos)
-			break;
-		r = pgc_scanner_feed(&c->scan, c->rbuf + c->rpos, c->rlen - c->rpos, &frame_len);
-		if (r == PGC_SCAN_NEED_MORE)
-			break;
-		if (r != PGC_SCAN_COMPLETE) {
+		if (r != PGC_SCAN_NEED_MORE) {
 			framing_error(c, r);
 			break;
 		}
-		c->frame_started_ms = 0;
-		c->ag->conn_hooks->frame(c, (const char *)c->rbuf + c->rpos, frame_len);
-		if (c->closed)
+		size_t before = c->rlen;
+		if (!more || !read_some(c, fd, limit, &more))
 			break;
-		c->rpos += frame_len;
-		rbuf_settle(c);
+		unscanned = c->rlen > before;
 	}
 	if (!c->closed && !c->closing) {
 		if (c->rlen > c->rpos && c->frame_started_ms == 0)
@@ -393,7 +451,12 @@ struct conn *conn_create(struct agent *ag, int fd)
 	c->pid = cred.pid;
 	c->refs = 1;
 	c->deadline_timer = evtimer_new(ag->base, deadline_cb, c);
-	if (!c->deadline_timer) {
+	c->read_event = event_new(ag->base, fd, EV_READ | EV_PERSIST, read_cb, c);
+	if (!c->deadline_timer || !c->read_event || event_add(c->read_event, NULL) != 0) {
+		if (c->read_event)
+			event_free(c->read_event);
+		if (c->deadline_timer)
+			event_free(c->deadline_timer);
 		bufferevent_setfd(c->bev, -1); /* the caller still owns fd */
 		bufferevent_free(c->bev);
 		free(c);
@@ -402,8 +465,11 @@ struct conn *conn_create(struct agent *ag, int fd)
 	pgc_scanner_init(&c->scan, (size_t)ag->cfg.max_message_bytes, (unsigned)ag->cfg.max_depth,
 			 (size_t)ag->cfg.max_message_objects);
 	c->last_active_ms = mono_ms();
-	bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	/* the bufferevent only writes what a reply could not send at once
+	 * (conn_send); requests are read by read_cb straight into rbuf */
+	bufferevent_setcb(c->bev, NULL, write_cb, event_cb, c);
+	bufferevent_disable(c->bev, EV_READ);
+	bufferevent_enable(c->bev, EV_WRITE);
 	c->next = ag->conns;
 	if (ag->conns)
 		ag->conns->prev = c;

@@ -21,9 +21,10 @@ struct event;
 struct conn {
 	struct agent *ag;
 	struct conn *next, *prev;
-	struct bufferevent *bev;
-	uint64_t id; /* for logs */
-	uid_t uid;   /* SO_PEERCRED of the client */
+	struct bufferevent *bev;  /* replies that could not be written at once */
+	struct event *read_event; /* requests: read straight into rbuf */
+	uint64_t id;		  /* for logs */
+	uid_t uid;		  /* SO_PEERCRED of the client */
 	gid_t gid;
 	pid_t pid;
 	int inflight; /* requests dispatched and not yet answered */

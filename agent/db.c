@@ -203,10 +203,21 @@ static void lane_update_up(struct db_lane *lane)
 		lane->db->on_state(up, lane->db->state_arg);
 }
 
+/*
+ * Waits for what on the connection's socket. The event persists, so a wait
+ * that is already armed for the same socket and events is left alone:
+ * re-arming it would cost two epoll_ctl calls, several times per query.
+ */
 static void conn_wait(struct db_conn *c, short what)
 {
+	int fd = PQsocket(c->pg);
+
+	what |= EV_PERSIST;
+	if (event_pending(c->io, EV_READ | EV_WRITE, NULL) && event_get_fd(c->io) == fd &&
+	    event_get_events(c->io) == what)
+		return;
 	event_del(c->io);
-	event_assign(c->io, c->lane->db->base, PQsocket(c->pg), what, conn_io_cb, c);
+	event_assign(c->io, c->lane->db->base, fd, what, conn_io_cb, c);
 	event_add(c->io, NULL);
 }
 
@@ -614,10 +625,6 @@ static void conn_finish_query(struct db_conn *c)
  */
 static void conn_read(struct db_conn *c)
 {
-	if (!PQconsumeInput(c->pg)) {
-		conn_lost(c, PQerrorMessage(c->pg));
-		return;
-	}
 	while (!PQisBusy(c->pg)) {
 		PGresult *res = PQgetResult(c->pg);
 		if (!res) {
@@ -688,10 +695,15 @@ static void conn_io_cb(evutil_socket_t fd, short what, void *arg)
 				return;
 			}
 		}
-		if (PQflush(c->pg) != 0 && PQstatus(c->pg) != CONNECTION_BAD) {
-			conn_flush(c);
+		if (PQflush(c->pg) != 0) {
+			if (PQstatus(c->pg) == CONNECTION_BAD)
+				conn_lost(c, PQerrorMessage(c->pg));
+			else
+				conn_flush(c);
 			return;
 		}
+		/* what the socket held is in: reading again would only cost
+		 * a recv() that finds nothing */
 		conn_read(c);
 		break;
 	case CONN_IDLE:

@@ -158,11 +158,17 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 	if (b->n == 0)
 		return false;
 
+	bool lone = b->n == 1 && g->kind->lone_sql;
 	char **p = calloc((size_t)g->kind->nargs, sizeof(char *));
-	char *text = strdup(b->n == 1 && g->kind->lone_sql ? g->kind->lone_sql : g->kind->sql);
+	char *text = strdup(lone ? g->kind->lone_sql : g->kind->sql);
 	bool ok = p && text;
-	for (int i = 0; ok && i < g->kind->nargs; i++)
-		ok = (p[i] = array_literal(b->members, b->n, i)) != NULL;
+	for (int i = 0; ok && i < g->kind->nargs; i++) {
+		if (lone) /* its own arguments: no array for Postgres to parse */
+			ok = (p[i] = b->members[0]->args[i]) == NULL ||
+			     (p[i] = strdup(p[i])) != NULL;
+		else
+			ok = (p[i] = array_literal(b->members, b->n, i)) != NULL;
+	}
 	if (!ok) {
 		for (int i = 0; p && i < g->kind->nargs; i++)
 			free(p[i]);

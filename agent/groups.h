@@ -12,8 +12,9 @@
  * (member, sqlstate, message): sqlstate NULL and the member's own columns
  * after, or the error that member's part raised (its part alone rolled
  * back). A group of one runs kind->lone_sql instead, when the kind has one:
- * the same arrays and columns, without the group function's frame around
- * the one call, whose error is then the statement's. Replies leave after
+ * the member's own arguments (no arrays) and the same columns, without the
+ * group function's frame around the one call, whose error is then the
+ * statement's. Replies leave after
  * the commit, at the Sync. A group that fails as a whole (connection lost,
  * deadline) answers every member with that failure, as one statement of
  * its own would have been answered. The group's deadline is its first
@@ -55,8 +56,9 @@ struct evbuffer;
 struct group_kind {
 	const char *name; /* "claim": the metrics' label */
 	const char *sql;  /* $1..$nargs are arrays, one element per member */
-	/* A group of one, or NULL: the same arguments (arrays of one) and
-	 * the same columns, with no group function around the lone call. */
+	/* A group of one, or NULL: $1..$nargs are the member's own
+	 * arguments, not arrays; the same columns, with no group function
+	 * around the lone call. */
 	const char *lone_sql;
 	int nargs;
 	/* Answers one member from row `row` of res, its own columns from

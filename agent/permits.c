@@ -427,11 +427,13 @@ const struct group_kind permit_claim_group_kind = {
 	   "$4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], "
 	   "$10::integer[], $11::text[])",
     /* the group function's v_n = 1 branch, without the group's frame: a
-     * refusal raises as the statement's error, as it does there */
-    .lone_sql = "SELECT 1, NULL::text, NULL::text, c.* FROM pgcoord.permit_claim_as("
-		"($1::bigint[])[1], ($2::boolean[])[1], ($3::text[])[1], ($4::text[])[1]::text[], "
-		"($5::text[])[1]::integer[], ($6::bigint[])[1], ($7::text[])[1], ($8::text[])[1], "
-		"($9::bytea[])[1], ($10::integer[])[1], ($11::text[])[1]) c",
+     * refusal raises as the statement's error, as it does there. Its
+     * arguments are the member's own, so nothing builds or parses arrays
+     * of one. */
+    .lone_sql =
+	"SELECT 1, NULL::text, NULL::text, c.* FROM pgcoord.permit_claim_as("
+	"$1::bigint, $2::boolean, $3::text, $4::text[], $5::integer[], $6::bigint, $7::text, "
+	"$8::text, $9::bytea, $10::integer, $11::text) c",
     .nargs = 11,
     .answer = claim_answer,
     .fail = claim_failed,
@@ -804,8 +806,7 @@ const struct group_kind permit_release_group_kind = {
 	   "$4::boolean[], $5::text[], $6::text[])",
     /* one release, one frame: permit_release_one answers one value */
     .lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM pgcoord.permit_release_one("
-		"($1::bigint[])[1], ($2::text[])[1], ($3::bigint[])[1], ($4::boolean[])[1], "
-		"($5::text[])[1], ($6::text[])[1]) r",
+		"$1::bigint, $2::text, $3::bigint, $4::boolean, $5::text, $6::text) r",
     .nargs = 6,
     .answer = release_answer,
     .fail = release_failed,

@@ -100,7 +100,7 @@ struct client {
 };
 
 /* A connection made by conn_create itself on one end of a socketpair, so
- * the bufferevent, timers, input buffer and scanner are the agent's own.
+ * the read event, timers, input buffer and scanner are the agent's own.
  * SO_PEERCRED names this process; the peer's uid is set afterwards, as the
  * listener would have read it from a different client. */
 static struct conn *connect_client(struct agent *ag, struct client *cl, uid_t uid)
@@ -197,7 +197,8 @@ static void check_output(struct client *cl)
 }
 
 /* Runs the loop until the agent has read what was sent and written what it
- * queued (a bufferevent reads on one pass and writes on the next), then
+ * queued (a reply that did not fit in the socket is written on a later
+ * pass), then
  * reads it as the client. */
 static void pump(struct agent *ag, struct client *cl)
 {

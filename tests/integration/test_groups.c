@@ -456,16 +456,15 @@ Test(groups, a_release_group_answers_and_writes_as_lone_releases)
 	}
 
 	/* "o": the same calls one at a time, each by the agent's statement for
-	 * a group of one (permit_release_one, arrays of one) */
+	 * a group of one (permit_release_one, its own arguments) */
 	char one[4096] = "";
 	for (size_t i = 0; i < NMIX; i++) {
 		char *row = hdb_query_value(
 		    db,
 		    "SELECT public.lone(format('SELECT %%s FROM (SELECT 1, NULL::text, NULL::text, "
-		    "r.* FROM pgcoord.permit_release_one((''{%ld}''::bigint[])[1], "
-		    "(ARRAY[%%L])[1], "
-		    "(''{%lld}''::bigint[])[1], (''{%s}''::boolean[])[1], (''{test}''::text[])[1], "
-		    "(''{NULL}''::text[])[1]) r) r(member, err_state, err_message)', "
+		    "r.* FROM pgcoord.permit_release_one(%ld::bigint, %%L::text, %lld::bigint, "
+		    "%s::boolean, ''test''::text, NULL::text) r) r(member, err_state, "
+		    "err_message)', "
 		    "$r$" RELEASE_ROW "$r$, 'o-%s'), '%%s|%%s||')",
 		    uid, (long long)s1, i == 7 ? "true" : "false", release_mix[i]);
 		unprefix(row);
@@ -773,7 +772,7 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 	long alone_tokens = tokens_drawn(db) - t0;
 
 	/* "o": one call at a time, each by the agent's statement for a group
-	 * of one (permit_claim_as itself, arrays of one) */
+	 * of one (permit_claim_as itself, its own arguments) */
 	t0 = tokens_drawn(db);
 	char one[4096] = "";
 	for (size_t i = 0; i < NCLAIM_MIX; i++) {
@@ -782,11 +781,9 @@ Test(groups, a_claim_group_answers_and_writes_as_lone_claims)
 		char *row = hdb_query_value(
 		    db,
 		    "SELECT public.lone(format('SELECT %%s FROM (SELECT 1, NULL::text, NULL::text, "
-		    "c.* FROM pgcoord.permit_claim_as((''{%ld}''::bigint[])[1], "
-		    "(''{false}''::boolean[])[1], (ARRAY[%%L])[1], (ARRAY[%%L])[1]::text[], "
-		    "(ARRAY[''{%s}''])[1]::integer[], (''{%lld}''::bigint[])[1], "
-		    "(''{test}''::text[])[1], (''{uncertain}''::text[])[1], "
-		    "(''{NULL}''::bytea[])[1], (ARRAY[%s]::integer[])[1], (''{test}''::text[])[1]) "
+		    "c.* FROM pgcoord.permit_claim_as(%ld::bigint, false::boolean, %%L::text, "
+		    "%%L::text[], ''{%s}''::integer[], %lld::bigint, ''test''::text, "
+		    "''uncertain''::text, NULL::bytea, %s::integer, ''test''::text) "
 		    "c) r(member, err_state, err_message)', $r$" CLAIM_ROW
 		    "$r$, 'o-%s', '%s'), '" CLAIM_RAISED "')",
 		    uid, c->weights, (long long)(c->dead_session ? dead : s), c->limit, c->id,
