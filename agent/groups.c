@@ -340,15 +340,38 @@ static bool held_by_key(const struct group *g, const struct member *m)
 	return max > 0 && g->stats.in_flight >= (uint64_t)max && shares_key_in_flight(g, m);
 }
 
+/* Whether the statements sent and not answered carry, on average, at
+ * least group_kind_hold_members calls each: the load is high enough that
+ * the next statement will be as large, and one more commit beside them
+ * would only cost the database what a larger group saves. */
+static bool in_flight_amortized(const struct group *g)
+{
+	int members = g->ag->cfg.group_kind_hold_members;
+	size_t sent = 0, carried = 0;
+
+	if (members <= 0)
+		return false;
+	for (const struct batch *b = g->sent; b; b = b->next_sent) {
+		sent++;
+		carried += b->n;
+	}
+	return sent > 0 && carried >= (size_t)members * sent;
+}
+
 /* group_kind_statements_max applies to a call arriving now: that many
  * statements of its kind are in flight and none is queued for it to ride,
  * so it waits for the next one and the groups grow with load instead of
- * the commits. Judged on arrival only: whoever it held goes with the next
- * statement queued. */
+ * the commits. Below that bound it also waits when those in flight are
+ * already large (in_flight_amortized): under light load (small groups) a
+ * second statement runs beside the first, under heavy load the bound
+ * tightens to one. Judged on arrival only: whoever it held goes with the
+ * next statement queued. */
 static bool held_by_kind(const struct group *g)
 {
 	int max = g->ag->cfg.group_kind_statements_max;
-	return max > 0 && !g->queued && g->stats.in_flight >= (uint64_t)max;
+	if (max <= 0 || g->queued || g->stats.in_flight == 0)
+		return false;
+	return g->stats.in_flight >= (uint64_t)max || in_flight_amortized(g);
 }
 
 static void append(struct member **head, struct member **tail, struct member *m)
