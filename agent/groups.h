@@ -39,8 +39,8 @@
  * the statement in flight when the recent statements of its kind carried
  * group_kind_hold_members members each on average (load that fills groups
  * this large gains more from a larger group than from another commit
- * beside it), and goes at once beside it under lighter load. A member that finds nothing of its kind in
- * flight goes at once.
+ * beside it), and goes at once beside it under lighter load. A member that finds nothing of its
+ * kind in flight goes at once.
  */
 #ifndef PGCOORD_AGENT_GROUPS_H
 #define PGCOORD_AGENT_GROUPS_H
