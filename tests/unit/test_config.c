@@ -417,21 +417,21 @@ Test(config, input_path_limits_have_sane_defaults_and_ranges)
 	config_free(&cfg);
 }
 
-Test(config, the_adaptive_bound_per_kind_parses_and_can_be_turned_off)
+Test(config, the_adaptive_bound_per_kind_is_off_by_default_and_parses)
 {
 	struct config cfg;
 	char err[512] = "";
-	char *off[] = {"--group-kind-hold-members", "0"};
+	char *on[] = {"--group-kind-hold-members", "4"};
 	char *too_many[] = {"--group-kind-hold-members", "257"};
 	char *negative[] = {"--group-kind-hold-members", "-1"};
 
 	cr_assert(load(&cfg, NULL, 0, NULL, err, sizeof(err)), "%s", err);
 	cr_assert_eq(cfg.group_kind_statements_max, 2);
-	cr_assert_eq(cfg.group_kind_hold_members, 4);
+	cr_assert_eq(cfg.group_kind_hold_members, 0);
 	config_free(&cfg);
 
-	cr_assert(load(&cfg, NULL, 2, off, err, sizeof(err)), "%s", err);
-	cr_assert_eq(cfg.group_kind_hold_members, 0);
+	cr_assert(load(&cfg, NULL, 2, on, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.group_kind_hold_members, 4);
 	config_free(&cfg);
 	setenv("PGCOORD_GROUP_KIND_HOLD_MEMBERS", "16", 1);
 	cr_assert(load(&cfg, NULL, 0, NULL, err, sizeof(err)), "%s", err);
