@@ -41,6 +41,14 @@ const struct option_def config_options[] = {
      "call of that kind waits in the agent and rides the next statement, queued as soon as "
      "one of them ends (fewer, larger groups: fewer commits). A call never waits while none "
      "of its kind is in flight. 0 never holds a call back for this bound."},
+    {"group_kind_hold_members", OPT_INT, OFF(group_kind_hold_members), "0", 0, 256, false, false,
+     "Calls per group statement, averaged over the recent statements of a kind, from which "
+     "a new call of that kind waits for the next statement even below "
+     "group_kind_statements_max whenever one is in flight: under load that fills groups this "
+     "large, one more commit "
+     "costs the database more than a larger group, so the bound adapts to one; lighter load "
+     "keeps the parallel statements. 0 = only group_kind_statements_max holds; 4 separates "
+     "the load of 8 workers on one agent from that of 32 (docs/PERFORMANCE.md)."},
     {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
      "How often the agent renews itself and all its sessions."},
     {"session_ttl_ms", OPT_INT, OFF(session_ttl_ms), "10000", 200, 600000, false, false,

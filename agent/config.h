@@ -25,6 +25,7 @@ struct config {
 	int pool_size;
 	int group_statements_max;      /* of one kind in flight; 0 = the pool's bound */
 	int group_kind_statements_max; /* the same on any key; 0 = the pool's bound */
+	int group_kind_hold_members;   /* calls per statement that tighten it to 1 */
 	int heartbeat_interval_ms;
 	int session_ttl_ms;
 	int session_grace_ms;

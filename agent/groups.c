@@ -59,6 +59,9 @@ struct group {
 	struct event *requeue;		 /* queues the next statement for an overflow */
 	struct event *expire;		 /* times out members held back (the bounds) */
 	struct group_stats stats;
+	/* members per statement, a moving average over the last few (weight
+	 * 1/4 each), seeded by the first: the load the bound adapts to */
+	double recent_members;
 };
 
 static void member_free(struct member *m)
@@ -183,6 +186,9 @@ static bool batch_build(void *arg, char **sql, int *nparams, char ***params)
 	g->sent = b;
 	g->stats.groups++;
 	g->stats.members += b->n;
+	g->recent_members = g->stats.groups == 1
+				? (double)b->n
+				: g->recent_members + ((double)b->n - g->recent_members) / 4;
 	if (b->n > g->stats.largest)
 		g->stats.largest = b->n;
 	*sql = text;
@@ -346,15 +352,32 @@ static bool held_by_key(const struct group *g, const struct member *m)
 	return max > 0 && g->stats.in_flight >= (uint64_t)max && shares_key_in_flight(g, m);
 }
 
+/* Whether the recent statements of this kind carried, on average, at
+ * least group_kind_hold_members calls each: load that fills groups this
+ * large keeps filling them, and one more commit beside the statement in
+ * flight would only cost the database what a larger group saves. An
+ * average over statements, not the one in flight: a burst's first call
+ * goes alone in a statement of one, which says nothing of the load. */
+static bool load_fills_groups(const struct group *g)
+{
+	int members = g->ag->cfg.group_kind_hold_members;
+	return members > 0 && g->recent_members >= members;
+}
+
 /* group_kind_statements_max applies to a call arriving now: that many
  * statements of its kind are in flight and none is queued for it to ride,
  * so it waits for the next one and the groups grow with load instead of
- * the commits. Judged on arrival only: whoever it held goes with the next
- * statement queued. */
+ * the commits. Below that bound it also waits when the recent groups were
+ * large (load_fills_groups): under light load (small groups) a second
+ * statement runs beside the first, under heavy load the bound tightens to
+ * one. Judged on arrival only: whoever it held goes with the
+ * next statement queued. */
 static bool held_by_kind(const struct group *g)
 {
 	int max = g->ag->cfg.group_kind_statements_max;
-	return max > 0 && !g->queued && g->stats.in_flight >= (uint64_t)max;
+	if (max <= 0 || g->queued || g->stats.in_flight == 0)
+		return false;
+	return g->stats.in_flight >= (uint64_t)max || load_fills_groups(g);
 }
 
 static void append(struct member **head, struct member **tail, struct member *m)

@@ -36,7 +36,12 @@
  * statements of a kind in flight (0 = no such bound) and none queued, any
  * new member of that kind waits in the agent and rides the next statement,
  * queued as soon as one ends, so groups grow with load and the commits do
- * not. A member that finds nothing of its kind in flight goes at once.
+ * not. The bound adapts to load: below it, a new member also waits for
+ * the statement in flight when the recent statements of its kind carried
+ * group_kind_hold_members members each on average (load that fills groups
+ * this large gains more from a larger group than from another commit
+ * beside it), and goes at once beside it under lighter load. A member that finds nothing of its
+ * kind in flight goes at once.
  */
 #ifndef PGCOORD_AGENT_GROUPS_H
 #define PGCOORD_AGENT_GROUPS_H

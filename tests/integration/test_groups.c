@@ -1189,6 +1189,90 @@ Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
 	hdb_drop(db);
 }
 
+/* Below group_kind_statements_max, a call waits too for the statement of
+ * its kind in flight when the recent statements carried
+ * group_kind_hold_members calls on average (heavy load: the bound adapts
+ * to one), and goes at once beside it after small ones (light load). */
+Test(groups, large_recent_groups_tighten_the_bound_per_kind_to_one)
+{
+	static const char *const args[] = {"--pool-size",
+					   "8",
+					   "--group-kind-statements-max",
+					   "2",
+					   "--group-kind-hold-members",
+					   "2",
+					   "--query-timeout-ms",
+					   "20000",
+					   "--metrics-listen",
+					   "127.0.0.1:0",
+					   NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-adapt", args);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome out[9];
+
+	isession_open(fd, "spread");
+	spread_quotas(fd);
+	PGconn *hold0 = hold_quota(db, "sp-0"), *hold1 = hold_quota(db, "sp-1"),
+	       *hold2 = hold_quota(db, "sp-2");
+	/* after a statement of one (the average so far: 1), the second goes
+	 * beside it */
+	send_spread_claim(fd, 8000, 0);
+	wait_claims_on_lock(db, 1);
+	send_spread_claim(fd, 8001, 1);
+	wait_claims_on_lock(db, 2);
+	/* past the bound of two, six wait, then go as one statement of six,
+	 * on sp-2's held row, when the first ends: the average is now
+	 * 1 + (6 - 1) / 4 = 2.25 */
+	for (int i = 2; i < 8; i++)
+		send_spread_claim(fd, 8000 + (uint32_t)i, i);
+	hsleep_ms(300);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 6);
+	PQclear(PQexec(hold0, "COMMIT"));
+	PQfinish(hold0);
+	read_answers(fd, 8000, 1, out);
+	cr_assert_str_eq(out[0].what, "admitted");
+	wait_claims_on_lock(db, 2);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), 6);
+
+	/* one statement is left in flight, and a claim on a free key waits
+	 * for it */
+	PQclear(PQexec(hold1, "COMMIT"));
+	PQfinish(hold1);
+	read_answers(fd, 8001, 1, out + 1);
+	cr_assert_str_eq(out[1].what, "admitted");
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 1);
+	send_spread_claim(fd, 8008, 8);
+	hsleep_ms(300);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 7);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'sp-8'"),
+		     0);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id = 'sp-8'"),
+		     0);
+
+	/* it goes when that statement ends, and everything is written once */
+	PQclear(PQexec(hold2, "COMMIT"));
+	PQfinish(hold2);
+	read_answers(fd, 8002, 7, out + 2);
+	for (int i = 2; i < 9; i++)
+		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
+	cr_assert_eq(metric(a, "pgcoord_permit_groups_total{kind=\"claim\"}"), 4);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
+		     2);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.quotas WHERE key LIKE "
+					"'sp-%%' AND in_flight = 1"),
+		     9);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'sp-%%' AND released_at IS NULL"),
+		     9);
+	cr_assert_eq(audit_rows(db, "sp", "admitted"), 9);
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* group_kind_statements_max 0 is the behaviour without the bound: every
  * call on a key none in flight names goes at once, however many are in
  * flight. */

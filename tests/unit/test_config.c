@@ -416,3 +416,34 @@ Test(config, input_path_limits_have_sane_defaults_and_ranges)
 	cr_assert(strstr(err, "--max-connections-per-uid: 0 is out of range"), "%s", err);
 	config_free(&cfg);
 }
+
+Test(config, the_adaptive_bound_per_kind_is_off_by_default_and_parses)
+{
+	struct config cfg;
+	char err[512] = "";
+	char *on[] = {"--group-kind-hold-members", "4"};
+	char *too_many[] = {"--group-kind-hold-members", "257"};
+	char *negative[] = {"--group-kind-hold-members", "-1"};
+
+	cr_assert(load(&cfg, NULL, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.group_kind_statements_max, 2);
+	cr_assert_eq(cfg.group_kind_hold_members, 0);
+	config_free(&cfg);
+
+	cr_assert(load(&cfg, NULL, 2, on, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.group_kind_hold_members, 4);
+	config_free(&cfg);
+	setenv("PGCOORD_GROUP_KIND_HOLD_MEMBERS", "16", 1);
+	cr_assert(load(&cfg, NULL, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.group_kind_hold_members, 16);
+	config_free(&cfg);
+	unsetenv("PGCOORD_GROUP_KIND_HOLD_MEMBERS");
+
+	cr_assert(!load(&cfg, NULL, 2, too_many, err, sizeof(err)));
+	cr_assert(strstr(err, "--group-kind-hold-members: 257 is out of range (expected 0..256)"),
+		  "%s", err);
+	config_free(&cfg);
+	cr_assert(!load(&cfg, NULL, 2, negative, err, sizeof(err)));
+	cr_assert(strstr(err, "--group-kind-hold-members: -1 is out of range"), "%s", err);
+	config_free(&cfg);
+}
