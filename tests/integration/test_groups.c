@@ -144,6 +144,13 @@ static PGconn *hold_quota(struct harness_db *db, const char *key)
 	return c;
 }
 
+/* Commits the transaction hold_quota opened, freeing the row, and closes it. */
+static void end_hold(PGconn *hold)
+{
+	PQclear(PQexec(hold, "COMMIT"));
+	PQfinish(hold);
+}
+
 static void wait_claim_on_lock(struct harness_db *db)
 {
 	cr_assert(iwait_sql(db, CALL_MS,
@@ -223,8 +230,7 @@ Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
 	wait_claim_on_lock(db);
 	send_claims(fd, 2000, 1, NCLAIMS, "grp", "grp");
 	hsleep_ms(200); /* every claim is read and queued */
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 	read_answers(fd, 2000, NCLAIMS, grouped);
 
 	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), NCLAIMS - 1,
@@ -285,8 +291,7 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	wait_claim_on_lock(db);
 	send_claims(fd, 3000, 1, 10, "fy", "fb");
 	hsleep_ms(200);
-	PQclear(PQexec(hold_a, "COMMIT"));
-	PQfinish(hold_a);
+	end_hold(hold_a);
 	read_answers(fd, 3000, 1, first);
 	cr_assert_str_eq(first[0].what, "admitted");
 	wait_claim_on_lock(db);
@@ -299,8 +304,7 @@ Test(groups, a_failed_group_answers_every_member_retryably)
 	for (int i = 0; i < 9; i++)
 		cr_assert_str_eq(failed[i].what, "unavailable", "member %d: %s", i + 1,
 				 failed[i].what);
-	PQclear(PQexec(hold_b, "COMMIT"));
-	PQfinish(hold_b);
+	end_hold(hold_b);
 	cr_assert_eq(audit_rows(db, "fy", "admitted"), 0, "a failed group left audit rows");
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'fb'"),
 		     0);
@@ -597,8 +601,7 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 	hsleep_ms(200); /* every release is read and queued */
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w'"),
 		     0);
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 
 	for (int got = 0; got < 4;) {
 		msgpack_unpacked u;
@@ -964,8 +967,7 @@ Test(groups, claims_on_a_hot_key_wait_for_the_statements_in_flight)
 	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 2);
 	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"),
 		     NHOT - 2);
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 	read_answers(fd, 5000, NHOT, out);
 
 	for (int i = 0; i < NHOT; i++)
@@ -1008,8 +1010,7 @@ Test(groups, a_held_claim_keeps_its_own_deadline)
 	int64_t sent = hnow_ms();
 	send_hot_claims(fd, 6000, 1, 2, "stuck");
 	read_both_timed_out(fd, 6000, 6001, sent, 1000);
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
 					"'stuck-%%'"),
 		     0);
@@ -1062,8 +1063,7 @@ Test(groups, a_claim_on_another_key_is_not_held_behind_a_hot_key)
 		     0);
 	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 7);
 
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 	read_answers(fd, 7000, 8, hot);
 	for (int i = 0; i < 8; i++)
 		cr_assert_str_eq(hot[i].what, "admitted", "claim %d: %s", i, hot[i].what);
@@ -1164,8 +1164,7 @@ Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
 
 	/* the first statement ends: the held claims go as the next one,
 	 * while the second still waits on its row */
-	PQclear(PQexec(hold0, "COMMIT"));
-	PQfinish(hold0);
+	end_hold(hold0);
 	read_answers(fd, 8000, 1, out);
 	read_answers(fd, 8002, NSPREAD - 2, out + 2);
 	cr_assert_str_eq(out[0].what, "admitted");
@@ -1177,8 +1176,7 @@ Test(groups, calls_on_any_key_wait_for_the_next_statement_of_their_kind)
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'sp-1'"),
 		     0);
 
-	PQclear(PQexec(hold1, "COMMIT"));
-	PQfinish(hold1);
+	end_hold(hold1);
 	read_answers(fd, 8100, 1, out + 1);
 	cr_assert_str_eq(out[1].what, "admitted");
 	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
@@ -1228,8 +1226,7 @@ Test(groups, large_recent_groups_tighten_the_bound_per_kind_to_one)
 		send_spread_claim(fd, 8000 + (uint32_t)i, i);
 	hsleep_ms(300);
 	cr_assert_eq(metric(a, "pgcoord_permit_group_members_held_total{kind=\"claim\"}"), 6);
-	PQclear(PQexec(hold0, "COMMIT"));
-	PQfinish(hold0);
+	end_hold(hold0);
 	read_answers(fd, 8000, 1, out);
 	cr_assert_str_eq(out[0].what, "admitted");
 	wait_claims_on_lock(db, 2);
@@ -1237,8 +1234,7 @@ Test(groups, large_recent_groups_tighten_the_bound_per_kind_to_one)
 
 	/* one statement is left in flight, and a claim on a free key waits
 	 * for it */
-	PQclear(PQexec(hold1, "COMMIT"));
-	PQfinish(hold1);
+	end_hold(hold1);
 	read_answers(fd, 8001, 1, out + 1);
 	cr_assert_str_eq(out[1].what, "admitted");
 	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 1);
@@ -1252,8 +1248,7 @@ Test(groups, large_recent_groups_tighten_the_bound_per_kind_to_one)
 		     0);
 
 	/* it goes when that statement ends, and everything is written once */
-	PQclear(PQexec(hold2, "COMMIT"));
-	PQfinish(hold2);
+	end_hold(hold2);
 	read_answers(fd, 8002, 7, out + 2);
 	for (int i = 2; i < 9; i++)
 		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
@@ -1312,10 +1307,8 @@ Test(groups, no_bound_per_kind_sends_each_call_at_once)
 	cr_assert_geq(metric(a, "pgcoord_permit_group_statements_in_flight_peak{kind=\"claim\"}"),
 		      5);
 	cr_assert_eq(metric(a, "pgcoord_permit_group_statements_in_flight{kind=\"claim\"}"), 4);
-	for (int i = 0; i < 4; i++) {
-		PQclear(PQexec(hold[i], "COMMIT"));
-		PQfinish(hold[i]);
-	}
+	for (int i = 0; i < 4; i++)
+		end_hold(hold[i]);
 	read_answers(fd, 8000, 4, out);
 	for (int i = 0; i < 4; i++)
 		cr_assert_str_eq(out[i].what, "admitted", "claim %d: %s", i, out[i].what);
@@ -1357,10 +1350,8 @@ Test(groups, a_call_held_for_its_kind_keeps_its_own_deadline)
 		     "the claim on a free key was not held for its kind");
 	cr_assert_eq(claims_on_lock(db), 1);
 	read_both_timed_out(fd, 9000, 9001, sent, 2000);
-	PQclear(PQexec(hold0, "COMMIT"));
-	PQfinish(hold0);
-	PQclear(PQexec(hold1, "COMMIT"));
-	PQfinish(hold1);
+	end_hold(hold0);
+	end_hold(hold1);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
 					"'sp-%%'"),
 		     0);
@@ -1455,8 +1446,7 @@ Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
 					"'rh-%%' AND released_at IS NULL"),
 		     2);
 
-	PQclear(PQexec(holder, "COMMIT"));
-	PQfinish(holder);
+	end_hold(holder);
 	read_released(fd, 10100, 2);
 	cr_assert_eq(metric(a, "pgcoord_permit_groups_total{kind=\"release\"}"), 3);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id IN "
