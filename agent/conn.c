@@ -403,10 +403,11 @@ static void read_cb(evutil_socket_t fd, short what, void *arg)
 			framing_error(c, r);
 			break;
 		}
-		size_t before = c->rlen;
+		/* held bytes, not rlen: read_some may move them to the front */
+		size_t held = c->rlen - c->rpos;
 		if (!more || !read_some(c, fd, limit, &more))
 			break;
-		unscanned = c->rlen > before;
+		unscanned = c->rlen - c->rpos > held;
 	}
 	if (!c->closed && !c->closing) {
 		if (c->rlen > c->rpos && c->frame_started_ms == 0)

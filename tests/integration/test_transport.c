@@ -299,6 +299,41 @@ Test(transport, dribbling_partial_frames_cost_little_and_do_not_slow_a_good_clie
 	hdb_drop(db);
 }
 
+/* Requests pipelined in one write are all answered: the bytes the last
+ * read finds are scanned even when the bytes held before them were moved
+ * to the front of the buffer to make room, and no later byte comes to
+ * wake the agent up. */
+Test(transport, a_burst_of_pipelined_requests_is_answered_in_full)
+{
+	enum { BURST = 6000 };
+	static const unsigned char ping[] = {0x94, 0x00, 0x01, 0xaa, 'a', 'g', 'e', 'n',
+					     't',  '.',	 'p',  'i',  'n', 'g', 0x90};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "tr-burst", NULL);
+	int fd = iconnect(hagent_socket(a));
+	unsigned char *burst = malloc(BURST * sizeof(ping));
+
+	cr_assert_not_null(burst);
+	for (int i = 0; i < BURST; i++)
+		memcpy(burst + (size_t)i * sizeof(ping), ping, sizeof(ping));
+	/* one write, larger than the socket holds: the agent reads it in
+	 * pieces as it arrives, and nothing comes after it */
+	send_all(fd, burst, BURST * sizeof(ping));
+	free(burst);
+	for (int i = 0; i < BURST; i++) {
+		msgpack_unpacked u;
+
+		msgpack_unpacked_init(&u);
+		cr_assert_eq(hraw_recv_msg(fd, ICALL_MS, &u), HRAW_MSG, "reply %d of %d never came",
+			     i + 1, BURST);
+		msgpack_unpacked_destroy(&u);
+	}
+	ping_ok(fd, "after the burst");
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- deadlines ---------------------------------------------------------- */
 
 Test(transport, a_frame_not_completed_in_time_gets_an_error_and_is_closed)
