@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -219,6 +221,19 @@ static void dribblers_open(struct hagent *a, struct dribble *d, size_t elems)
 		send_all(d->fds[i], frame, len);
 	}
 	free(frame);
+	/* the agent has read every byte of them (none is left in our send
+	 * queues), so the dribble's CPU is the dribble's alone */
+	int64_t deadline = hnow_ms() + 30000;
+	for (int i = 0; i < DRIBBLERS; i++) {
+		for (;;) {
+			int unread = 0;
+			cr_assert_eq(ioctl(d->fds[i], SIOCOUTQ, &unread), 0);
+			if (unread == 0)
+				break;
+			cr_assert_lt(hnow_ms(), deadline, "the agent stopped reading the frames");
+			hsleep_ms(5);
+		}
+	}
 }
 
 /* Sends DRIBBLE_BYTES single nils round-robin over the dribblers, timing an
