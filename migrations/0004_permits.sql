@@ -930,8 +930,9 @@ END $$;
 -- once in the group, valid sorted keys and weights, no per-call limit) is
 -- judged in memory, so a hot key's row is updated once per group:
 --
---   1. the session rows are locked (session_lock_live, in session order);
---      a member whose session is not live is answered session_expired;
+--   1. the session rows are locked, in session order, as session_lock_live
+--      locks one; a member whose session is not live is answered
+--      session_expired;
 --   2. the permit rows of the others go in first, one multi-row insert in
 --      arrival order (the lone claim's presence guard; fencing tokens are
 --      drawn in arrival order, a denied claim's too, as a lone claim does);
@@ -974,6 +975,19 @@ END $$;
 -- deadlock with a duplicate of one of its ids in flight elsewhere, a
 -- lock_timeout) fails the statement, which the agent answers for every
 -- member as a failed group (retry).
+--
+-- Cost: the frame around the members is a fixed handful of statements
+-- (the members' check, the session locks, the permit insert, the quota
+-- lock, the counters with the audit rows, the answers); the rare paths
+-- (members judged alone, the closure, shares of two or more quotas) run
+-- their statements only when a member needs them. The counters and the
+-- audit rows come from the shares gathered while judging, so no member's
+-- array literals are parsed again. Generic plans, always, as in
+-- permit_release_group below: with custom plans PL/pgSQL re-planned the
+-- counter UPDATE on every call (its generic plan looked dearer for an
+-- array of unknown size). With sequential scans, hash and merge joins
+-- off, every plan here probes a primary key (or sessions_open_by_id) per
+-- member or key, on empty and on large tables alike (docs/PERFORMANCE.md).
 
 -- The members p_members of a claim group, each by permit_claim_as in a
 -- subtransaction of its own, in the order given (the member-by-member loop).
@@ -1012,13 +1026,13 @@ RETURNS TABLE (member integer, err_state text, err_message text,
 	owner_replica text, created_at bigint, released_at bigint, denied_key text,
 	denied_limit integer, denied_in_flight bigint, now_at bigint, "position" bigint,
 	queued_at bigint, deadline_at bigint)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+	SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
 	v_n integer := coalesce(cardinality(p_ids), 0);
-	v_all integer[] := ARRAY(SELECT generate_series(1, v_n));
 	v_set integer[];     -- members judged in memory, arrival order
-	v_alone integer[];   -- members judged by permit_claim_as, after
+	v_alone integer[] := '{}'; -- members judged by permit_claim_as, after
 	v_alone_keys text[]; -- the keys those may touch
 	v_live bigint[];
 	v_dead integer[];
@@ -1029,7 +1043,12 @@ DECLARE
 	v_ql integer[];
 	v_qf bigint[];
 	v_qw integer[];
+	v_qd integer[];      -- the net weight admitted on each of v_qk
 	v_adm integer[] := '{}';
+	v_am integer[] := '{}'; -- the admitted members' shares, flat, in
+	v_ak text[] := '{}';    -- admission order then key order: member,
+	v_aw integer[] := '{}'; -- key, weight
+	v_multi integer[] := '{}'; -- admitted members of two or more quotas
 	v_den integer[] := '{}';
 	v_den_key text[] := '{}';
 	v_den_limit integer[] := '{}';
@@ -1049,60 +1068,95 @@ BEGIN
 			p_on_owner_loss[1], p_intents[1], p_limits[1], p_actors[1]) c;
 		RETURN;
 	END IF;
+	-- The common members, in arrival order (see above). A member's keys or
+	-- weights that do not parse as an array fail this statement: then the
+	-- whole group goes member by member, each refused alone.
 	BEGIN
-		PERFORM count(*) FROM unnest(p_keys, p_weights) AS m(k, w)
-		WHERE cardinality(m.k::text[]) + cardinality(m.w::integer[]) IS NULL;
+		v_set := ARRAY(
+			SELECT m.i FROM unnest(p_ids, p_keys, p_weights, p_limits, p_on_owner_loss,
+					      p_intents, p_actors) WITH ORDINALITY
+				AS m(id, k, w, lim, ool, intent, actor, i)
+			WHERE m.i <= v_n AND m.lim IS NULL AND octet_length(m.id) BETWEEN 1 AND 200
+			  AND m.ool IN ('uncertain', 'release') AND m.actor IS NOT NULL
+			  AND coalesce(octet_length(m.intent), 0) <= 65536
+			  AND cardinality(m.k::text[]) >= 1
+			  AND cardinality(m.k::text[]) = cardinality(m.w::integer[])
+			  AND array_position(m.k::text[], NULL) IS NULL
+			  -- one key in a plain one-dimensional array is sorted and
+			  -- distinct: no sort per member
+			  AND (cardinality(m.k::text[]) = 1 AND array_ndims(m.k::text[]) = 1
+			       AND array_lower(m.k::text[], 1) = 1
+			       OR m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C"
+						      FROM unnest(m.k::text[]) AS x ORDER BY 1))
+			  AND 1 <= ALL (m.w::integer[])
+			  -- weights by the keys' subscripts, as the judging below reads them
+			  AND array_ndims(m.w::integer[]) = 1 AND array_lower(m.w::integer[], 1) = 1
+			  AND (SELECT count(*) FROM unnest(p_ids) AS d WHERE d = m.id) = 1
+			  AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = m.id)
+			ORDER BY m.i);
 	EXCEPTION WHEN OTHERS THEN
-		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_all, p_uids, p_admins,
-			p_ids, p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents,
-			p_limits, p_actors);
+		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(
+			ARRAY(SELECT generate_series(1, v_n)), p_uids, p_admins, p_ids, p_keys,
+			p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
+			p_actors);
 		RETURN;
 	END;
 
-	-- the common members, in arrival order (see above)
-	v_set := ARRAY(
-		SELECT m.i FROM unnest(p_ids, p_keys, p_weights, p_limits, p_on_owner_loss,
-				      p_intents, p_actors) WITH ORDINALITY
-			AS m(id, k, w, lim, ool, intent, actor, i)
-		WHERE m.i <= v_n AND m.lim IS NULL AND octet_length(m.id) BETWEEN 1 AND 200
-		  AND m.ool IN ('uncertain', 'release') AND m.actor IS NOT NULL
-		  AND coalesce(octet_length(m.intent), 0) <= 65536
-		  AND cardinality(m.k::text[]) >= 1
-		  AND cardinality(m.k::text[]) = cardinality(m.w::integer[])
-		  AND array_position(m.k::text[], NULL) IS NULL
-		  -- one key in a plain one-dimensional array is sorted and
-		  -- distinct: no sort per member
-		  AND (cardinality(m.k::text[]) = 1 AND array_ndims(m.k::text[]) = 1
-		       AND array_lower(m.k::text[], 1) = 1
-		       OR m.k::text[] = ARRAY(SELECT DISTINCT x COLLATE "C"
-					      FROM unnest(m.k::text[]) AS x ORDER BY 1))
-		  AND 1 <= ALL (m.w::integer[])
-		  AND (SELECT count(*) FROM unnest(p_ids) AS d WHERE d = m.id) = 1
-		  AND NOT EXISTS (SELECT 1 FROM pgcoord.permits p WHERE p.id = m.id)
-		ORDER BY m.i);
+	IF cardinality(v_set) < v_n THEN
+		v_alone := ARRAY(SELECT g FROM generate_series(1, v_n) AS g
+				 WHERE g <> ALL (v_set) ORDER BY 1);
+	END IF;
 
-	v_live := ARRAY(SELECT s FROM (SELECT DISTINCT p_sessions[i] AS s FROM unnest(v_set) AS i
-				      WHERE p_sessions[i] IS NOT NULL ORDER BY 1) d
-			WHERE pgcoord.session_lock_live(d.s));
-	v_dead := ARRAY(SELECT i FROM unnest(v_set) AS i
-			WHERE NOT coalesce(p_sessions[i] = ANY (v_live), false));
-	v_alone := ARRAY(SELECT unnest(v_all) EXCEPT SELECT unnest(v_set) ORDER BY 1);
-	v_set := ARRAY(SELECT i FROM unnest(v_set) WITH ORDINALITY AS s(i, o)
-		       WHERE i <> ALL (v_dead) ORDER BY o);
+	-- The session rows, each locked in id order as session_lock_live locks
+	-- one (written out: a call per session costs a SECURITY DEFINER frame;
+	-- the lateral lookup keeps the generic plan a probe by id per session,
+	-- where "id = ANY" let it walk every open session), then the members
+	-- split by whether their session is live.
+	v_live := ARRAY(
+		SELECT l.id FROM (SELECT DISTINCT p_sessions[i] AS id FROM unnest(v_set) AS i
+				  WHERE p_sessions[i] IS NOT NULL ORDER BY 1) d
+		CROSS JOIN LATERAL (
+			SELECT s.id FROM pgcoord.sessions s
+			WHERE s.id = d.id AND s.closed_at IS NULL AND s.expires_at > now()
+			FOR KEY SHARE) l);
+	v_more := v_set;
+	v_set := '{}';
+	v_dead := '{}';
+	FOREACH i IN ARRAY v_more LOOP
+		IF p_sessions[i] = ANY (v_live) THEN
+			v_set := v_set || i;
+		ELSE
+			v_dead := v_dead || i;
+		END IF;
+	END LOOP;
 
 	-- the closure: nobody judged in memory shares a quota with a member
-	-- judged alone
-	v_alone_keys := ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[]) FROM unnest(v_alone) AS i);
-	LOOP
-		v_more := ARRAY(SELECT i FROM unnest(v_set) AS i
-				WHERE p_keys[i]::text[] && v_alone_keys);
-		EXIT WHEN cardinality(v_more) = 0;
-		v_alone := ARRAY(SELECT unnest(v_alone || v_more) ORDER BY 1);
-		v_set := ARRAY(SELECT i FROM unnest(v_set) WITH ORDINALITY AS s(i, o)
-			       WHERE i <> ALL (v_more) ORDER BY o);
-		v_alone_keys := v_alone_keys
-			|| ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[]) FROM unnest(v_more) AS i);
-	END LOOP;
+	-- judged alone. Only members the statement above could not judge are
+	-- alone; their keys may not even parse, which sends the whole group
+	-- member by member, as above.
+	IF cardinality(v_alone) > 0 THEN
+		BEGIN
+			v_alone_keys := ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[])
+					      FROM unnest(v_alone) AS i);
+		EXCEPTION WHEN OTHERS THEN
+			RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(
+				ARRAY(SELECT generate_series(1, v_n)), p_uids, p_admins, p_ids,
+				p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss,
+				p_intents, p_limits, p_actors);
+			RETURN;
+		END;
+		LOOP
+			v_more := ARRAY(SELECT i FROM unnest(v_set) AS i
+					WHERE p_keys[i]::text[] && v_alone_keys);
+			EXIT WHEN cardinality(v_more) = 0;
+			v_alone := ARRAY(SELECT unnest(v_alone || v_more) ORDER BY 1);
+			v_set := ARRAY(SELECT i FROM unnest(v_set) WITH ORDINALITY AS s(i, o)
+				       WHERE i <> ALL (v_more) ORDER BY o);
+			v_alone_keys := v_alone_keys
+				|| ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[])
+					 FROM unnest(v_more) AS i);
+		END LOOP;
+	END IF;
 
 	-- the presence guard, and the tokens in arrival order
 	WITH ins AS (
@@ -1123,9 +1177,10 @@ BEGIN
 	IF cardinality(v_ins_ids) <> cardinality(v_set) THEN
 		-- an id claimed meanwhile elsewhere: the whole group alone
 		DELETE FROM pgcoord.permits p WHERE p.id = ANY (v_ins_ids);
-		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_all, p_uids, p_admins,
-			p_ids, p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents,
-			p_limits, p_actors);
+		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(
+			ARRAY(SELECT generate_series(1, v_n)), p_uids, p_admins, p_ids, p_keys,
+			p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
+			p_actors);
 		RETURN;
 	END IF;
 
@@ -1136,6 +1191,7 @@ BEGIN
 	      WHERE q.key = ANY (ARRAY(SELECT DISTINCT unnest(p_keys[i]::text[])
 				       FROM unnest(v_set) AS i))
 	      ORDER BY q.key FOR NO KEY UPDATE OF q) q;
+	v_qd := array_fill(0, ARRAY[coalesce(cardinality(v_qk), 0)]);
 
 	-- judged in arrival order, each against what the ones before it took
 	FOREACH i IN ARRAY v_set LOOP
@@ -1154,8 +1210,15 @@ BEGIN
 			FOR j IN 1 .. cardinality(v_k) LOOP
 				v_pos := array_position(v_qk, v_k[j]);
 				v_qf[v_pos] := v_qf[v_pos] + v_w[j];
+				v_qd[v_pos] := v_qd[v_pos] + v_w[j];
+				v_am := v_am || i;
+				v_ak := v_ak || v_k[j];
+				v_aw := v_aw || v_w[j];
 			END LOOP;
 			v_adm := v_adm || i;
+			IF cardinality(v_k) > 1 THEN
+				v_multi := v_multi || i;
+			END IF;
 		ELSE
 			v_den := v_den || i;
 			v_den_key := v_den_key || v_dk;
@@ -1168,25 +1231,23 @@ BEGIN
 		DELETE FROM pgcoord.permits p
 		WHERE p.id = ANY (ARRAY(SELECT p_ids[i] FROM unnest(v_den) AS i));
 	END IF;
-	-- the counters, the shares of permits of two or more quotas (one is in
-	-- the permit row) and the audit rows in one statement
+	-- the counters by the net weights judged above and the audit rows in
+	-- one statement, from the shares gathered while judging (no member's
+	-- keys parsed again); the shares of permits of two or more quotas (one
+	-- is in the permit row) only when there are some
 	WITH counters AS (
-		UPDATE pgcoord.quotas q SET in_flight = q.in_flight + t.w
-		FROM (SELECT a.k, sum(a.w) AS w
-		      FROM unnest(v_adm) AS i,
-			   unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
-		      GROUP BY a.k) t
-		WHERE q.key = t.k),
-	shares AS (
-		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
-		SELECT p_ids[i], a.k, a.w
-		FROM unnest(v_adm) AS i, unnest(p_keys[i]::text[], p_weights[i]::integer[]) AS a(k, w)
-		WHERE cardinality(p_keys[i]::text[]) > 1)
+		UPDATE pgcoord.quotas q
+		SET in_flight = q.in_flight + v_qd[array_position(v_qk, q.key::text)]
+		WHERE q.key = ANY (v_qk) AND v_qd[array_position(v_qk, q.key::text)] <> 0)
 	INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, state, phase)
-	SELECT p_ids[s.i], a.k, a.w, 'admitted', p_actors[s.i], 'held', 'reserved'
-	FROM unnest(v_adm) WITH ORDINALITY AS s(i, o)
-	CROSS JOIN LATERAL unnest(p_keys[s.i]::text[], p_weights[s.i]::integer[]) AS a(k, w)
-	ORDER BY s.o, a.k COLLATE "C";
+	SELECT p_ids[a.m], a.k, a.w, 'admitted', p_actors[a.m], 'held', 'reserved'
+	FROM unnest(v_am, v_ak, v_aw) WITH ORDINALITY AS a(m, k, w, o)
+	ORDER BY a.o;
+	IF cardinality(v_multi) > 0 THEN
+		INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
+		SELECT p_ids[a.m], a.k, a.w FROM unnest(v_am, v_ak, v_aw) AS a(m, k, w)
+		WHERE a.m = ANY (v_multi);
+	END IF;
 
 	-- ms(now()), written out: once, not a call per member
 	v_now := (extract(epoch FROM now()) * 1000)::bigint;
@@ -1209,9 +1270,11 @@ BEGIN
 	SELECT i, 'PCSEX', pgcoord.claim_session_expired(), NULL::pgcoord.claim_decision
 	FROM unnest(v_dead) AS i) a(i, err_state, err_message, d);
 
-	RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_alone, p_uids, p_admins, p_ids,
-		p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents, p_limits,
-		p_actors);
+	IF cardinality(v_alone) > 0 THEN
+		RETURN QUERY SELECT * FROM pgcoord.permit_claim_members(v_alone, p_uids, p_admins,
+			p_ids, p_keys, p_weights, p_sessions, p_replicas, p_on_owner_loss, p_intents,
+			p_limits, p_actors);
+	END IF;
 END $$;
 
 -- A release group, and a lone release (a group of one), in a fixed
