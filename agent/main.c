@@ -5,6 +5,7 @@
  *   pgcoord-agent [--config FILE] [--OPTION VALUE ...]   serve
  *   pgcoord-agent migrate [--config FILE] [--database-url URL] [--runtime-role ROLE]
  *   pgcoord-agent --check-config [--config FILE] [...]
+ *   pgcoord-agent --help-config-markdown                 docs/CONFIGURATION.md's table
  *
  * Exit status: 0 clean stop; 1 refused to start or lost its identity;
  * 2 bad configuration or usage.
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/config_doc.h"
 #include "agent/conn.h"
 #include "agent/db.h"
 #include "agent/dispatch.h"
@@ -43,7 +45,7 @@ static void usage(FILE *out)
 		"       pgcoord-agent migrate [--config FILE] [--database-url URL] [--runtime-role "
 		"ROLE]\n"
 		"       pgcoord-agent --check-config [--config FILE] [--OPTION VALUE ...]\n"
-		"       pgcoord-agent --help | --version\n\n"
+		"       pgcoord-agent --help | --version | --help-config-markdown\n\n"
 		"Options come from the config file (default %s, `key = value`),\n"
 		"then PGCOORD_<NAME> environment variables, then flags; later wins.\n\n",
 		CONFIG_DEFAULT_FILE);
@@ -291,6 +293,10 @@ int main(int argc, char **argv)
 	for (int i = 0; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			usage(stdout);
+			return 0;
+		}
+		if (strcmp(argv[i], "--help-config-markdown") == 0) {
+			config_print_markdown(stdout);
 			return 0;
 		}
 		if (strcmp(argv[i], "--version") == 0) {

@@ -25,7 +25,8 @@
  *
  * Each runs in a with-postgres of its own (meson.build), as the primary does
  * not survive a failover test. PGCOORD_FAILOVER_LOAD_MS lengthens the load
- * before the failover (default 3000): the longer form of README "Testing".
+ * before the failover (default 3000): the longer form of docs/OPERATIONS.md,
+ * "Running the failover tests".
  */
 #include <criterion/criterion.h>
 #include <signal.h>

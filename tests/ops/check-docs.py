@@ -3,11 +3,14 @@
 operator can use is undocumented:
 
 - every agent option (from `pgcoord-agent --help`) must have a row in
-  README.md's option table and an entry in pgcoord-agent.conf(5), both with
-  the default `--check-config` reports;
+  docs/CONFIGURATION.md's option table and an entry in pgcoord-agent.conf(5),
+  both with the default `--check-config` reports;
 - every pgcoordctl command and option (from `pgcoordctl --help`) must be in
   pgcoordctl(1);
-- every function of <pgcoord/pgcoord.h> must be in libpgcoord(3).
+- every function of <pgcoord/pgcoord.h> must be in libpgcoord(3);
+- every relative link in README.md and docs/**/*.md must name a file that
+  exists, and a link with #anchor into a Markdown file a heading that makes
+  that anchor.
 """
 import os
 import re
@@ -34,7 +37,7 @@ if len(options) < 10:
     problems.append("found only %d options in `pgcoord-agent --help`" % len(options))
 defaults = dict(re.findall(r"^([a-z0-9_]+) = (.*)$",
                            run(agent, "--check-config", "--config", "/dev/null"), re.M))
-readme = read("README.md")
+reference = read("docs/CONFIGURATION.md")
 conf5 = read("man/pgcoord-agent.conf.5.scd")
 for name in options:
     value = defaults.get(name)
@@ -42,13 +45,13 @@ for name in options:
         problems.append("%s: not printed by --check-config" % name)
         continue
     value = value[1:-1] if value.startswith('"') else value
-    row = re.search(r"^\| `%s` \|(.*)$" % re.escape(name), readme, re.M)
+    row = re.search(r"^\| `%s` \|(.*)$" % re.escape(name), reference, re.M)
     if not row:
-        problems.append("%s: no row in README.md's option table" % name)
+        problems.append("%s: no row in docs/CONFIGURATION.md's option table" % name)
     elif name not in ("replica_id", "database_url"):  # host-dependent / secret
         want = "`%s`" % value if value else "empty"
         if want not in row.group(1):
-            problems.append("%s: README.md's row does not give the default %s" % (name, want))
+            problems.append("%s: docs/CONFIGURATION.md's row does not give the default %s" % (name, want))
     entry = re.search(r"^\*%s\* = .*\n\tDefault: ([^.]*(?:\.[0-9a-z/][^.]*)*)\." % re.escape(name),
                       conf5, re.M)
     if not entry:
@@ -82,8 +85,42 @@ for fn in functions:
     if not re.search(r"\b%s\b" % re.escape(fn), lib3):
         problems.append("%s(): not documented in man/libpgcoord.3.scd" % fn)
 
+# --- links --------------------------------------------------------------------
+def anchors(markdown):
+    """The anchors GitHub gives the headings of a Markdown text."""
+    seen, out = {}, set()
+    for title in re.findall(r"^#{1,6} +(.+?) *#*$", strip_code(markdown), re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else "%s-%d" % (slug, n))
+    return out
+
+
+def strip_code(markdown):
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+
+
+pages = ["README.md"] + sorted(
+    os.path.relpath(os.path.join(d, f), root)
+    for d, _, fs in os.walk(os.path.join(root, "docs")) for f in fs if f.endswith(".md"))
+nlinks = 0
+for page in pages:
+    text = strip_code(read(page))
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # http:, https:, mailto:
+        nlinks += 1
+        file_part, _, anchor = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(page), file_part)) if file_part else page
+        if not os.path.exists(os.path.join(root, dest)):
+            problems.append("%s: link to %s: no such file" % (page, target))
+        elif anchor and dest.endswith(".md") and anchor not in anchors(read(dest)):
+            problems.append("%s: link to %s: no heading makes #%s" % (page, target, anchor))
+
 for p in problems:
-    print("undocumented:", p)
-print("checked %d agent options, %d pgcoordctl commands and %d flags, %d library functions"
-      % (len(options), len(commands), len(flags), len(functions)))
+    print("problem:", p)
+print("checked %d agent options, %d pgcoordctl commands and %d flags, %d library functions, "
+      "%d links in %d pages" % (len(options), len(commands), len(flags), len(functions), nlinks,
+                                len(pages)))
 sys.exit(1 if problems else 0)
