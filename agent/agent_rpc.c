@@ -118,6 +118,9 @@ void rpc_agent_status(struct request *req)
 	reply_kv_int(&m, "waiters", waiters_count(ag));
 	reply_kv_int(&m, "db_standby_refusals", (int64_t)st.standby_refusals);
 	reply_kv_int(&m, "db_sync_waits_cancelled", (int64_t)st.sync_waits_cancelled);
+	reply_kv_str(&m, "prepared_statements", stmt_setting_name(ag->cfg.prepared_statements));
+	reply_kv_str(&m, "statement_mode", stmt_mode_name(db_statement_mode(ag->db)));
+	reply_kv_bool(&m, "db_pooler", db_pooler_seen(ag->db));
 	pack_replication(reply_key(&m, "replication"), db_replication(ag->db));
 	reply_map_end(&m);
 	req_done(req);

@@ -65,12 +65,20 @@ const struct option_def config_options[] = {
      "Longest wait for one database connection attempt."},
     {"reconnect_max_ms", OPT_INT, OFF(reconnect_max_ms), "5000", 100, 600000, false, true,
      "Ceiling of the exponential reconnect backoff."},
-    {"prepared_statements", OPT_BOOL, OFF(prepared_statements), "on", 0, 0, false, false,
-     "on or off. On, each database connection prepares the agent's statements once and "
-     "keeps statement_timeout and lock_timeout as session settings, so a call is one "
-     "statement. Set it off when database_url goes through a transaction pooler (PgBouncer "
-     "pool_mode = transaction), which cannot keep either across transactions: each call "
-     "then sends its timeouts and an unnamed statement."},
+    {"prepared_statements", OPT_STATEMENTS, OFF(prepared_statements), "auto", 0, 0, false, false,
+     "auto, on or off: how statements reach the database. on: each database connection "
+     "prepares the agent's statements once (named) and keeps statement_timeout and "
+     "lock_timeout as session settings, so a call is one statement; right only when each "
+     "connection is its own server session. off: each call sends its timeouts local to its "
+     "transaction and an unnamed statement, so nothing outlives the transaction. auto "
+     "decides, and agent.status, /status and /metrics (pgcoord_db_statement_mode) say what: "
+     "named (as on) when the server's pg_backend_pid() is the one the connection was given; "
+     "named-pooled (named statements, timeouts with each transaction) when it is not, i.e. a "
+     "pooler is in between (PgBouncer in any pool mode); unnamed (as off) from the first "
+     "named statement the server does not have or already has (SQLSTATE 26000 or 42P05: "
+     "PgBouncer transaction pooling before 1.21 or without max_prepared_statements), for "
+     "the life of the process, the call that met it sent again unnamed. See "
+     "docs/OPERATIONS.md for each pooler."},
     {"shutdown_timeout_ms", OPT_INT, OFF(shutdown_timeout_ms), "3000", 0, 600000, false, true,
      "On SIGTERM, how long to wait for the database to record the clean stop."},
     {"lease_ttl_ms", OPT_INT, OFF(lease_ttl_ms), "15000", 1000, 600000, false, true,
@@ -221,12 +229,10 @@ static bool set_value(struct config *cfg, const struct option_def *def, const ch
 			return false;
 		}
 		return true;
-	case OPT_BOOL:
-		if (strcmp(text, "on") == 0 || strcmp(text, "off") == 0) {
-			*(bool *)field = text[1] == 'n';
+	case OPT_STATEMENTS:
+		if (stmt_setting_parse(text, (enum stmt_setting *)field))
 			return true;
-		}
-		snprintf(why, whylen, "\"%s\" is not on or off", text);
+		snprintf(why, whylen, "\"%s\" is not auto, on or off", text);
 		return false;
 	}
 	return false;
@@ -733,8 +739,8 @@ void config_format(const struct config *cfg, const struct option_def *def, char 
 	case OPT_LEVEL:
 		snprintf(buf, len, "%s", log_level_name(*(const enum log_level *)field));
 		break;
-	case OPT_BOOL:
-		snprintf(buf, len, "%s", *(const bool *)field ? "on" : "off");
+	case OPT_STATEMENTS:
+		snprintf(buf, len, "%s", stmt_setting_name(*(const enum stmt_setting *)field));
 		break;
 	}
 }
@@ -750,8 +756,8 @@ bool config_equal(const struct config *a, const struct config *b, const struct o
 		return *(const int *)fa == *(const int *)fb;
 	case OPT_LEVEL:
 		return *(const enum log_level *)fa == *(const enum log_level *)fb;
-	case OPT_BOOL:
-		return *(const bool *)fa == *(const bool *)fb;
+	case OPT_STATEMENTS:
+		return *(const enum stmt_setting *)fa == *(const enum stmt_setting *)fb;
 	}
 	return false;
 }
@@ -774,8 +780,8 @@ void config_take(struct config *dst, struct config *src, const struct option_def
 	case OPT_LEVEL:
 		*(enum log_level *)fd = *(const enum log_level *)fs;
 		break;
-	case OPT_BOOL:
-		*(bool *)fd = *(const bool *)fs;
+	case OPT_STATEMENTS:
+		*(enum stmt_setting *)fd = *(const enum stmt_setting *)fs;
 		break;
 	}
 }

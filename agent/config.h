@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "agent/log.h"
+#include "agent/statement_mode.h"
 
 #define CONFIG_DEFAULT_FILE "/etc/pgcoord/agent.conf"
 
@@ -33,8 +34,8 @@ struct config {
 	int connect_timeout_ms;
 	int reconnect_max_ms;
 	/* named prepared statements and session-level timeouts per database
-	 * connection; off behind a transaction pooler (issue 10) */
-	bool prepared_statements;
+	 * connection: auto decides from what the connections see */
+	enum stmt_setting prepared_statements;
 	int shutdown_timeout_ms;
 	int lease_ttl_ms;
 	int lease_retry_ms;
@@ -81,7 +82,7 @@ struct config {
  * set's group as its gid (members of the group are listed as uids). */
 bool uid_set_has(const struct admin_set *set, uid_t uid, gid_t gid);
 
-enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL, OPT_BOOL };
+enum option_type { OPT_STRING, OPT_INT, OPT_MODE, OPT_LEVEL, OPT_STATEMENTS };
 
 struct option_def {
 	const char *name;

@@ -27,8 +27,8 @@ static void put_type(FILE *out, const struct option_def *o)
 	case OPT_LEVEL:
 		fputs("level", out);
 		return;
-	case OPT_BOOL:
-		fputs("on or off", out);
+	case OPT_STATEMENTS:
+		fputs("auto, on or off", out);
 		return;
 	case OPT_STRING:
 		fputs("string", out);

@@ -58,7 +58,7 @@ struct db_conn {
 	 * synchronous standby: committed here, maybe not there */
 	bool sync_wait_cancelled;
 	struct replication_view seen; /* filled by the check on connect */
-	/* prepared_statements on: what this session has prepared and set.
+	/* named modes: what this session has prepared and set.
 	 * Forgotten with the session (conn_forget_session). */
 	struct prepared prepared[DB_PREPARED_MAX];
 	int nprepared;
@@ -66,6 +66,7 @@ struct db_conn {
 	int preparing;	      /* the slot the running query prepares, or -1 */
 	int prepare_phase;    /* the Parse's place in the pipeline */
 	bool prepare_ok;      /* the server answered that Parse */
+	bool sent_named;      /* the running query's statement went by name */
 	int session_bound_ms; /* statement_timeout and lock_timeout of the session; 0 unset */
 	int pending_bound_ms; /* the session bound the running query sets, kept if it commits */
 };
@@ -85,7 +86,9 @@ struct db {
 	struct logger *log;
 	char *conninfo;
 	int query_timeout_ms, connect_timeout_ms, reconnect_max_ms;
-	bool prepared_statements;
+	enum stmt_setting setting; /* prepared_statements */
+	enum stmt_mode mode;	   /* what it has led to so far; only ever moves down */
+	bool pooler_seen, pooler_logged, lost_logged;
 	struct db_lane lanes[DB_LANE__COUNT];
 	db_state_fn on_state;
 	void *state_arg;
@@ -102,6 +105,7 @@ static void conn_start_connect(struct db_conn *c);
 static void lane_pump(struct db_lane *lane);
 static void conn_connect_failed(struct db_conn *c);
 static void conn_connect_refused(struct db_conn *c, const char *why);
+static void conn_run(struct db_conn *c, struct db_query *q);
 
 static struct timeval ms_to_tv(int ms)
 {
@@ -361,7 +365,8 @@ static void conn_check_start(struct db_conn *c)
 	    "SELECT pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
 	    "current_setting('synchronous_commit'), "
 	    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')), "
-	    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)";
+	    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL), "
+	    "pg_backend_pid()";
 
 	c->state = CONN_CHECKING;
 	c->phase = 0;
@@ -389,7 +394,7 @@ static void conn_check_done(struct db_conn *c)
 
 	c->result = NULL;
 	if (!res || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 ||
-	    PQnfields(res) != 5) {
+	    PQnfields(res) != 6) {
 		snprintf(line, sizeof(line), "cannot read what the server is: %s",
 			 res ? PQresultErrorMessage(res) : "no answer");
 		PQclear(res);
@@ -404,7 +409,18 @@ static void conn_check_done(struct db_conn *c)
 	snprintf(v->synchronous_commit, sizeof(v->synchronous_commit), "%s", PQgetvalue(res, 0, 2));
 	long sync = atol(PQgetvalue(res, 0, 3)), hidden = atol(PQgetvalue(res, 0, 4));
 	v->sync_standbys = sync == 0 && hidden > 0 ? -1 : (int)sync;
+	/* A pooler gives its client a BackendKeyData of its own: the server
+	 * session the check ran on is not the connection's, and what a
+	 * session keeps (settings, named statements) may go to other clients
+	 * or be gone by the next transaction. */
+	int server_pid = atoi(PQgetvalue(res, 0, 5));
 	PQclear(res);
+	if (server_pid != PQbackendPID(c->pg)) {
+		db->pooler_seen = true;
+		db->mode = stmt_mode_after_pooler(db->setting, db->mode);
+		stmt_log_pooler(db->log, &db->pooler_logged, db->setting, db->mode, server_pid,
+				PQbackendPID(c->pg));
+	}
 	evtimer_del(c->timer);
 	if (v->in_recovery) {
 		db->stats.standby_refusals++;
@@ -521,20 +537,19 @@ static void conn_start_connect(struct db_conn *c)
  * statement means the server session is not the one the agent prepared on:
  * a transaction pooler hands each transaction to any server connection.
  * The table is forgotten (a new generation of names), so a session that is
- * really this one's recovers, and the log says what to set.
+ * really this one's recovers. With auto the db goes unnamed for good and
+ * the caller sends the query again: its pipeline was one implicit
+ * transaction that ended at the failed Parse or Bind, so nothing of it ran.
+ * With on the log says what to set.
  */
 static bool conn_lost_its_statements(struct db_conn *c, const char *sqlstate)
 {
 	struct db *db = c->lane->db;
 
-	if (!db->prepared_statements || !sqlstate ||
-	    (strcmp(sqlstate, "26000") != 0 && strcmp(sqlstate, "42P05") != 0))
+	if (!c->sent_named || !stmt_sqlstate_lost_statement(sqlstate))
 		return false;
-	log_error(db->log, "db",
-		  "the server does not have the statements this connection prepared (SQLSTATE "
-		  "%s): is database_url a transaction pooler (PgBouncer pool_mode = "
-		  "transaction)? Set prepared_statements = off behind one",
-		  sqlstate);
+	stmt_log_lost(db->log, &db->lost_logged, db->setting, sqlstate);
+	db->mode = stmt_mode_after_lost(db->setting, db->mode);
 	conn_forget_session(c);
 	return true;
 }
@@ -553,6 +568,7 @@ static void conn_finish_query(struct db_conn *c)
 	conn_wait(c, EV_READ);
 
 	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+	bool resend = false;
 	bool committed = st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK;
 	if (c->preparing >= 0 && !c->prepare_ok) {
 		/* its Parse never ran (an earlier error) or failed: not prepared */
@@ -586,8 +602,11 @@ static void conn_finish_query(struct db_conn *c)
 		r.error = db_error_for_sqlstate(r.sqlstate);
 		r.refusal = db_sqlstate_is_refusal(r.sqlstate);
 		if (conn_lost_its_statements(c, r.sqlstate)) {
-			/* nothing ran past the failed Parse or Bind: retryable */
+			/* nothing ran past the failed Parse or Bind: retryable,
+			 * and with auto sent again unnamed, unseen by the caller */
 			r.error = PGC_E_UNAVAILABLE;
+			resend = c->lane->db->mode == STMT_MODE_UNNAMED &&
+				 !(q->abandoned && *q->abandoned);
 		} else if (r.error == PGC_E_TIMEOUT) {
 			/* the server's words, e.g. "canceling statement due to
 			 * statement timeout", as they were */
@@ -602,11 +621,19 @@ static void conn_finish_query(struct db_conn *c)
 		/* an error reply means the statement's transaction rolled back */
 		r.outcome_unknown = false;
 		/* a refusal is the schema answering, not the database failing */
-		if (!r.refusal)
+		if (!r.refusal && !resend)
 			c->lane->db->stats.failures++;
 		if (r.error == PGC_E_INTERNAL)
 			log_error(c->lane->db->log, "db", "statement failed: %s (SQLSTATE %s)", msg,
 				  r.sqlstate ? r.sqlstate : "none");
+	}
+	if (resend) {
+		/* the same text and parameters (a built group is not built
+		 * again), under the same deadline, on this connection */
+		PQclear(res);
+		c->lane->db->stats.statements_resent++;
+		conn_run(c, q);
+		return;
 	}
 	query_observe(q);
 	q->done(&r, q->arg);
@@ -785,7 +812,7 @@ static int conn_find_prepared(const struct db_conn *c, const char *sql, unsigned
 }
 
 /*
- * With prepared_statements on, the session keeps statement_timeout and
+ * In the named mode, the session keeps statement_timeout and
  * lock_timeout at the bound of a query that did not wait in the queue
  * (query_timeout_ms less the margin), set once per connection, again after
  * a reload changes it. A query that waited less than half the margin runs
@@ -793,24 +820,27 @@ static int conn_find_prepared(const struct db_conn *c, const char *sql, unsigned
  * than the query's own bound, still at least half the margin before the
  * agent's deadline, so its answer still means "rolled back". A query that
  * waited longer sends its own, smaller bound local to its transaction, as
- * every query does with the option off. Each text is Parsed once per
- * connection, in the pipeline of its first use, then only Bound and run.
+ * every query does in the other modes (named-pooled: session settings
+ * would stay with a server connection the pooler lends to others). Each
+ * text is Parsed once per connection, in the pipeline of its first use,
+ * then only Bound and run.
  */
 static bool conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 {
 	struct db *db = c->lane->db;
+	bool in_session = db->mode == STMT_MODE_NAMED;
 	int session = db->query_timeout_ms - db_margin_ms(db->query_timeout_ms);
 	unsigned hash = text_hash(q->sql);
 	int phase = 0, slot;
 	char name[40];
 
-	if (c->session_bound_ms != session) {
+	if (in_session && c->session_bound_ms != session) {
 		if (!conn_send_bound(c, session_bound_sql, session))
 			return false;
 		c->pending_bound_ms = session;
 		phase++;
 	}
-	if (bound < session - db_margin_ms(db->query_timeout_ms) / 2) {
+	if (!in_session || bound < session - db_margin_ms(db->query_timeout_ms) / 2) {
 		if (!conn_send_bound(c, local_bound_sql, bound))
 			return false;
 		phase++;
@@ -833,12 +863,13 @@ static bool conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 					 (const char *const *)q->params, NULL, NULL, 0);
 	statement_name(name, sizeof(name), c, slot);
 	db->stats.prepared_runs++;
+	c->sent_named = true;
 	return PQsendQueryPrepared(c->pg, name, q->nparams, (const char *const *)q->params, NULL,
 				   NULL, 0);
 }
 
 /*
- * With prepared_statements off: set_config() of statement_timeout and
+ * The unnamed mode: set_config() of statement_timeout and
  * lock_timeout, local to the transaction, then the statement, unnamed. No
  * SET, no named statements: nothing outlives the transaction, which keeps
  * PgBouncer's transaction pooling safe.
@@ -870,12 +901,15 @@ static void conn_run(struct db_conn *c, struct db_query *q)
 	c->sync_wait_cancelled = false;
 	c->preparing = -1;
 	c->prepare_ok = false;
+	c->sent_named = false;
 	c->pending_bound_ms = 0;
 	q->running_on = c;
 	c->state = CONN_BUSY;
 	db->stats.queries++;
-	if (!(db->prepared_statements ? conn_send_prepared(c, q, bound)
-				      : conn_send_unnamed(c, q, bound)) ||
+	if (db->mode == STMT_MODE_UNNAMED && c->nprepared)
+		conn_forget_session(c); /* what it prepared is of no more use */
+	if (!(db->mode == STMT_MODE_UNNAMED ? conn_send_unnamed(c, q, bound)
+					    : conn_send_prepared(c, q, bound)) ||
 	    !PQpipelineSync(c->pg)) {
 		conn_lost(c, PQerrorMessage(c->pg));
 		return;
@@ -1093,7 +1127,8 @@ struct db *db_create(struct event_base *base, const struct db_settings *s, struc
 	db->state_arg = state_arg;
 	db->rng = (unsigned)time(NULL) ^ (unsigned)getpid();
 	db->conninfo = strdup(s->conninfo ? s->conninfo : "");
-	db->prepared_statements = s->prepared_statements;
+	db->setting = s->prepared_statements;
+	db->mode = stmt_mode_initial(db->setting);
 	db_update_timeouts(db, s);
 	if (!db->conninfo)
 		goto fail;
@@ -1161,4 +1196,14 @@ void db_destroy(struct db *db)
 const struct replication_view *db_replication(const struct db *db)
 {
 	return &db->replication;
+}
+
+enum stmt_mode db_statement_mode(const struct db *db)
+{
+	return db->mode;
+}
+
+bool db_pooler_seen(const struct db *db)
+{
+	return db->pooler_seen;
 }

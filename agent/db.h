@@ -6,11 +6,12 @@
  * liveness never queues behind traffic). Every query is one statement, sent
  * in libpq pipeline mode with a bound on its time in the database, so the
  * database itself stops a statement just before the agent would give up on
- * it. With prepared_statements on, each connection prepares a statement's
- * text once (named, up to DB_PREPARED_MAX per connection) and keeps the
- * bound as session settings; with it off (PgBouncer in transaction mode),
- * each query is an unnamed statement behind a set_config() of
- * statement_timeout and lock_timeout local to its transaction. The loop
+ * it. How a statement travels is the statement mode (statement_mode.h):
+ * named, each connection prepares a statement's text once (up to
+ * DB_PREPARED_MAX per connection) and keeps the bound as session settings;
+ * named-pooled, the same statements but the bound set_config()'d local to
+ * each transaction; unnamed (PgBouncer transaction pooling), each query is
+ * an unnamed statement behind that local set_config(). The loop
  * never blocks on the database: connects are driven by PQconnectPoll,
  * results by PQconsumeInput/PQisBusy.
  */
@@ -25,6 +26,7 @@
 #include "agent/metrics.h"
 #include "agent/replication.h"
 #include "agent/sqlstate.h"
+#include "agent/statement_mode.h"
 #include "proto/codec.h"
 
 /* Named statements one connection keeps (the agent has fewer texts than
@@ -57,7 +59,8 @@ struct db_settings {
 	int query_timeout_ms;
 	int connect_timeout_ms;
 	int reconnect_max_ms;
-	bool prepared_statements; /* fixed at start: not changed by db_update_timeouts */
+	/* fixed at start: not changed by db_update_timeouts */
+	enum stmt_setting prepared_statements;
 };
 
 struct db;
@@ -137,6 +140,8 @@ struct db_stats {
 	/* statements prepared (Parse of a named statement), statements run by
 	 * name, and set_config() statements of the timeouts sent */
 	unsigned long prepares, prepared_runs, bound_statements;
+	/* queries sent again unnamed after their named statement went missing */
+	unsigned long statements_resent;
 	int connected[DB_LANE__COUNT];
 	int queued[DB_LANE__COUNT];
 	/* from queueing to the result (or failure), per lane */
@@ -147,5 +152,10 @@ void db_get_stats(const struct db *db, struct db_stats *out);
 /* What the server of the latest checked connection said about replication
  * (checked false before the first connection). */
 const struct replication_view *db_replication(const struct db *db);
+
+/* The statement mode in use (with auto, what the connections have shown
+ * so far), and whether a connection has seen a pooler in between. */
+enum stmt_mode db_statement_mode(const struct db *db);
+bool db_pooler_seen(const struct db *db);
 
 #endif

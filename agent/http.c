@@ -567,6 +567,12 @@ static void render_self(struct evbuffer *out, struct agent *ag)
 			    " (%lu standby connections refused, %lu synchronous waits "
 			    "cancelled)</td></tr>\n",
 			    st.standby_refusals, st.sync_waits_cancelled);
+	evbuffer_add_printf(out,
+			    "<tr><th>statements</th><td id=\"statement-mode\">%s "
+			    "(prepared_statements = %s%s)</td></tr>\n",
+			    stmt_mode_name(db_statement_mode(ag->db)),
+			    stmt_setting_name(ag->cfg.prepared_statements),
+			    db_pooler_seen(ag->db) ? "; a pooler is in between" : "");
 	int leases = leases_held_count(ag);
 	evbuffer_add_printf(out,
 			    "<tr><th>here</th><td>%d client connection%s, %d session%s, %d "

@@ -155,16 +155,30 @@ static void render_db(struct agent *ag, struct evbuffer *out)
 	       "Commits whose wait for the synchronous standby was cancelled (not acknowledged).");
 	evbuffer_add_printf(out, "pgcoord_db_sync_waits_cancelled_total %lu\n",
 			    st.sync_waits_cancelled);
+	header(out, "pgcoord_db_statement_mode", "gauge",
+	       "1 for the statement mode in use (prepared_statements), 0 for the others.");
+	for (int m = 0; m < STMT_MODE__COUNT; m++)
+		evbuffer_add_printf(out, "pgcoord_db_statement_mode{mode=\"%s\"} %d\n",
+				    stmt_mode_name((enum stmt_mode)m),
+				    db_statement_mode(ag->db) == (enum stmt_mode)m);
+	header(out, "pgcoord_db_pooler", "gauge",
+	       "1 once a connection reached the server through a pooler (its backend pid is not "
+	       "the server's).");
+	evbuffer_add_printf(out, "pgcoord_db_pooler %d\n", db_pooler_seen(ag->db));
+	header(out, "pgcoord_db_statements_resent_total", "counter",
+	       "Statements sent again unnamed after their named statement went missing "
+	       "(prepared_statements auto behind a transaction pooler).");
+	evbuffer_add_printf(out, "pgcoord_db_statements_resent_total %lu\n", st.statements_resent);
 	header(out, "pgcoord_db_statements_prepared_total", "counter",
-	       "Statement texts prepared on a connection (prepared_statements on).");
+	       "Statement texts prepared on a connection (the named modes).");
 	evbuffer_add_printf(out, "pgcoord_db_statements_prepared_total %lu\n", st.prepares);
 	header(out, "pgcoord_db_prepared_runs_total", "counter",
 	       "Statements run by the name they were prepared under.");
 	evbuffer_add_printf(out, "pgcoord_db_prepared_runs_total %lu\n", st.prepared_runs);
 	header(out, "pgcoord_db_timeout_statements_total", "counter",
 	       "set_config() statements of statement_timeout and lock_timeout sent: one per "
-	       "statement with prepared_statements off, else once per connection and for a "
-	       "statement that waited in the queue.");
+	       "statement in the unnamed and named-pooled modes; in the named mode once per "
+	       "connection and for a statement that waited in the queue.");
 	evbuffer_add_printf(out, "pgcoord_db_timeout_statements_total %lu\n", st.bound_statements);
 	render_replication(db_replication(ag->db), out);
 	header(out, "pgcoord_db_query_duration_seconds", "histogram",

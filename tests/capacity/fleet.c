@@ -91,9 +91,9 @@ static pid_t spawn(const struct cap_cfg *cfg, int i)
 		setenv("PGCOORD_DATABASE_URL", cfg->agent_conninfo, 1);
 		setenv("PGCOORD_REPLICA_ID", rid, 1);
 		setenv("PGCOORD_SOCKET_PATH", agent_sockets[i], 1);
-		/* PgBouncer's transaction pooling keeps no named statement
-		 * between transactions */
-		setenv("PGCOORD_PREPARED_STATEMENTS", cfg->direct ? "on" : "off", 1);
+		/* the default (auto) finds out what the path to the server
+		 * keeps, directly or through PgBouncer */
+		unsetenv("PGCOORD_PREPARED_STATEMENTS");
 		setenv("PGCOORD_LOG_LEVEL", "warn", 1);
 		/* every session is a connection of the tool's one uid */
 		setenv_int("PGCOORD_MAX_CONNECTIONS_PER_UID", CAP_MAX_SESSIONS + 16);

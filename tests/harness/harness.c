@@ -598,12 +598,6 @@ static struct hagent *agent_spawn(const char *conninfo, const char *replica_id,
 	argv[argc++] = replica_id;
 	argv[argc++] = "--socket-path";
 	argv[argc++] = a->socket_path;
-	if (hbouncer_enabled()) {
-		/* transaction pooling keeps no named statement nor SET between
-		 * transactions (a test may still say otherwise after this) */
-		argv[argc++] = "--prepared-statements";
-		argv[argc++] = "off";
-	}
 	for (size_t i = 0; i < nextra; i++)
 		argv[argc++] = extra_args[i];
 	argv[argc] = NULL;

@@ -276,10 +276,12 @@ static pgcoord_err claim_and_release(pgcoord *c, const char *id)
 	return PGCOORD_OK;
 }
 
-/* With prepared_statements on (the direct run), each connection prepares a
- * text once and runs every later call by name, and sends the timeouts once
- * per connection, not with each call; with it off (behind PgBouncer), every
- * call is unnamed behind its own set_config(). */
+/* With the default prepared_statements (auto), directly (the named mode)
+ * each connection prepares a text once and runs every later call by name,
+ * and sends the timeouts once per connection, not with each call. Behind
+ * PgBouncer the timeouts go with every call (named-pooled), and once a
+ * named statement lands on a server connection without it, every call is
+ * unnamed: the one that met it was sent again. */
 Test(statement_bounds, statements_are_prepared_once_per_connection_and_run_by_name)
 {
 	enum { CYCLES = 40, POOL = 2 };
@@ -307,13 +309,25 @@ Test(statement_bounds, statements_are_prepared_once_per_connection_and_run_by_na
 	long prepared = metric(a, "pgcoord_db_statements_prepared_total");
 	long by_name = metric(a, "pgcoord_db_prepared_runs_total");
 	long bounds = metric(a, "pgcoord_db_timeout_statements_total");
+	long resent = metric(a, "pgcoord_db_statements_resent_total");
+	char *mode = istatus_str(a, "statement_mode");
 	cr_assert_geq(queries, 2 * CYCLES);
 	if (hbouncer_enabled()) {
-		cr_assert_eq(prepared, 0);
-		cr_assert_eq(by_name, 0);
+		cr_assert(strcmp(mode, "named-pooled") == 0 || strcmp(mode, "unnamed") == 0, "%s",
+			  mode);
+		cr_assert(istatus_bool(a, "db_pooler"));
+		/* a resent call counts as two queries, each with its bound */
 		cr_assert_eq(bounds, queries, "%ld timeout statements for %ld queries", bounds,
 			     queries);
+		if (strcmp(mode, "unnamed") == 0)
+			cr_assert_gt(resent, 0);
+		else
+			cr_assert_eq(by_name, queries, "%ld of %ld queries ran by name", by_name,
+				     queries);
 	} else {
+		cr_assert_str_eq(mode, "named");
+		cr_assert_not(istatus_bool(a, "db_pooler"));
+		cr_assert_eq(resent, 0);
 		/* a few texts (claim, release, heartbeat, ...) per connection */
 		cr_assert_geq(prepared, 2);
 		cr_assert_lt(prepared, CYCLES / 2, "%ld statements prepared for %ld queries",
@@ -323,6 +337,7 @@ Test(statement_bounds, statements_are_prepared_once_per_connection_and_run_by_na
 		cr_assert_leq(bounds, POOL + 1, "%ld timeout statements for %ld queries", bounds,
 			      queries);
 	}
+	free(mode);
 	pgcoord_close(c);
 	hagent_destroy(a);
 	hdb_drop(db);
@@ -401,10 +416,11 @@ Test(statement_bounds, a_statement_that_waited_in_the_queue_keeps_its_own_smalle
 
 /* The server sessions the agent prepared on go away. Directly, the agent's
  * connections go with them and the new ones prepare again. Behind a
- * transaction pooler with prepared_statements on (a misconfiguration), the
- * agent's connection stays but its next transaction reaches a new server
- * session: the call fails retryably with nothing done, the log says what
- * to set, and a retry of the same id succeeds. */
+ * transaction pooler with prepared_statements forced on (a
+ * misconfiguration: the agent warns at connect), the agent's connection
+ * stays but its next transaction reaches a new server session: the call
+ * fails retryably with nothing done, the log says what to set, and a retry
+ * of the same id succeeds. */
 Test(statement_bounds, prepared_statements_lost_with_the_server_session_are_made_again)
 {
 	struct harness_db *db = hdb_create();
@@ -462,11 +478,19 @@ Test(statement_bounds, prepared_statements_lost_with_the_server_session_are_made
 		     6);
 	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"), 0);
 	const char *log = hagent_log(a);
+	char *mode = istatus_str(a, "statement_mode");
+	cr_assert_str_eq(mode, "named", "on is named, whatever it meets");
+	free(mode);
 	if (hbouncer_enabled()) {
 		cr_assert_gt(failed, 0, "no call failed on the new server session");
-		cr_assert(strstr(log, "Set prepared_statements = off"), "%s", log);
+		cr_assert(strstr(log, "Set prepared_statements = auto (or off) behind one"), "%s",
+			  log);
+		cr_assert(strstr(log, "prepared_statements = on keeps the statement timeouts as "
+				      "session settings"),
+			  "%s", log);
 	} else {
-		cr_assert_null(strstr(log, "Set prepared_statements = off"), "%s", log);
+		cr_assert_null(strstr(log, "Set prepared_statements = auto"), "%s", log);
+		cr_assert_null(strstr(log, "through a pooler"), "%s", log);
 	}
 	pgcoord_close(c);
 	hagent_destroy(a);

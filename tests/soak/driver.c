@@ -124,8 +124,9 @@ static pid_t spawn_agent(struct fleet *fl, int i)
 		setenv("PGCOORD_DATABASE_URL", cfg->agent_conninfo, 1);
 		setenv("PGCOORD_REPLICA_ID", rid, 1);
 		setenv("PGCOORD_SOCKET_PATH", cfg->sockets[i], 1);
-		/* transaction pooling keeps no named statement between transactions */
-		setenv("PGCOORD_PREPARED_STATEMENTS", cfg->pgbouncer ? "off" : "on", 1);
+		/* the default (auto) finds out what the path to the server
+		 * keeps, directly or through PgBouncer */
+		unsetenv("PGCOORD_PREPARED_STATEMENTS");
 		setenv_int("PGCOORD_HEARTBEAT_INTERVAL_MS", cfg->heartbeat_ms);
 		setenv_int("PGCOORD_SESSION_TTL_MS", cfg->session_ttl_ms);
 		setenv_int("PGCOORD_SESSION_GRACE_MS", cfg->session_grace_ms);

@@ -120,13 +120,39 @@ Test(config, bad_values_name_file_line_and_a_hint)
 
 	rewrite(path, "prepared_statements = yes\n");
 	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
-	cr_assert(strstr(err, ":1: prepared_statements: \"yes\" is not on or off"), "%s", err);
+	cr_assert(strstr(err, ":1: prepared_statements: \"yes\" is not auto, on or off"), "%s",
+		  err);
 	config_free(&cfg);
 
 	rewrite(path, "prepared_statements = off\n");
 	cr_assert(load(&cfg, path, 0, NULL, err, sizeof(err)), "%s", err);
-	cr_assert(!cfg.prepared_statements);
+	cr_assert_eq(cfg.prepared_statements, STMT_SETTING_OFF);
 	config_free(&cfg);
+
+	rewrite(path, "prepared_statements = on\n");
+	cr_assert(load(&cfg, path, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.prepared_statements, STMT_SETTING_ON);
+	config_free(&cfg);
+
+	/* the default, and the environment and the flag over the file */
+	rewrite(path, "pool_size = 3\n");
+	cr_assert(load(&cfg, path, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.prepared_statements, STMT_SETTING_AUTO);
+	config_free(&cfg);
+	rewrite(path, "prepared_statements = on\n");
+	setenv("PGCOORD_PREPARED_STATEMENTS", "off", 1);
+	cr_assert(load(&cfg, path, 0, NULL, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.prepared_statements, STMT_SETTING_OFF);
+	config_free(&cfg);
+	char *flags[] = {"--prepared-statements", "auto"};
+	cr_assert(load(&cfg, path, 2, flags, err, sizeof(err)), "%s", err);
+	cr_assert_eq(cfg.prepared_statements, STMT_SETTING_AUTO);
+	config_free(&cfg);
+	setenv("PGCOORD_PREPARED_STATEMENTS", "sometimes", 1);
+	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
+	cr_assert(strstr(err, "\"sometimes\" is not auto, on or off"), "%s", err);
+	config_free(&cfg);
+	unsetenv("PGCOORD_PREPARED_STATEMENTS");
 
 	rewrite(path, "just words\n");
 	cr_assert(!load(&cfg, path, 0, NULL, err, sizeof(err)));
@@ -364,14 +390,14 @@ Test(config, sighup_with_a_bad_file_keeps_the_running_configuration)
 	rewrite(h.path, "session_grace_ms = 2000\nprepared_statements = maybe\n");
 	cr_assert_eq(agent_reload(&h.ag), -1);
 	cr_assert_eq(h.ag.cfg.session_grace_ms, 1000);
-	cr_assert(h.ag.cfg.prepared_statements);
+	cr_assert_eq(h.ag.cfg.prepared_statements, STMT_SETTING_AUTO);
 	log = hand_agent_log(&h);
-	cr_assert(strstr(log, ":2: prepared_statements: \\\"maybe\\\" is not on or off"), "%s",
-		  log);
+	cr_assert(strstr(log, ":2: prepared_statements: \\\"maybe\\\" is not auto, on or off"),
+		  "%s", log);
 	/* a valid change needs a restart: the connections keep what they prepared */
 	rewrite(h.path, "session_grace_ms = 1000\nprepared_statements = off\n");
 	cr_assert_eq(agent_reload(&h.ag), 0);
-	cr_assert(h.ag.cfg.prepared_statements);
+	cr_assert_eq(h.ag.cfg.prepared_statements, STMT_SETTING_AUTO);
 	log = hand_agent_log(&h);
 	cr_assert(strstr(log, "prepared_statements changed to off but needs a restart"), "%s", log);
 
