@@ -300,3 +300,16 @@ const struct replication_view *db_replication(const struct db *db)
 	(void)db;
 	return &unchecked;
 }
+
+/* The fake keeps no statements, so it reports the mode nothing changes. */
+enum stmt_mode db_statement_mode(const struct db *db)
+{
+	(void)db;
+	return STMT_MODE_NAMED;
+}
+
+bool db_pooler_seen(const struct db *db)
+{
+	(void)db;
+	return false;
+}
