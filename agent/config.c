@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #define OFF(field) offsetof(struct config, field)
+#define STR(x) #x
+#define XSTR(x) STR(x) /* the value of a macro as a string */
 
 const struct option_def config_options[] = {
     {"database_url", OPT_STRING, OFF(database_url), "", 0, 0, true, false,
@@ -29,6 +31,14 @@ const struct option_def config_options[] = {
      "Unix socket the agent listens on."},
     {"socket_mode", OPT_MODE, OFF(socket_mode), "0660", 0, 0777, false, false,
      "Permission bits of the socket (octal)."},
+    {"listen_backlog", OPT_INT, OFF(listen_backlog), XSTR(SOMAXCONN), 1, 65535, false, true,
+     "Connections the kernel queues on the socket before the agent accepts them (the "
+     "listen(2) backlog; the default is the system's SOMAXCONN). A burst of connects beyond "
+     "it gets EAGAIN before the agent sees them (the clients retry within their connect "
+     "timeout); accepted ones are then held to max_connections and max_connections_per_uid. "
+     "The kernel caps it at net.core.somaxconn (/proc/sys/net/core/somaxconn), and the agent "
+     "warns when it does. Also applied to a socket systemd passes, in place of the unit's "
+     "Backlog=."},
     {"pool_size", OPT_INT, OFF(pool_size), "8", 1, 64, false, false,
      "Database connections for requests (the heartbeat has its own)."},
     {"group_statements_max", OPT_INT, OFF(group_statements_max), "1", 0, 64, false, false,

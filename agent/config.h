@@ -23,6 +23,7 @@ struct config {
 	char *replica_id;
 	char *socket_path;
 	int socket_mode;
+	int listen_backlog; /* listen(2); the kernel caps it at net.core.somaxconn */
 	int pool_size;
 	int group_statements_max;      /* of one kind in flight; 0 = the pool's bound */
 	int group_kind_statements_max; /* the same on any key; 0 = the pool's bound */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <event2/listener.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -27,6 +28,7 @@ struct listener {
 	ino_t ino;
 	bool activated; /* the fd came from systemd: the file is not ours */
 	int lock_fd;	/* flock on <socket_path>.lock, held for the process's life */
+	int backlog;	/* what listen() was last given */
 	/* refusals are logged at most once per REFUSAL_LOG_MS, with a count */
 	uint64_t refusal_logged_ms;
 	unsigned refusals_unlogged;
@@ -290,6 +292,47 @@ static void make_parent_dir(const char *path)
 	}
 }
 
+/* net.core.somaxconn, the kernel's cap on any listen backlog; 0 when unknown. */
+static int somaxconn(void)
+{
+	FILE *f = fopen("/proc/sys/net/core/somaxconn", "re");
+	int v = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%d", &v) != 1)
+		v = 0;
+	fclose(f);
+	return v;
+}
+
+/* Says so when the kernel queues fewer connects than listen_backlog asks:
+ * a burst beyond the cap gets EAGAIN, whatever the option says. */
+static void warn_if_capped(struct listener *l, int backlog)
+{
+	int cap = somaxconn();
+
+	if (cap > 0 && backlog > cap)
+		log_warn(&l->ag->log, "listener",
+			 "listen_backlog %d is capped at %d by net.core.somaxconn; raise that "
+			 "(sysctl net.core.somaxconn=%d) to queue larger bursts of connections",
+			 backlog, cap, backlog);
+}
+
+bool listener_set_backlog(struct listener *l, int backlog)
+{
+	if (backlog == l->backlog)
+		return true;
+	if (listen(evconnlistener_get_fd(l->ev), backlog) != 0) {
+		log_warn(&l->ag->log, "listener", "cannot set listen_backlog to %d: %s", backlog,
+			 strerror(errno));
+		return false;
+	}
+	l->backlog = backlog;
+	warn_if_capped(l, backlog);
+	return true;
+}
+
 #define SD_LISTEN_FDS_START 3
 
 /*
@@ -387,7 +430,9 @@ struct listener *listener_create(struct agent *ag, char *err, size_t errlen)
 	l->dev = st.st_dev;
 	l->ino = st.st_ino;
 have_fd:
-	l->ev = evconnlistener_new(ag->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE, 128, fd);
+	/* listen() again on systemd's socket only changes its backlog */
+	l->ev = evconnlistener_new(ag->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE,
+				   ag->cfg.listen_backlog, fd);
 	l->resume_timer = evtimer_new(ag->base, resume_cb, l);
 	if (!l->ev || !l->resume_timer) {
 		snprintf(err, errlen, "cannot listen on %s", l->path);
@@ -398,6 +443,8 @@ have_fd:
 		goto fail;
 	}
 	evconnlistener_set_error_cb(l->ev, accept_error_cb);
+	l->backlog = ag->cfg.listen_backlog;
+	warn_if_capped(l, l->backlog);
 	return l;
 fail:
 	listener_destroy(l);

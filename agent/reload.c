@@ -9,6 +9,7 @@
 
 #include "agent/agent.h"
 #include "agent/db.h"
+#include "agent/listener.h"
 #include "agent/notify.h"
 
 /* Makes the components that copied settings at start see the new values;
@@ -25,6 +26,8 @@ static void apply(struct agent *ag)
 	ag->log.level = ag->cfg.log_level;
 	if (ag->db)
 		db_update_timeouts(ag->db, &dbs);
+	if (ag->listener)
+		(void)listener_set_backlog(ag->listener, ag->cfg.listen_backlog);
 }
 
 int agent_reload(struct agent *ag)

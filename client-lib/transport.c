@@ -59,9 +59,30 @@ pgcoord_err pgcoord__sock_wait_readable(int fd, int64_t deadline)
 	return wait_fd(fd, POLLIN, deadline);
 }
 
-/* connect() until done or deadline; returns 0 or the errno that stopped it. */
+/*
+ * The next pause between connects refused with EAGAIN: 1 ms doubling to
+ * CONNECT_BACKOFF_MAX_MS, each drawn at random from its upper half, so a
+ * fleet restarting together does not retry in step.
+ */
+#define CONNECT_BACKOFF_MAX_MS 50
+
+static int connect_backoff_ms(int *step, unsigned *seed)
+{
+	int ceiling = *step;
+
+	if (*step < CONNECT_BACKOFF_MAX_MS)
+		*step = *step * 2 > CONNECT_BACKOFF_MAX_MS ? CONNECT_BACKOFF_MAX_MS : *step * 2;
+	*seed = *seed * 1103515245u + 12345u;
+	return ceiling - (int)((*seed >> 16) % (unsigned)(ceiling / 2 + 1));
+}
+
+/* connect() until done or deadline; returns 0 or the errno that stopped it
+ * (ETIMEDOUT when the deadline came first). */
 static int connect_by(int fd, const struct sockaddr_un *sun, int64_t deadline)
 {
+	int step = 1;
+	unsigned seed = (unsigned)getpid() ^ (unsigned)pgcoord__now_ms() ^ (unsigned)fd << 16;
+
 	for (;;) {
 		if (connect(fd, (const struct sockaddr *)sun, sizeof(*sun)) == 0)
 			return 0;
@@ -77,18 +98,26 @@ static int connect_by(int fd, const struct sockaddr_un *sun, int64_t deadline)
 				return errno;
 			return e;
 		}
-		if (e != EAGAIN && e != EINTR)
-			return e;
+		if (e == EINTR)
+			continue;
+		if (e == EISCONN)
+			return 0; /* the interrupted connect went through */
+		if (e != EAGAIN)
+			return e; /* ENOENT, ECONNREFUSED, EACCES: no agent to wait for */
 		/*
-		 * A Unix socket whose accept backlog is full answers EAGAIN
-		 * and cannot be polled for completion: retry until the
-		 * deadline, as a momentarily busy agent deserves.
+		 * The agent's accept queue (listen_backlog) is full: a burst of
+		 * connects it has not caught up with. A Unix socket cannot be
+		 * polled for that to change, so retry until the deadline.
 		 */
 		int left = pgcoord__remaining(deadline);
 		if (left == 0)
 			return ETIMEDOUT;
-		struct timespec nap = {.tv_nsec = (left > 0 && left < 5 ? left : 5) * 1000000L};
-		nanosleep(&nap, NULL);
+		int ms = connect_backoff_ms(&step, &seed);
+		if (left > 0 && left < ms)
+			ms = left;
+		struct timespec nap = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+		while (nanosleep(&nap, &nap) != 0 && errno == EINTR)
+			;
 	}
 }
 

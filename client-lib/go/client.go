@@ -33,6 +33,12 @@ type Options struct {
 	// RetryBackoff is the pause between retries of claims and releases
 	// (default 100ms).
 	RetryBackoff time.Duration
+	// ConnectTimeout bounds one connect to the agent, session resume
+	// included (default 5s). A connect refused because the agent's accept
+	// queue is full (EAGAIN, a burst of connects) is retried within it,
+	// with a short growing backoff; a missing socket or an agent that is
+	// not listening fails at once.
+	ConnectTimeout time.Duration
 	// Keepalive, when non-zero (100ms..10min, whole milliseconds), opens
 	// sessions with keepalive_ms: the application must then call
 	// SessionKeepalive at least that often, or the agent declares the
@@ -91,6 +97,9 @@ func Dial(ctx context.Context, path string, opts *Options) (*Client, error) {
 	}
 	if c.opts.RetryBackoff <= 0 {
 		c.opts.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.opts.ConnectTimeout <= 0 {
+		c.opts.ConnectTimeout = 5 * time.Second
 	}
 	c.notes = make(chan Notification, c.opts.NotifyBuffer)
 	if _, err := c.current(ctx); err != nil {
@@ -194,7 +203,7 @@ func (c *Client) reconnect(done chan struct{}) {
 	var cn *conn
 	var err error
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.ConnectTimeout)
 		cn, err = dial(ctx, c.path, c.onNotify)
 		if err == nil {
 			err = c.resume(ctx, cn)

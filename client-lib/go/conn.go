@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
 	"net"
 	"os"
 	"sync"
@@ -60,9 +61,42 @@ type conn struct {
 	tracking bool
 }
 
-func dial(ctx context.Context, path string, notify func(*message, int64)) (*conn, error) {
+// Pauses between connects refused with EAGAIN: from 1ms doubling to
+// dialBackoffMax, each drawn from its upper half so a fleet restarting
+// together does not retry in step.
+const dialBackoffMax = 50 * time.Millisecond
+
+// dialUnix connects within ctx. A Unix socket whose accept queue (the
+// agent's listen_backlog) is full refuses with EAGAIN, which Go does not
+// wait out: a burst of connects the agent has not caught up with, retried
+// until ctx ends. ENOENT, ECONNREFUSED and the like fail at once.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", path)
+	pause := time.Millisecond
+	for {
+		nc, err := d.DialContext(ctx, "unix", path)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) {
+			return nc, err
+		}
+		t := time.NewTimer(pause/2 + time.Duration(rand.Int63n(int64(pause/2)+1)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			why := ctx.Err().Error()
+			if ctx.Err() == context.DeadlineExceeded {
+				why = "timed out"
+			}
+			return nil, fmt.Errorf("%s while the agent's accept queue stayed full (%v)", why, err)
+		case <-t.C:
+		}
+		if pause *= 2; pause > dialBackoffMax {
+			pause = dialBackoffMax
+		}
+	}
+}
+
+func dial(ctx context.Context, path string, notify func(*message, int64)) (*conn, error) {
+	nc, err := dialUnix(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connecting to %s: %v", ErrConnection, path, err)
 	}

@@ -94,7 +94,10 @@ const char *pgcoord_err_name(pgcoord_err err);
  * return says what failed (PGCOORD_E_CONNECT; PGCOORD_E_ARG for a path that
  * does not fit a socket address; PGCOORD_E_NOMEM) and errno holds the cause
  * (ENOENT: no socket there, ECONNREFUSED: no agent listens, EACCES: this
- * user may not connect, ETIMEDOUT, …). There is no handle to ask
+ * user may not connect, ETIMEDOUT: the agent took no connection within
+ * timeout_ms, …). A connect refused with EAGAIN (the agent's accept queue
+ * is full, a burst of connects) is retried with a short growing backoff
+ * (1 ms doubling to 50 ms) until timeout_ms. There is no handle to ask
  * pgcoord_last_message() of.
  */
 pgcoord_err pgcoord_connect(const char *socket_path, int timeout_ms, pgcoord **out);

@@ -13,6 +13,10 @@ import { FrameReader, MAX_MSGID, NOTIFICATION, Notification, Params, Response, p
  * bounds how much of valid_ms a quiet spell costs the belief. */
 export const QUIET_SLICE_MS = 20;
 
+/** Pauses between connects refused with EAGAIN: 1 ms doubling to 50 ms. */
+const CONNECT_BACKOFF_FIRST_MS = 1;
+const CONNECT_BACKOFF_MAX_MS = 50;
+
 interface Pending {
   method: string;
   resolve: (m: Response) => void;
@@ -58,23 +62,53 @@ export class Connection {
     this.quietTimer.unref();
   }
 
+  /** Connects within timeoutMs. A connect refused with EAGAIN (the agent's
+   * accept queue, its listen_backlog, is full: a burst of connects it has not
+   * caught up with) is retried with a short growing backoff until then; a
+   * missing socket or an agent that is not listening fails at once. */
   static open(path: string, timeoutMs: number, handlers: ConnectionHandlers): Promise<Connection> {
     return new Promise((resolve, reject) => {
-      const socket = net.createConnection({ path });
+      const deadline = monoMs() + timeoutMs;
+      let pauseMs = CONNECT_BACKOFF_FIRST_MS;
+      let lastBusy: Error | null = null;
+      let socket: net.Socket | null = null;
+      let retry: NodeJS.Timeout | undefined;
+      let settled = false;
       const timer = setTimeout(() => {
-        socket.destroy();
-        reject(new PgcoordError('connect', `cannot connect to the agent at ${path}: no answer in ${timeoutMs} ms`));
+        settled = true;
+        clearTimeout(retry);
+        socket?.destroy();
+        const why = lastBusy ? ` while its accept queue stayed full (${lastBusy.message})` : '';
+        reject(new PgcoordError('connect', `cannot connect to the agent at ${path}: no answer in ${timeoutMs} ms${why}`));
       }, timeoutMs);
-      socket.once('error', (e) => {
-        clearTimeout(timer);
-        socket.destroy();
-        reject(new PgcoordError('connect', `cannot connect to the agent at ${path}: ${e.message}`));
-      });
-      socket.once('connect', () => {
-        clearTimeout(timer);
-        socket.removeAllListeners('error');
-        resolve(new Connection(socket, handlers));
-      });
+      const attempt = (): void => {
+        if (settled) return;
+        const s = net.createConnection({ path });
+        socket = s;
+        s.once('error', (e: NodeJS.ErrnoException) => {
+          s.destroy();
+          if (settled) return;
+          if (e.code === 'EAGAIN' || e.code === 'EINTR') {
+            lastBusy = e;
+            // Drawn from the pause's upper half, so a fleet restarting
+            // together does not retry in step; never past the deadline.
+            const wait = Math.min(pauseMs / 2 + Math.random() * (pauseMs / 2), Math.max(0, deadline - monoMs()));
+            pauseMs = Math.min(pauseMs * 2, CONNECT_BACKOFF_MAX_MS);
+            retry = setTimeout(attempt, wait);
+            return;
+          }
+          settled = true;
+          clearTimeout(timer);
+          reject(new PgcoordError('connect', `cannot connect to the agent at ${path}: ${e.message}`));
+        });
+        s.once('connect', () => {
+          settled = true;
+          clearTimeout(timer);
+          s.removeAllListeners('error');
+          resolve(new Connection(s, handlers));
+        });
+      };
+      attempt();
     });
   }
 

@@ -13,10 +13,11 @@ from typing import Callable, Optional
 from . import types as T
 from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
-from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict, ConnectError,
+from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict,
                      ConnectionLost, GaveUp, MethodNotFound, NotFound, PgcoordError,
                      ProtocolError, SessionExpired, WaitExpired, error_from_wire)
 from .client import RESUME_PATIENCE_MS, held_claim, wait_outcome
+from .dialing import connect_unix_async
 from .framing import NOTIFICATION, FrameReader, Message, pack_request
 
 READ_CHUNK = 65536
@@ -82,15 +83,7 @@ class AsyncClient(Api):
         return c
 
     async def _open(self) -> None:
-        loop = asyncio.get_running_loop()
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        s.setblocking(False)
-        try:
-            await asyncio.wait_for(loop.sock_connect(s, self.socket_path), self.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
-            s.close()
-            raise ConnectError(f"cannot connect to the agent at {self.socket_path}: "
-                               f"{e or 'timed out'}") from None
+        s = await connect_unix_async(self.socket_path, self.connect_timeout)
         self._sock, self._failure, self._pending = s, None, {}
         self._reader_task = asyncio.create_task(self._read_loop(s))
 

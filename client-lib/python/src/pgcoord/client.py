@@ -18,7 +18,8 @@ from typing import Callable, Optional
 from . import types as T
 from .api import Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
-from .errors import (ClaimDenied, MethodNotFound, ClientClosed, ConnectError, ConnectionLost, CallTimeout,
+from .dialing import connect_unix
+from .errors import (ClaimDenied, MethodNotFound, ClientClosed, ConnectionLost, CallTimeout,
                      GaveUp, NotFound, PgcoordError, ProtocolError, SessionExpired, Conflict,
                      WaitExpired, error_from_wire)
 from .framing import NOTIFICATION, FrameReader, Message, pack_request
@@ -51,14 +52,7 @@ class _Connection:
     the client makes a new one to reconnect."""
 
     def __init__(self, path: str, connect_timeout: float, on_message, on_failure):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            self.sock.settimeout(connect_timeout)
-            self.sock.connect(path)
-        except OSError as e:
-            self.sock.close()
-            raise ConnectError(f"cannot connect to the agent at {path}: {e}") from None
-        self.sock.setblocking(False)
+        self.sock = connect_unix(path, connect_timeout)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self.pending: dict[int, _Pending] = {}
