@@ -55,6 +55,15 @@ def resumed_later(agent: Agent, seconds: float) -> threading.Timer:
     return t
 
 
+def running_again(agent: Agent) -> None:
+    """Resumes the agent and waits until its queue is empty: the agent
+    accepts in arrival order, so once a new connection's ping is answered
+    every connect queued before it has been taken off the queue."""
+    agent.signal(signal.SIGCONT)
+    with pgcoord.Client(agent.socket_path, connect_timeout=5.0) as c:
+        c.ping()
+
+
 def stopped_full(agent: Agent) -> list[socket.socket]:
     agent.signal(signal.SIGSTOP)
     return fill_queue(agent.socket_path)
@@ -86,7 +95,7 @@ def main() -> int:
             check(agent.socket_path in msg and "timed out after 0.4 s" in msg and
                   "accept queue stayed full" in msg, f"Client's error says why: {msg}")
             check(0.4 <= took < 1.5, f"Client gave up after {took:.3f} s of 0.4")
-        agent.signal(signal.SIGCONT)
+        running_again(agent)
 
         async def aio() -> None:
             held.extend(stopped_full(agent))
@@ -109,7 +118,7 @@ def main() -> int:
                 check(agent.socket_path in msg and "accept queue stayed full" in msg,
                       f"AsyncClient's error says why: {msg}")
                 check(0.4 <= took < 1.5, f"AsyncClient gave up after {took:.3f} s of 0.4")
-            agent.signal(signal.SIGCONT)
+            running_again(agent)
 
         asyncio.run(aio())
 
