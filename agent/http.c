@@ -3,9 +3,12 @@
  */
 #include "agent/http.h"
 
+#include <sys/queue.h> /* before event2: TAILQ_FOREACH over its header list */
+
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -19,6 +22,7 @@
 
 #include "agent/agent.h"
 #include "agent/db.h"
+#include "agent/http_request.h"
 #include "agent/janitor.h"
 #include "agent/leases.h"
 #include "agent/metrics.h"
@@ -733,94 +737,79 @@ static void serve_status(struct http *h, struct evhttp_request *req)
 	status_step(j);
 }
 
-/* --- Host check ------------------------------------------------------ */
+/* --- routing --------------------------------------------------------- */
 
 /*
- * The pages have no authentication and listen on loopback only, but a web
- * page in a browser on this host could still reach them through a name of
- * its own that resolves to 127.0.0.1 (DNS rebinding). Such requests carry
- * that name in Host, so only loopback names and addresses, and the host
- * metrics_listen names, are served.
+ * What to answer is http_request_judge's (http_request.c), on the request
+ * head as libevent parsed it, written out again (the request line and the
+ * headers), so that what the fuzzer checks is what serves. libevent has
+ * already refused a head over HTTP_MAX_HEADERS, a body, and methods other
+ * than GET and HEAD.
  */
-static bool host_allowed(const struct http *h, const char *host)
+static bool head_of(struct evhttp_request *req, struct evbuffer *out)
 {
-	char name[256];
-	const char *end;
-	size_t len;
-	struct in_addr v4;
-	struct in6_addr v6;
+	const char *uri = evhttp_request_get_uri(req);
+	const char *method;
+	struct evkeyval *kv;
 
-	if (host[0] == '[') {
-		end = strchr(host, ']');
-		if (!end || (end[1] != '\0' && end[1] != ':'))
-			return false;
-		len = (size_t)(end - host - 1);
-		if (len >= sizeof(name))
-			return false;
-		memcpy(name, host + 1, len);
-		name[len] = '\0';
-		return inet_pton(AF_INET6, name, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+	switch (evhttp_request_get_command(req)) {
+	case EVHTTP_REQ_GET:
+		method = "GET";
+		break;
+	case EVHTTP_REQ_HEAD:
+		method = "HEAD";
+		break;
+	default:
+		method = "OTHER";
+		break;
 	}
-	end = strchr(host, ':');
-	len = end ? (size_t)(end - host) : strlen(host);
-	if (len == 0 || len >= sizeof(name))
+	if (!uri || evbuffer_add_printf(out, "%s %s HTTP/%d.%d\r\n", method, uri, req->major,
+					req->minor) < 0)
 		return false;
-	memcpy(name, host, len);
-	name[len] = '\0';
-	if (strcasecmp(name, "localhost") == 0 || strcasecmp(name, "localhost.") == 0)
-		return true;
-	if (h->listen_host[0] && strcasecmp(name, h->listen_host) == 0)
-		return true;
-	return inet_pton(AF_INET, name, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+	TAILQ_FOREACH(kv, evhttp_request_get_input_headers(req), next)
+	{
+		if (evbuffer_add_printf(out, "%s: %s\r\n", kv->key, kv->value) < 0)
+			return false;
+	}
+	return evbuffer_add(out, "\r\n", 2) == 0;
 }
-
-/* False (and the reply sent) when the request's Host is not ours. A
- * request without Host (HTTP/1.0 tools) is served: browsers always send it,
- * so it is no way in for a rebinding page. */
-static bool check_host(struct http *h, struct evhttp_request *req)
-{
-	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
-	char msg[400];
-
-	if (!host)
-		return true;
-	if (host_allowed(h, host))
-		return true;
-	snprintf(msg, sizeof(msg),
-		 "Host \"%.200s\" is not this agent: only localhost, loopback addresses and "
-		 "the metrics_listen host are served",
-		 host);
-	log_debug(&h->ag->log, "http", "refused a request for Host \"%.200s\"", host);
-	reply_text(req, 421, "Misdirected Request", msg);
-	return false;
-}
-
-/* --- routing --------------------------------------------------------- */
 
 static void route(struct evhttp_request *req, void *arg)
 {
 	struct http *h = arg;
-	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	struct evbuffer *head = evbuffer_new();
+	struct http_verdict v;
 
-	if (!path) {
-		reply_text(req, 400, "Bad Request", "bad request");
+	if (!head || !head_of(req, head)) {
+		if (head)
+			evbuffer_free(head);
+		reply_text(req, 500, "Internal Server Error", "out of memory");
 		return;
 	}
-	if (!check_host(h, req))
-		return;
-	if (strcmp(path, "/metrics") == 0) {
+	size_t len = evbuffer_get_length(head);
+	const char *bytes = (const char *)evbuffer_pullup(head, -1);
+	http_request_judge(h->listen_host, bytes ? bytes : "", bytes ? len : 0, &v);
+	evbuffer_free(head);
+	switch (v.page) {
+	case HTTP_PAGE_METRICS:
 		serve_metrics(h, req);
-	} else if (strcmp(path, "/healthz") == 0) {
+		return;
+	case HTTP_PAGE_HEALTHZ:
 		serve_healthz(h, req);
-	} else if (strcmp(path, "/status") == 0) {
+		return;
+	case HTTP_PAGE_STATUS:
 		serve_status(h, req);
-	} else if (strcmp(path, "/") == 0) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "Location", "/status");
-		reply_text(req, 302, "Found", "see /status");
-	} else {
-		reply_text(req, 404, "Not Found", "not found: try /status, /metrics or /healthz");
+		return;
+	case HTTP_PAGE_NONE:
+		break;
 	}
+	if (v.code == 421)
+		log_debug(&h->ag->log, "http", "refused a request: %s", v.text);
+	if (v.location)
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Location", v.location);
+	if (v.allow)
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", v.allow);
+	reply_text(req, v.code, v.reason, v.text);
 }
 
 /* metrics_listen's host part ("localhost:9187" -> "localhost"); empty for

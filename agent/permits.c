@@ -310,8 +310,9 @@ static void claim_granted(struct request *req, struct permit_call *call, const P
 	reply_kv_str(&m, "status", PQgetvalue(res, row, col + CL_STATUS));
 	reply_kv_str(&m, "id", call->id);
 	reply_kv_row(&m, &claim_granted_row, res, row, col);
-	/* a retry through another session finds the grant owned by the
-	 * first one; it says so rather than moving ownership silently */
+	/* a retry through another session (of the same uid: another uid's
+	 * is refused) finds the grant owned by the first one; it says so
+	 * rather than moving ownership silently */
 	reply_kv_bool(&m, "mine",
 		      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
 			  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
@@ -480,8 +481,9 @@ void rpc_permit_claim(struct request *req)
 	session_actor(req, actor, sizeof(actor));
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	/* the uid rules (a non-admin's limit only creates a missing quota;
-	 * another uid's retirement does not block the id) are applied in the
-	 * same statement: permit_claim_as */
+	 * another uid's retirement does not block the id; any other id of
+	 * another uid's is a conflict that tells nothing of it) are applied
+	 * in the same statement: permit_claim_as (0010_claim_owner.sql) */
 	const char *params[11] = {uid,
 				  req_is_admin(req) ? "true" : "false",
 				  call->id,

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,6 +26,83 @@ int iconnect(const char *path)
 	int fd = hraw_connect(path);
 
 	cr_assert_geq(fd, 0, "cannot connect to %s: %s", path, strerror(errno));
+	return fd;
+}
+
+static void send_fd(int sock, int fd)
+{
+	char byte = 0;
+	struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr msg = {.msg_iov = &iov,
+			     .msg_iovlen = 1,
+			     .msg_control = u.buf,
+			     .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	(void)!sendmsg(sock, &msg, 0);
+}
+
+static int recv_fd(int sock)
+{
+	char byte;
+	struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr msg = {.msg_iov = &iov,
+			     .msg_iovlen = 1,
+			     .msg_control = u.buf,
+			     .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c;
+	int fd = -1;
+
+	if (recvmsg(sock, &msg, 0) != 1)
+		return -1;
+	c = CMSG_FIRSTHDR(&msg);
+	if (c && c->cmsg_type == SCM_RIGHTS)
+		memcpy(&fd, CMSG_DATA(c), sizeof(int));
+	return fd;
+}
+
+int iconnect_as(const char *path, uid_t uid)
+{
+	int sv[2], fd, status;
+	pid_t pid;
+
+	if (uid == 0)
+		return iconnect(path);
+	/* (the harness cleans up what the test started) */
+	if (geteuid() != 0)
+		cr_skip_test("connecting as uid %u needs root", (unsigned)uid);
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(sv[0]);
+		if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
+			_exit(2);
+		fd = hraw_connect(path);
+		if (fd < 0)
+			_exit(3);
+		send_fd(sv[1], fd);
+		_exit(0);
+	}
+	close(sv[1]);
+	fd = recv_fd(sv[0]);
+	close(sv[0]);
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		  "uid %u could not connect to %s (child status %d)", (unsigned)uid, path, status);
+	cr_assert_geq(fd, 0);
 	return fd;
 }
 

@@ -42,6 +42,11 @@ struct ireply {
 /* hraw_connect, or fails the test naming the path. */
 int iconnect(const char *path);
 
+/* A connection to path made by uid, so that its SO_PEERCRED names that uid
+ * (a forked child setuid()s, connects and hands the socket back); uid 0
+ * connects directly. Skips the test unless it runs as root. */
+int iconnect_as(const char *path, uid_t uid);
+
 /* A fresh msgid, unique in the test process. */
 uint32_t inext_msgid(void);
 

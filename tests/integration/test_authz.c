@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <grp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,85 +23,6 @@ TestSuite(authz, .timeout = 120);
 /* Two unprivileged uids; neither needs a passwd entry for SO_PEERCRED. */
 #define UID_A 65534u
 #define UID_B 65533u
-
-static void send_fd(int sock, int fd)
-{
-	char byte = 0;
-	struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct msghdr msg = {.msg_iov = &iov,
-			     .msg_iovlen = 1,
-			     .msg_control = u.buf,
-			     .msg_controllen = sizeof(u.buf)};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	(void)!sendmsg(sock, &msg, 0);
-}
-
-static int recv_fd(int sock)
-{
-	char byte;
-	struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct msghdr msg = {.msg_iov = &iov,
-			     .msg_iovlen = 1,
-			     .msg_control = u.buf,
-			     .msg_controllen = sizeof(u.buf)};
-	struct cmsghdr *c;
-	int fd = -1;
-
-	if (recvmsg(sock, &msg, 0) != 1)
-		return -1;
-	c = CMSG_FIRSTHDR(&msg);
-	if (c && c->cmsg_type == SCM_RIGHTS)
-		memcpy(&fd, CMSG_DATA(c), sizeof(int));
-	return fd;
-}
-
-/* A connection to path made by uid (the kernel records the connecting
- * process's credentials). uid 0 connects directly. */
-static int connect_as(const char *path, uid_t uid)
-{
-	int sv[2], fd, status;
-	pid_t pid;
-
-	if (uid == 0)
-		return iconnect(path);
-	/* (the harness cleans up what the test started) */
-	if (geteuid() != 0)
-		cr_skip_test("connecting as uid %u needs root", (unsigned)uid);
-	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(sv[0]);
-		if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
-			_exit(2);
-		fd = hraw_connect(path);
-		if (fd < 0)
-			_exit(3);
-		send_fd(sv[1], fd);
-		_exit(0);
-	}
-	close(sv[1]);
-	fd = recv_fd(sv[0]);
-	close(sv[0]);
-	cr_assert_eq(waitpid(pid, &status, 0), pid);
-	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-		  "uid %u could not connect to %s (child status %d)", (unsigned)uid, path, status);
-	cr_assert_geq(fd, 0);
-	return fd;
-}
 
 /*
  * Request params from a format: one letter per key, then key and value:
@@ -195,7 +115,7 @@ Test(authz, a_session_records_its_uid_and_resumes_only_for_that_uid)
 	struct harness_db *db = idb_migrated();
 	struct hagent *ag = hagent_start(db, "authz-resume", args);
 	iwait_janitor(ag);
-	int fa = connect_as(hagent_socket(ag), UID_A);
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
 	int64_t sa = isession_open(fa, "victim");
 	struct ireply r;
 	const msgpack_object *res;
@@ -229,7 +149,7 @@ Test(authz, a_session_records_its_uid_and_resumes_only_for_that_uid)
 	close(fa); /* detached: resumable within the grace */
 
 	char *before = picture(db);
-	int fb = connect_as(hagent_socket(ag), UID_B);
+	int fb = iconnect_as(hagent_socket(ag), UID_B);
 	resume(fb, sa, &r);
 	assert_forbidden(&r, "belongs to uid 65534");
 	ireply_destroy(&r);
@@ -242,7 +162,7 @@ Test(authz, a_session_records_its_uid_and_resumes_only_for_that_uid)
 	cr_assert(strstr(hagent_log(ag), "uid 65533 refused session.open"), "%s", hagent_log(ag));
 
 	/* the owner still resumes it */
-	fa = connect_as(hagent_socket(ag), UID_A);
+	fa = iconnect_as(hagent_socket(ag), UID_A);
 	resume(fa, sa, &r);
 	res = iok(&r, "the owner's resume");
 	cr_assert_eq(iint(res, "session"), sa);
@@ -251,7 +171,7 @@ Test(authz, a_session_records_its_uid_and_resumes_only_for_that_uid)
 	close(fa);
 
 	/* and root, an admin, may resume anyone's */
-	int fr = connect_as(hagent_socket(ag), 0);
+	int fr = iconnect_as(hagent_socket(ag), 0);
 	resume(fr, sa, &r);
 	iok(&r, "an admin's resume");
 	ireply_destroy(&r);
@@ -277,7 +197,7 @@ Test(authz, a_predecessors_session_resumes_only_for_its_uid)
 				    NULL};
 	struct harness_db *db = idb_migrated();
 	struct hagent *first = hagent_start(db, "authz-crash", args);
-	int fa = connect_as(hagent_socket(first), UID_A);
+	int fa = iconnect_as(hagent_socket(first), UID_A);
 	int64_t sa = isession_open(fa, "crash-victim");
 	struct ireply r;
 
@@ -290,7 +210,7 @@ Test(authz, a_predecessors_session_resumes_only_for_its_uid)
 
 	/* the successor holds it without knowing its owner: the database does */
 	char *before = picture(db);
-	int fb = connect_as(hagent_socket(second), UID_B);
+	int fb = iconnect_as(hagent_socket(second), UID_B);
 	resume(fb, sa, &r);
 	assert_forbidden(&r, "belongs to uid 65534");
 	ireply_destroy(&r);
@@ -301,7 +221,7 @@ Test(authz, a_predecessors_session_resumes_only_for_its_uid)
 	assert_forbidden(&r, "belongs to uid 65534");
 	ireply_destroy(&r);
 
-	fa = connect_as(hagent_socket(second), UID_A);
+	fa = iconnect_as(hagent_socket(second), UID_A);
 	resume(fa, sa, &r);
 	cr_assert_eq(iint(iok(&r, "the owner's resume"), "session"), sa);
 	ireply_destroy(&r);
@@ -328,13 +248,13 @@ Test(authz, client_uids_narrows_who_may_open_sessions)
 	struct ireply r;
 
 	/* a listed uid, and root (an admin), may */
-	int fa = connect_as(hagent_socket(ag), UID_A);
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
 	isession_open(fa, "listed");
-	int fr = connect_as(hagent_socket(ag), 0);
+	int fr = iconnect_as(hagent_socket(ag), 0);
 	isession_open(fr, "admin");
 
 	/* anyone else keeps the read-only views but opens no session */
-	int fb = connect_as(hagent_socket(ag), UID_B);
+	int fb = iconnect_as(hagent_socket(ag), UID_B);
 	char *before = picture(db);
 	icall(fb, "session.open", NULL, &r);
 	assert_forbidden(&r, "uid 65533 may not open sessions");
@@ -627,9 +547,9 @@ Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
 	w.db = idb_migrated();
 	w.ag = hagent_start(w.db, "authz-matrix", args);
 	iwait_janitor(w.ag);
-	w.fa = connect_as(hagent_socket(w.ag), UID_A);
-	w.fb = connect_as(hagent_socket(w.ag), UID_B);
-	w.fr = connect_as(hagent_socket(w.ag), 0);
+	w.fa = iconnect_as(hagent_socket(w.ag), UID_A);
+	w.fb = iconnect_as(hagent_socket(w.ag), UID_B);
+	w.fr = iconnect_as(hagent_socket(w.ag), 0);
 	isession_open(w.fa, "a");
 	int64_t sb = isession_open(w.fb, "b");
 	isession_open(w.fr, "root");
@@ -702,7 +622,7 @@ Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
 	refused_cell(&w, w.fa, "record.update", &p, "forbidden", "owned by session");
 	pmap(&p, "sss", "kind", "job", "key", "pb", "state", "done");
 	refused_cell(&w, w.fa, "record.settle", &p, "forbidden", "owned by session");
-	int fa2 = connect_as(hagent_socket(w.ag), UID_A);
+	int fa2 = iconnect_as(hagent_socket(w.ag), UID_A);
 	pmap(&p, "i", "resume", sb);
 	refused_cell(&w, fa2, "session.open", &p, "forbidden", "belongs to uid 65533");
 	close(fa2);
@@ -769,7 +689,7 @@ Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
 	/* B's session ends: its permit becomes uncertain, its record's owner is
 	 * dead. Another uid can neither resolve nor recover them */
 	close(w.fb);
-	w.fb = connect_as(hagent_socket(w.ag), UID_B);
+	w.fb = iconnect_as(hagent_socket(w.ag), UID_B);
 	pmap(&p, "i", "resume", sb);
 	ok_cell(w.fb, "session.open", &p, &r);
 	ireply_destroy(&r);
@@ -827,6 +747,229 @@ Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
 	close(w.fa);
 	close(w.fb);
 	close(w.fr);
+	hagent_destroy(w.ag);
+	hdb_drop(w.db);
+}
+
+/* --- a claim of another uid's id ------------------------------------------ */
+
+/* The message of error reply r, malloc'd. */
+static char *error_message(const struct ireply *r)
+{
+	cr_assert_not_null(r->m.error);
+	return istr(r->m.error, "message");
+}
+
+/*
+ * A claim (params p, freed) that must be refused `conflict` with the one
+ * message that names only the id, change nothing in the database, and tell
+ * none of the NULL-terminated secrets (the holder's token, session, uid,
+ * replica, intent, quotas).
+ */
+static void claim_conflict(struct world *w, int fd, struct iparams *p, const char *id,
+			   const char *const *secrets)
+{
+	struct ireply r;
+	char want[256];
+	char *before = picture(w->db);
+
+	snprintf(want, sizeof(want),
+		 "permit id \"%s\" is already in use by another owner; choose another id", id);
+	icall(fd, "permit.claim", p, &r);
+	ierr(&r, "conflict", false, (const char *const[]){"already in use by another owner", NULL});
+	char *msg = error_message(&r);
+	cr_assert_str_eq(msg, want);
+	for (size_t i = 0; secrets[i]; i++)
+		cr_assert_null(strstr(msg, secrets[i]), "the refusal \"%s\" tells %s", msg,
+			       secrets[i]);
+	cr_assert_eq(r.m.error->via.map.size, 3, "the error map carries more than its three keys");
+	free(msg);
+	ireply_destroy(&r);
+	char *after = picture(w->db);
+	cr_assert_str_eq(before, after, "a refused claim of %s changed the database", id);
+	free(before);
+	free(after);
+	iparams_destroy(p);
+}
+
+/* A claim (params p, freed) that must answer the grant: status, token, mine. */
+static void claim_grant(int fd, struct iparams *p, const char *status, int64_t token, bool mine)
+{
+	struct ireply r;
+	const msgpack_object *res = ok_cell(fd, "permit.claim", p, &r);
+	cr_assert(istr_is(res, "status", status), "expected status %s", status);
+	cr_assert_eq(iint(res, "token"), token, "the retry got another token");
+	cr_assert_eq(ibool(res, "mine"), mine);
+	ireply_destroy(&r);
+}
+
+/* The permit id as the database holds it: owner uid, session, token, state. */
+static char *permit_row(struct harness_db *db, const char *id)
+{
+	return hdb_query_value(db,
+			       "SELECT concat_ws(',', pgcoord.session_owner_uid(owner_session), "
+			       "owner_session, token, state) FROM pgcoord.permits WHERE id = '%s'",
+			       id);
+}
+
+Test(authz, a_claim_of_another_uids_id_is_a_conflict_that_tells_nothing)
+{
+	const char *const args[] = {"--socket-mode", "0666", "--session-grace-ms", "30000", NULL};
+	struct world w;
+	struct iparams p;
+	struct ireply r;
+	const msgpack_object *res;
+	char tok[32], sess[32], row_before[128];
+
+	w.db = idb_migrated();
+	w.ag = hagent_start(w.db, "authz-claim-1", args);
+	struct hagent *other = hagent_start(w.db, "authz-claim-2", args);
+	iwait_janitor(w.ag);
+	w.fa = iconnect_as(hagent_socket(w.ag), UID_A);
+	w.fb = iconnect_as(hagent_socket(w.ag), UID_B);
+	w.fr = iconnect_as(hagent_socket(w.ag), 0);
+	int64_t sa = isession_open(w.fa, "a");
+	isession_open(w.fb, "b");
+	isession_open(w.fr, "root");
+	int fb2 = iconnect_as(hagent_socket(other), UID_B);
+	isession_open(fb2, "b-elsewhere");
+	iquota_set(w.fr, "q", 5);
+	iquota_set(w.fr, "q2", 5);
+	iquota_set(w.fr, "full", 1);
+
+	/* A holds "pa" */
+	pmap(&p, "sqx", "id", "pa", "quotas", "q", "intent", "secret-intent");
+	res = ok_cell(w.fa, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", "admitted"));
+	int64_t token = iint(res, "token");
+	ireply_destroy(&r);
+	snprintf(tok, sizeof(tok), "%lld", (long long)token);
+	snprintf(sess, sizeof(sess), "%lld", (long long)sa);
+	const char *const secrets[] = {tok, sess, "65534", "authz-claim", "secret", "q:", NULL};
+	char *row = permit_row(w.db, "pa");
+	snprintf(row_before, sizeof(row_before), "%s", row);
+	free(row);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"),
+		     1);
+
+	/* B, through either agent, with the same quotas or others; root too */
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_conflict(&w, w.fb, &p, "pa", secrets);
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_conflict(&w, fb2, &p, "pa", secrets);
+	pmap(&p, "sq", "id", "pa", "quotas", "q2");
+	claim_conflict(&w, w.fb, &p, "pa", secrets);
+	pmap(&p, "sqi", "id", "pa", "quotas", "q", "wait_ms", 1000);
+	claim_conflict(&w, w.fb, &p, "pa", secrets);
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_conflict(&w, w.fr, &p, "pa", secrets);
+	/* (one claim of a new id on each agent: the refusals were judged by
+	 * the same agents that admit) */
+	pmap(&p, "sq", "id", "pb-new", "quotas", "q2");
+	res = ok_cell(fb2, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", "admitted"));
+	ireply_destroy(&r);
+	row = permit_row(w.db, "pa");
+	cr_assert_str_eq(row, row_before, "the refused claims changed the permit");
+	free(row);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"),
+		     1);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					  "permit_id = 'pa'"),
+		     1);
+
+	/* A's retries keep the grant: the same session, another agent, a
+	 * resumed session */
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_grant(w.fa, &p, "held", token, true);
+	int fa2 = iconnect_as(hagent_socket(other), UID_A);
+	isession_open(fa2, "a-elsewhere");
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_grant(fa2, &p, "held", token, false);
+	close(w.fa);
+	w.fa = iconnect_as(hagent_socket(w.ag), UID_A);
+	resume(w.fa, sa, &r);
+	iok(&r, "resume");
+	ireply_destroy(&r);
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_grant(w.fa, &p, "held", token, true);
+
+	/* a waiting claim: A's queued id is B's conflict too, whose message
+	 * does not name the waiter's quotas */
+	pmap(&p, "sq", "id", "pf", "quotas", "full");
+	ok_cell(w.fa, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	pmap(&p, "sqi", "id", "pw", "quotas", "full", "wait_ms", 60000);
+	res = ok_cell(w.fa, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", "queued"));
+	ireply_destroy(&r);
+	const char *const queue_secrets[] = {sess, "65534", "full", NULL};
+	pmap(&p, "sqi", "id", "pw", "quotas", "full", "wait_ms", 60000);
+	claim_conflict(&w, w.fb, &p, "pw", queue_secrets);
+	pmap(&p, "sqi", "id", "pw", "quotas", "q2", "wait_ms", 60000);
+	claim_conflict(&w, fb2, &p, "pw", queue_secrets);
+	pmap(&p, "sqi", "id", "pw", "quotas", "full", "wait_ms", 60000);
+	res = ok_cell(fa2, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", "queued"), "A's retry of its queued id");
+	cr_assert_eq(iint(res, "position"), 1);
+	cr_assert_not(ibool(res, "mine"));
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(w.db,
+				    "SELECT count(*) FROM pgcoord.waiters WHERE id = 'pw' "
+				    "AND state = 'queued' AND uid = %u",
+				    UID_A),
+		     1);
+
+	/* released: B learns only that the id is taken; A is told it was
+	 * released, as before */
+	pmap(&p, "sq", "id", "pr", "quotas", "q");
+	ok_cell(w.fa, "permit.claim", &p, &r);
+	ireply_destroy(&r);
+	pmap(&p, "s", "id", "pr");
+	ok_cell(w.fa, "permit.release", &p, &r);
+	ireply_destroy(&r);
+	const char *const released_secrets[] = {sess, "65534", "released", NULL};
+	pmap(&p, "sq", "id", "pr", "quotas", "q");
+	claim_conflict(&w, w.fb, &p, "pr", released_secrets);
+	pmap(&p, "sq", "id", "pr", "quotas", "q");
+	refused_cell(&w, fa2, "permit.claim", &p, "conflict", "already granted and released");
+
+	/* uncertain: A's session ends; B is still refused, and a new session
+	 * of A (a restarted process) still gets the grant */
+	ok_cell(w.fa, "session.close", NULL, &r);
+	ireply_destroy(&r);
+	cr_assert(iwait_sql(w.db, 5000,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'pa' AND "
+			    "state = 'uncertain'"));
+	char *row_uncertain = permit_row(w.db, "pa");
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_conflict(&w, w.fb, &p, "pa", secrets);
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	claim_conflict(&w, fb2, &p, "pa", secrets);
+	row = permit_row(w.db, "pa");
+	cr_assert_str_eq(row, row_uncertain);
+	free(row);
+	free(row_uncertain);
+	isession_open(w.fa, "a-restarted");
+	pmap(&p, "sq", "id", "pa", "quotas", "q");
+	res = ok_cell(w.fa, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", "held"));
+	cr_assert(istr_is(res, "state", "uncertain"));
+	cr_assert_eq(iint(res, "token"), token);
+	cr_assert_not(ibool(res, "mine"));
+	ireply_destroy(&r);
+	/* the quota counted A's permits only, through all of it */
+	cr_assert_eq(hdb_query_long(w.db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"),
+		     1);
+	cr_assert_eq(hdb_query_long(w.db, "SELECT count(*) FROM pgcoord.permits_check() "
+					  "WHERE problem <> ''"),
+		     0);
+	close(fa2);
+	close(fb2);
+	close(w.fa);
+	close(w.fb);
+	close(w.fr);
+	hagent_destroy(other);
 	hagent_destroy(w.ag);
 	hdb_drop(w.db);
 }

@@ -57,10 +57,12 @@ static void claim_of(int i, const char *prefix, const char *key, char *id, size_
 	*on = i == 11 ? "no-such-quota" : key;
 }
 
-/* What one answer said: "admitted", "held", "denied" or the error code. */
+/* What one answer said: "admitted", "held", "denied" or the error code
+ * (and then its message). */
 struct outcome {
 	char what[32];
 	int64_t token;
+	char message[256];
 };
 
 static void read_outcome(const struct pgc_message *m, struct outcome *o)
@@ -70,6 +72,9 @@ static void read_outcome(const struct pgc_message *m, struct outcome *o)
 	v = pgc_map_get(m->error ? m->error : m->result, m->error ? "code" : "status");
 	cr_assert(v && v->type == MSGPACK_OBJECT_STR, "an answer without status or code");
 	snprintf(o->what, sizeof(o->what), "%.*s", (int)v->via.str.size, v->via.str.ptr);
+	if (m->error && (v = pgc_map_get(m->error, "message")) && v->type == MSGPACK_OBJECT_STR)
+		snprintf(o->message, sizeof(o->message), "%.*s", (int)v->via.str.size,
+			 v->via.str.ptr);
 	if (!m->error && (v = pgc_map_get(m->result, "token")) && v->type != MSGPACK_OBJECT_NIL)
 		cr_assert(pgc_obj_int64(v, &o->token));
 }
@@ -269,6 +274,105 @@ Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
 					"permit_id LIKE 'one-%%'"));
 	assert_conserved(db);
 	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* Two unprivileged uids (no passwd entry needed for SO_PEERCRED). */
+#define UID_A 65534u
+#define UID_B 65533u
+
+/* A claim group in which uid B claims an id uid A holds: that member alone
+ * is refused conflict, telling nothing of A's grant, and the others (A's
+ * own retry of the id among them) are answered as alone. */
+Test(groups, a_member_claiming_another_uids_id_is_refused_and_the_others_answered)
+{
+	static const char *const args[] = {
+	    "--pool-size", "1", "--metrics-listen", "127.0.0.1:0", "--socket-mode", "0666", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-uids", args);
+	int fr = iconnect_as(hagent_socket(a), 0);
+	int fa = iconnect_as(hagent_socket(a), UID_A);
+	int fb = iconnect_as(hagent_socket(a), UID_B);
+	struct outcome first[1], mine[2], theirs[4];
+	char tok[32];
+
+	isession_open(fr, "root");
+	int64_t sa = isession_open(fa, "a");
+	isession_open(fb, "b");
+	iquota_set(fr, "grp", 10);
+	iquota_set(fr, "side", 10);
+	send_claims(fa, 100, 0, 1, "x", "grp");
+	read_answers(fa, 100, 1, first);
+	cr_assert_str_eq(first[0].what, "admitted");
+	snprintf(tok, sizeof(tok), "%lld", (long long)first[0].token);
+	char *row_before = hdb_query_value(db, "SELECT concat_ws(',', owner_session, token, state) "
+					       "FROM pgcoord.permits WHERE id = 'x-1'");
+
+	/* A's claim a-1 waits on the held row; behind it, one group: B's
+	 * claim of A's x-1, B's own b-1 and b-2 on the same quota and b-3 on
+	 * another, and A's retry of x-1 */
+	PGconn *holder = hold_quota(db, "grp");
+	struct iparams p;
+	claim_params(&p, "a-1", "grp");
+	cr_assert(hraw_send_request(fa, 200, "permit.claim", p.sb.data, p.sb.size));
+	iparams_destroy(&p);
+	wait_claim_on_lock(db);
+	const char *const b_ids[] = {"x-1", "b-1", "b-2", "b-3"};
+	for (int i = 0; i < 4; i++) {
+		claim_params(&p, b_ids[i], i == 3 ? "side" : "grp");
+		cr_assert(
+		    hraw_send_request(fb, 300 + (uint32_t)i, "permit.claim", p.sb.data, p.sb.size));
+		iparams_destroy(&p);
+	}
+	claim_params(&p, "x-1", "grp");
+	cr_assert(hraw_send_request(fa, 201, "permit.claim", p.sb.data, p.sb.size));
+	iparams_destroy(&p);
+	hsleep_ms(200); /* every claim is read and queued */
+	end_hold(holder);
+	read_answers(fa, 200, 2, mine);
+	read_answers(fb, 300, 4, theirs);
+
+	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), 5,
+		      "the claims that waited together did not go as one group");
+	cr_assert_str_eq(mine[0].what, "admitted");
+	cr_assert_str_eq(mine[1].what, "held", "A's retry in the group: %s", mine[1].what);
+	cr_assert_eq(mine[1].token, first[0].token, "A's retry got another token");
+	cr_assert_str_eq(theirs[0].what, "conflict", "B's claim of A's id: %s", theirs[0].what);
+	cr_assert_str_eq(theirs[0].message, "permit id \"x-1\" is already in use by another "
+					    "owner; choose another id");
+	cr_assert_null(strstr(theirs[0].message, tok));
+	cr_assert_eq(theirs[0].token, 0);
+	for (int i = 1; i < 4; i++)
+		cr_assert_str_eq(theirs[i].what, "admitted", "B's %s: %s", b_ids[i],
+				 theirs[i].what);
+
+	/* A's permit as it was; the counters hold exactly the admitted ones */
+	char *row_after = hdb_query_value(db, "SELECT concat_ws(',', owner_session, token, state) "
+					      "FROM pgcoord.permits WHERE id = 'x-1'");
+	cr_assert_str_eq(row_after, row_before);
+	cr_assert_eq(hdb_query_long(db, "SELECT owner_session FROM pgcoord.permits WHERE id = "
+					"'x-1'"),
+		     sa);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'grp'"),
+		     4);
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'side'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
+					"permit_id = 'x-1'"),
+		     1);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.permits p JOIN "
+				    "pgcoord.sessions s ON s.id = p.owner_session WHERE "
+				    "p.id LIKE 'b-%%' AND s.owner_uid = %u",
+				    UID_B),
+		     3);
+	assert_conserved(db);
+	free(row_before);
+	free(row_after);
+	close(fr);
+	close(fa);
+	close(fb);
 	hagent_destroy(a);
 	hdb_drop(db);
 }

@@ -12,11 +12,30 @@ import sys
 CREATE_FUNCTION = re.compile(r'\bCREATE\s+(OR\s+REPLACE\s+)?FUNCTION\s+([\w.]+)\s*\(', re.I)
 REWRITE = re.compile(r'^\s*(ALTER\s+(TABLE|FUNCTION|VIEW|TYPE|INDEX|SEQUENCE)|DROP\s+\w+|'
                      r'CREATE\s+OR\s+REPLACE)\b', re.I | re.M)
+REPLACE_FUNCTION = re.compile(r'^\s*CREATE\s+OR\s+REPLACE\s+FUNCTION\s+([\w.]+)\s*\(', re.I | re.M)
+
+# migration -> the earlier functions it creates again, whole
+REPLACES = {
+    '0010_claim_owner.sql': {'pgcoord.permit_claim_as', 'pgcoord.permit_wait'},
+}
 
 
 def code_of(text):
     """The SQL without -- comments, so a comment may mention anything."""
     return '\n'.join(line.split('--', 1)[0] for line in text.splitlines())
+
+
+def arguments(code, start):
+    """The argument list opening at code[start] ('('), blanks collapsed."""
+    depth = 0
+    for i in range(start, len(code)):
+        if code[i] == '(':
+            depth += 1
+        elif code[i] == ')':
+            depth -= 1
+            if depth == 0:
+                return ' '.join(code[start + 1:i].split()).lower()
+    return None
 
 
 def main():
@@ -30,22 +49,39 @@ def main():
     for name in files:
         with open(os.path.join(mdir, name), encoding='utf-8') as f:
             code = code_of(f.read())
+        allowed = REPLACES.get(name, set())
+        replaced = set()
         for m in CREATE_FUNCTION.finditer(code):
             fn = m.group(2).lower()
-            if fn in seen:
+            args = arguments(code, m.end() - 1)
+            if m.group(1) and fn in allowed:
+                if fn not in seen:
+                    bad.append('%s: replaces %s, which no earlier migration creates' % (name, fn))
+                elif fn in replaced:
+                    bad.append('%s: replaces %s twice' % (name, fn))
+                elif args != seen[fn][1]:
+                    bad.append('%s: replaces %s with other arguments (%s, first %s in %s)' %
+                               (name, fn, args, seen[fn][1], seen[fn][0]))
+                replaced.add(fn)
+            elif fn in seen:
                 bad.append('%s: function %s is created again (first in %s)' %
-                           (name, fn, seen[fn]))
+                           (name, fn, seen[fn][0]))
             else:
-                seen[fn] = name
+                seen[fn] = (name, args)
+        for fn in sorted(allowed - replaced):
+            bad.append('%s: REPLACES lists %s, which it does not replace' % (name, fn))
         for m in REWRITE.finditer(code):
+            r = REPLACE_FUNCTION.match(code, m.start())
+            if r and r.group(1).lower() in allowed:
+                continue
             line = code.count('\n', 0, m.start()) + 1
             bad.append('%s:%d: %s: the series creates each object once, in its final shape' %
                        (name, line, m.group(0).strip()))
     if bad:
         print('\n'.join(bad), file=sys.stderr)
         sys.exit(1)
-    print('check-migrations: %d migrations, %d functions, each created once' %
-          (len(files), len(seen)))
+    print('check-migrations: %d migrations, %d functions, each created once (%d replaced '
+          'as listed)' % (len(files), len(seen), sum(len(v) for v in REPLACES.values())))
 
 
 if __name__ == '__main__':

@@ -403,7 +403,8 @@ void pgcoord_claim_opts_init(struct pgcoord_claim_opts *opts);
  * _TIMEOUT / _CALL_TIMEOUT mean "not known to be admitted": retry with the
  * same id. PGCOORD_E_NOT_FOUND names a quota that does not exist;
  * PGCOORD_E_CONFLICT an id already used by another claim or already
- * released. PGCOORD_E_ARG for opts NULL, without quotas, or with a size
+ * released, or one that belongs to another uid (the message names only
+ * the id: choose another). PGCOORD_E_ARG for opts NULL, without quotas, or with a size
  * smaller than the first version's.
  */
 pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoord_claim_opts *opts,
