@@ -38,12 +38,12 @@ static const struct method methods[] = {
      "name, ttl_ms, renew_ms, wait"},
     {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name"},
     {"lease.status", rpc_lease_status, M_READ | M_DB, "name, watch"},
-    {"lease.list", rpc_lease_list, M_READ | M_DB, ""},
-    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, ""},
-    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, ""},
+    {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor"},
+    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor"},
+    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor"},
     {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s"},
     {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
-    {"quota.list", rpc_quota_list, M_READ | M_DB, ""},
+    {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
      "id, quotas, intent, on_owner_loss, limit, wait_ms"},
@@ -55,7 +55,7 @@ static const struct method methods[] = {
     {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override"},
     {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason"},
     {"permit.get", rpc_permit_get, M_READ | M_DB, "id"},
-    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit"},
+    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor"},
     {"permit.history", rpc_permit_history, M_READ | M_DB, "id"},
     {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
     /* a waiting claim belongs to the session that queued it */
@@ -66,7 +66,8 @@ static const struct method methods[] = {
     {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token"},
     {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token"},
     {"record.get", rpc_record_get, M_READ | M_DB, "kind, key"},
-    {"record.list", rpc_record_list, M_READ | M_DB, "kind, owner, live_owner, terminal, limit"},
+    {"record.list", rpc_record_list, M_READ | M_DB,
+     "kind, owner, live_owner, terminal, limit, cursor"},
     /* a session unless dry_run; answers liveness_read: false by itself
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agent/agent.h"
+#include "agent/cursor.h"
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
@@ -21,13 +22,25 @@ static const struct reply_col agent_cols[] = {
 };
 static const struct reply_kind agent_row = REPLY_KIND(agent_cols);
 
-/* A fleet list: {<key>: [rows], now_at}, now_at read from column now_col
- * so that a client can show ages by the database clock. */
+/* fleet.agents pages by replica_id, fleet.sessions by session id: their
+ * primary keys */
+static const struct cursor_kind agent_cursor = {'a', 1, 200, false};
+static const struct cursor_kind session_cursor = {'s', 1, 20, true};
+
+/* A fleet list: {<key>: [rows], now_at, next_cursor}, now_at read from
+ * column now_col so that a client can show ages by the database clock;
+ * the key is column 0. */
 static void pack_rows(struct request *req, const char *key, const struct reply_kind *kind,
 		      const PGresult *res, int now_col)
 {
+	const struct page *pg = req->ctx;
 	int n = PQntuples(res);
+	/* the statement asked for one row more than a page: another page follows */
+	bool more = n > pg->limit;
 	struct reply_map m;
+
+	if (more)
+		n = (int)pg->limit;
 
 	reply_map_begin(&m, req_result(req));
 	msgpack_packer *pk = reply_key(&m, key);
@@ -35,6 +48,7 @@ static void pack_rows(struct request *req, const char *key, const struct reply_k
 	for (int i = 0; i < n; i++)
 		reply_pack_row(pk, kind, res, i, 0);
 	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, now_col) : 0);
+	reply_kv_next_cursor(&m, pg->kind, res, more ? n - 1 : -1, (const int[]){0});
 	reply_map_end(&m);
 	req_done(req);
 }
@@ -52,12 +66,16 @@ static void agents_done(const struct db_result *r, void *arg)
 
 void rpc_fleet_agents(struct request *req)
 {
+	struct page *pg = req_page_ctx(req, &agent_cursor, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX);
+	if (!pg)
+		return;
+	const char *params[2] = {page_after(pg, 0), pg->fetch};
 	req_query(req,
 		  "SELECT replica_id, incarnation, host, pid, version, pgcoord.ms(started_at), "
 		  "pgcoord.ms(heartbeat_at), pgcoord.ms(expires_at), pgcoord.ms(stopped_at), "
 		  "stopped_at IS NULL AND expires_at > now(), pgcoord.ms(now()) "
-		  "FROM pgcoord.agents ORDER BY replica_id",
-		  0, NULL, agents_done);
+		  "FROM pgcoord.agents WHERE replica_id > $1 ORDER BY replica_id LIMIT $2::integer",
+		  2, params, agents_done);
 }
 
 static const struct reply_col session_cols[] = {
@@ -86,9 +104,13 @@ static void sessions_done(const struct db_result *r, void *arg)
 
 void rpc_fleet_sessions(struct request *req)
 {
+	struct page *pg = req_page_ctx(req, &session_cursor, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX);
+	if (!pg)
+		return;
+	const char *params[2] = {page_after(pg, 0), pg->fetch};
 	req_query(req,
 		  "SELECT id, name, replica_id, incarnation, pgcoord.ms(opened_at), "
 		  "pgcoord.ms(expires_at), pgcoord.ms(now()), owner_uid "
-		  "FROM pgcoord.live_sessions ORDER BY id",
-		  0, NULL, sessions_done);
+		  "FROM pgcoord.live_sessions WHERE id > $1::bigint ORDER BY id LIMIT $2::integer",
+		  2, params, sessions_done);
 }

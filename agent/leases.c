@@ -15,6 +15,7 @@
 #include "agent/lease_registry.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/cursor.h"
 #include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/session_registry.h"
@@ -297,28 +298,42 @@ void rpc_lease_status(struct request *req)
 	free(name);
 }
 
+/* lease.list pages by name (the leases' primary key) */
+static const struct cursor_kind lease_cursor = {'l', 1, 200, false};
+
 static void list_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
+	const struct page *pg = req->ctx;
 	if (!r->ok) {
 		req_fail_db(req, r);
 		return;
 	}
 	if (!req_rows_are(req, &lease_row, r->res, 0) ||
-	    !req_rows_fit(req, r->res, "read the leases one at a time with lease.status"))
+	    !req_rows_fit(req, r->res, "ask for a smaller page with limit"))
 		return;
 	int n = PQntuples(r->res);
+	/* the statement asked for one row more than a page: another page follows */
+	bool more = n > pg->limit;
+	if (more)
+		n = (int)pg->limit;
 	struct reply_map m;
 	reply_map_begin(&m, req_result(req));
 	msgpack_packer *pk = reply_key(&m, "leases");
 	msgpack_pack_array(pk, (size_t)n);
 	for (int i = 0; i < n; i++)
 		pack_lease_row(req, pk, r->res, i);
+	reply_kv_next_cursor(&m, &lease_cursor, r->res, more ? n - 1 : -1, (const int[]){LC_NAME});
 	reply_map_end(&m);
 	req_done(req);
 }
 
 void rpc_lease_list(struct request *req)
 {
-	req_query(req, LEASE_COLUMNS "ORDER BY name", 0, NULL, list_done);
+	struct page *pg = req_page_ctx(req, &lease_cursor, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX);
+	if (!pg)
+		return;
+	const char *params[2] = {page_after(pg, 0), pg->fetch};
+	req_query(req, LEASE_COLUMNS "WHERE name > $1 ORDER BY name LIMIT $2::integer", 2, params,
+		  list_done);
 }

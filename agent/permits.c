@@ -22,6 +22,7 @@
 #include "agent/groups.h"
 #include "agent/methods.h"
 #include "agent/metrics.h"
+#include "agent/cursor.h"
 #include "agent/pgrow.h"
 #include "agent/reply.h"
 #include "agent/sessions.h"
@@ -48,7 +49,7 @@ struct permit_call {
 	/* permit.claim: the requested quotas, sorted by key */
 	struct claim_quota *quotas;
 	size_t nquotas;
-	int64_t limit; /* permit.list */
+	struct page page; /* permit.list */
 };
 
 struct claim_quota {
@@ -64,6 +65,7 @@ static void permit_call_free(void *ctx)
 
 	free(call->id);
 	free(call->quotas);
+	page_free(&call->page);
 }
 
 /* The audit trail's actor for a call made through a session. */
@@ -990,11 +992,14 @@ void rpc_permit_get(struct request *req)
 		  3, params, got);
 }
 
+/* permit.list pages by id (the permits' primary key) */
+static const struct cursor_kind permit_cursor = {'p', 1, PERMIT_ID_MAX, false};
+
 static void listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const struct permit_call *call = req->ctx;
-	int64_t limit = call->limit;
+	int64_t limit = call->page.limit;
 	const PGresult *res = r->res;
 	int n, count = 0;
 
@@ -1018,10 +1023,14 @@ static void listed(const struct db_result *r, void *arg)
 	reply_map_begin(&m, req_result(req));
 	msgpack_packer *pk = reply_key(&m, "permits");
 	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0, done = 0; i < n && done < count; done++)
+	int last = -1;
+	for (int i = 0, done = 0; i < n && done < count; done++) {
+		last = i;
 		i = pack_permit(pk, res, i, &permit_row);
+	}
 	reply_kv_bool(&m, "truncated", truncated);
 	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
+	reply_kv_next_cursor(&m, &permit_cursor, res, truncated ? last : -1, (const int[]){PC_ID});
 	reply_map_end(&m);
 	req_done(req);
 }
@@ -1031,46 +1040,52 @@ void rpc_permit_list(struct request *req)
 	char *quota = NULL;
 	int state = 0, phase = 0;
 	bool has_state, has_phase, has_owner;
-	int64_t owner = 0, limit = PERMIT_LIST_DEFAULT;
-	char owner_s[24], limit_s[24];
+	int64_t owner = 0;
+	char owner_s[24];
 
 	if (!req_param_str(req, "quota", false, PERMIT_KEY_MAX, &quota))
 		return;
 	if (!req_param_enum(req, "state", false, state_names, &state, &has_state) ||
 	    !req_param_enum(req, "phase", false, phase_names, &phase, &has_phase) ||
-	    !req_param_int(req, "owner", false, 1, INT64_MAX, &owner, &has_owner) ||
-	    !req_param_int(req, "limit", false, 1, PERMIT_LIST_MAX, &limit, NULL)) {
+	    !req_param_int(req, "owner", false, 1, INT64_MAX, &owner, &has_owner)) {
 		free(quota);
 		return;
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
-	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
 	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
-	if (!call) {
+	if (!call || !req_param_page(req, &permit_cursor, PERMIT_LIST_DEFAULT, PERMIT_LIST_MAX,
+				     &call->page)) {
 		free(quota);
 		return;
 	}
-	call->limit = limit; /* the statement asks for one more */
-	const char *params[5] = {quota, has_state ? state_names[state] : NULL,
-				 has_phase ? phase_names[phase] : NULL, has_owner ? owner_s : NULL,
-				 limit_s};
-	/* uncertain first (what needs an operator), then oldest first; released
-	 * tombstones only when asked for by state */
+	const char *params[6] = {quota,
+				 has_state ? state_names[state] : NULL,
+				 has_phase ? phase_names[phase] : NULL,
+				 has_owner ? owner_s : NULL,
+				 call->page.fetch,
+				 page_after(&call->page, 0)};
+	/* by id, a range scan of permits_pkey from the cursor on (the statement
+	 * asks for one permit more than a page, to say "another follows");
+	 * released tombstones only when asked for by state. The page's ids go
+	 * to permit_quotas as an array, so its shares are read by permits_pkey
+	 * too (joined on id alone, the planner hashes every permit) */
 	req_query(req,
 		  "WITH sel AS ("
 		  " SELECT s.* FROM pgcoord.permit_status s"
-		  " WHERE ($1::text IS NULL OR EXISTS (SELECT 1 FROM pgcoord.permit_quotas f"
+		  " WHERE s.id > $6::text"
+		  "  AND ($1::text IS NULL OR EXISTS (SELECT 1 FROM pgcoord.permit_quotas f"
 		  "   WHERE f.permit_id = s.id AND f.key = $1))"
 		  "  AND ($2::text IS NULL OR s.effective_state = $2)"
 		  "  AND ($3::text IS NULL OR s.phase = $3)"
 		  "  AND ($4::bigint IS NULL OR s.owner_session = $4)"
 		  "  AND (s.state <> 'released' OR $2::text = 'released')"
-		  " ORDER BY s.effective_state = 'uncertain' DESC, s.created_at, s.id"
+		  " ORDER BY s.id"
 		  " LIMIT $5::integer) "
 		  "SELECT " PERMIT_COLS " FROM (SELECT pgcoord.ms(now()) AS now_at) n "
-		  "LEFT JOIN (sel s JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id) ON true "
-		  "ORDER BY s.effective_state = 'uncertain' DESC, s.created_at, s.id, pq.key",
-		  5, params, listed);
+		  "LEFT JOIN (sel s JOIN pgcoord.permit_quotas pq ON pq.permit_id = s.id"
+		  "  AND pq.permit_id = ANY (ARRAY(SELECT id::text FROM sel))) ON true "
+		  "ORDER BY s.id, pq.key",
+		  6, params, listed);
 	free(quota);
 }
 

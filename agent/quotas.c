@@ -10,6 +10,7 @@
 
 #include "agent/agent.h"
 #include "agent/conn.h"
+#include "agent/cursor.h"
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
@@ -86,10 +87,11 @@ void rpc_quota_set(struct request *req)
 /* Both read pgcoord.quota_status in one statement: one snapshot, so held +
  * uncertain = in_flight whenever the ledger is conserved. The outer row
  * carries now_at even when there is no quota. */
-#define QUOTA_STATUS_SELECT                                                                        \
+#define QUOTA_STATUS_COLS                                                                          \
 	"SELECT n.now_at, q.key, q.\"limit\", q.in_flight, q.held, q.uncertain, q.permits, "       \
 	"q.lapse_after_s, pgcoord.ms(q.created_at), pgcoord.ms(q.updated_at) "                     \
-	"FROM (SELECT pgcoord.ms(now()) AS now_at) n LEFT JOIN pgcoord.quota_status q "
+	"FROM (SELECT pgcoord.ms(now()) AS now_at) n "
+#define QUOTA_STATUS_SELECT QUOTA_STATUS_COLS "LEFT JOIN pgcoord.quota_status q "
 
 enum { QS_NOW, QS_KEY, QS_LIMIT, QS_IN_FLIGHT };
 
@@ -159,35 +161,56 @@ void rpc_quota_get(struct request *req)
 	req_query(req, QUOTA_STATUS_SELECT "ON q.key = $1", 1, params, quota_got);
 }
 
+/* quota.list pages by key (the quotas' primary key) */
+static const struct cursor_kind quota_cursor = {'q', 1, QUOTA_KEY_MAX, false};
+
 static void quotas_listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
+	const struct page *pg = req->ctx;
 	const PGresult *res = r->res;
-	int n, count = 0;
+	int n, count = 0, last = -1;
 
 	if (!r->ok) {
 		req_fail_db(req, r);
 		return;
 	}
 	if (!req_rows_are(req, &quota_status_row, res, 0) ||
-	    !req_rows_fit(req, res, "read the quotas one at a time with quota.get"))
+	    !req_rows_fit(req, res, "ask for a smaller page with limit"))
 		return;
 	n = PQntuples(res);
 	for (int i = 0; i < n; i++)
 		count += !pgrow_null(res, i, QS_KEY);
+	/* the statement asked for one quota more than a page: another follows */
+	bool more = count > pg->limit;
+	if (more)
+		count = (int)pg->limit;
 	struct reply_map m;
 	reply_map_begin(&m, req_result(req));
 	msgpack_packer *pk = reply_key(&m, "quotas");
 	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < n; i++)
-		if (!pgrow_null(res, i, QS_KEY))
+	for (int i = 0, done = 0; i < n && done < count; i++)
+		if (!pgrow_null(res, i, QS_KEY)) {
 			pack_quota(pk, res, i);
+			last = i;
+			done++;
+		}
 	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, QS_NOW) : 0);
+	reply_kv_next_cursor(&m, &quota_cursor, res, more ? last : -1, (const int[]){QS_KEY});
 	reply_map_end(&m);
 	req_done(req);
 }
 
 void rpc_quota_list(struct request *req)
 {
-	req_query(req, QUOTA_STATUS_SELECT "ON true ORDER BY q.key", 0, NULL, quotas_listed);
+	struct page *pg = req_page_ctx(req, &quota_cursor, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX);
+	if (!pg)
+		return;
+	const char *params[2] = {page_after(pg, 0), pg->fetch};
+	/* quota_page (0011) reads the page's keys by quotas_pkey and sums
+	 * those quotas only */
+	req_query(req,
+		  QUOTA_STATUS_COLS "LEFT JOIN pgcoord.quota_page($1, $2::integer) q ON true "
+				    "ORDER BY q.key",
+		  2, params, quotas_listed);
 }

@@ -22,6 +22,7 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/cursor.h"
 #include "agent/reply.h"
 #include "agent/sessions.h"
 
@@ -63,7 +64,7 @@ struct record_call {
 	char *key;
 	int64_t session;
 	bool dry_run;
-	int64_t limit; /* record.list */
+	struct page page; /* record.list */
 };
 
 /* Frees what a call points to; the request frees the call. */
@@ -73,6 +74,7 @@ static void record_call_free(void *ctx)
 
 	free(call->kind);
 	free(call->key);
+	page_free(&call->page);
 }
 
 static struct record_call *record_call_new(struct request *req)
@@ -359,11 +361,14 @@ void rpc_record_get(struct request *req)
 
 #define LIST_BYTES_COL (1 + RS__COUNT + 1)
 
+/* record.list pages by (kind, key), the records' primary key */
+static const struct cursor_kind record_cursor = {'r', 2, RECORD_KEY_MAX, false};
+
 static void listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
 	const struct record_call *call = req->ctx;
-	int64_t limit = call->limit;
+	int64_t limit = call->page.limit;
 	const PGresult *res = r->res;
 	int n, count = 0;
 
@@ -405,6 +410,8 @@ static void listed(const struct db_result *r, void *arg)
 		reply_pack_row(pk, &record_read_row, res, i, 1);
 	reply_kv_bool(&m, "truncated", truncated);
 	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, 0) : 0);
+	reply_kv_next_cursor(&m, &record_cursor, res, truncated ? count - 1 : -1,
+			     (const int[]){1 + RS_KIND, 1 + RS_KEY});
 	reply_map_end(&m);
 	req_done(req);
 }
@@ -412,53 +419,56 @@ static void listed(const struct db_result *r, void *arg)
 void rpc_record_list(struct request *req)
 {
 	char *kind = NULL;
-	int64_t owner = 0, limit = RECORD_LIST_DEFAULT;
+	int64_t owner = 0;
 	bool has_owner, live = false, has_live, terminal = false, has_terminal;
-	char owner_s[24], limit_s[24], uid[24], budget_s[24];
+	char owner_s[24], uid[24], budget_s[24];
 
 	if (!req_param_str(req, "kind", false, RECORD_KIND_MAX, &kind))
 		return;
 	if (!req_param_int(req, "owner", false, 1, INT64_MAX, &owner, &has_owner) ||
 	    !req_param_bool(req, "live_owner", false, &live, &has_live) ||
-	    !req_param_bool(req, "terminal", false, &terminal, &has_terminal) ||
-	    !req_param_int(req, "limit", false, 1, RECORD_LIST_MAX, &limit, NULL)) {
+	    !req_param_bool(req, "terminal", false, &terminal, &has_terminal)) {
 		free(kind);
 		return;
 	}
 	snprintf(owner_s, sizeof(owner_s), "%" PRId64, owner);
-	snprintf(limit_s, sizeof(limit_s), "%" PRId64, limit + 1);
 	struct record_call *call = req_ctx_alloc(req, sizeof(*call), record_call_free);
-	if (!call) {
+	if (!call || !req_param_page(req, &record_cursor, RECORD_LIST_DEFAULT, RECORD_LIST_MAX,
+				     &call->page)) {
 		free(kind);
 		return;
 	}
-	call->limit = limit; /* the statement asks for one more */
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	snprintf(budget_s, sizeof(budget_s), "%zu", req_reply_budget(req));
-	const char *params[8] = {kind,
-				 has_owner ? owner_s : NULL,
-				 uid,
-				 req_is_admin(req) ? "true" : "false",
-				 has_live ? (live ? "true" : "false") : NULL,
-				 has_terminal ? (terminal ? "true" : "false") : NULL,
-				 limit_s,
-				 budget_s};
-	/* the reply budget is kept in the database: rows stop once the
-	 * reply would be over it (the one that crosses it comes along, so
-	 * listed() can tell), never building a reply the output cap drops */
+	const char *params[10] = {kind,
+				  has_owner ? owner_s : NULL,
+				  uid,
+				  req_is_admin(req) ? "true" : "false",
+				  has_live ? (live ? "true" : "false") : NULL,
+				  has_terminal ? (terminal ? "true" : "false") : NULL,
+				  call->page.fetch,
+				  budget_s,
+				  page_after(&call->page, 0),
+				  page_after(&call->page, 1)};
+	/* a range scan of records_pkey from the cursor on (one record more
+	 * than a page, to say "another follows"). The reply budget is kept in
+	 * the database: rows stop once the reply would be over it (the one
+	 * that crosses it comes along, so listed() can tell), never building
+	 * a reply the output cap drops */
 	req_query(req,
 		  "SELECT n.now_at, s.* FROM (SELECT pgcoord.ms(now()) AS now_at) n "
 		  "LEFT JOIN (SELECT b.* FROM (SELECT l.*, sum(" RECORD_REPLY_BYTES ") OVER "
 		  "  (ORDER BY l.kind, l.key) AS reply_bytes FROM (SELECT " RECORD_READ_COLS
 		  "  FROM pgcoord.record_status s " RECORD_READ_REDACTED
-		  "  WHERE ($1::text IS NULL OR s.kind = $1)"
+		  "  WHERE (s.kind, s.key) > ($9::text, $10::text)"
+		  "   AND ($1::text IS NULL OR s.kind = $1)"
 		  "   AND ($2::bigint IS NULL OR s.owner_session = $2)"
 		  "   AND ($5::boolean IS NULL OR s.owner_live = $5)"
 		  "   AND ($6::boolean IS NULL OR s.terminal = $6)"
 		  "  ORDER BY s.kind, s.key LIMIT $7::integer) l) b "
 		  " WHERE b.reply_bytes - (" RECORD_REPLY_BYTES_B ") <= $8::bigint) s ON true "
 		  "ORDER BY s.kind, s.key",
-		  8, params, listed);
+		  10, params, listed);
 	free(kind);
 }
 

@@ -7,7 +7,23 @@
 
 #include <msgpack.h>
 
+#include "pages.h"
 #include "typed_read.h"
+
+/* Every page of a fleet list, as one list. */
+static pgcoord_err fleet_get(pgcoord *c, const char *method, const char *items, int timeout_ms,
+			     const struct pgcoord__reply_kind *k, void **out)
+{
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord_err err = pgcoord__list_all(c, method, NULL, 0, items, timeout_ms, &raw, &raw_len);
+	return pgcoord__typed_result(c, err, raw, raw_len, k, out);
+}
 
 /* --- fleet.agents ---------------------------------------------------------- */
 
@@ -58,7 +74,7 @@ static const struct pgcoord__reply_kind agent_list_kind = {
 
 pgcoord_err pgcoord_fleet_agents_get(pgcoord *c, int timeout_ms, struct pgcoord_agent_list **out)
 {
-	return pgcoord__typed_get(c, "fleet.agents", timeout_ms, &agent_list_kind, (void **)out);
+	return fleet_get(c, "fleet.agents", "agents", timeout_ms, &agent_list_kind, (void **)out);
 }
 
 /* --- fleet.sessions -------------------------------------------------------- */
@@ -105,6 +121,6 @@ static const struct pgcoord__reply_kind session_list_kind = {
 pgcoord_err pgcoord_fleet_sessions_get(pgcoord *c, int timeout_ms,
 				       struct pgcoord_session_list **out)
 {
-	return pgcoord__typed_get(c, "fleet.sessions", timeout_ms, &session_list_kind,
-				  (void **)out);
+	return fleet_get(c, "fleet.sessions", "sessions", timeout_ms, &session_list_kind,
+			 (void **)out);
 }

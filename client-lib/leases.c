@@ -25,6 +25,7 @@
 
 #include "proto/codec.h"
 #include "handle.h"
+#include "pages.h"
 
 /* --- beliefs ------------------------------------------------------------- */
 
@@ -391,7 +392,9 @@ pgcoord_err pgcoord_lease_status(pgcoord *c, const char *name, int timeout_ms, v
 
 pgcoord_err pgcoord_lease_list(pgcoord *c, int timeout_ms, void **result, size_t *result_len)
 {
-	return pgcoord_call(c, "lease.list", NULL, 0, timeout_ms, result, result_len);
+	/* every page: the whole list, as before lease.list paged */
+	return pgcoord__list_all(c, "lease.list", NULL, 0, "leases", timeout_ms, result,
+				 result_len);
 }
 
 /* --- the local belief ---------------------------------------------------- */

@@ -11,6 +11,7 @@
 
 #include "proto/codec.h"
 #include "handle.h"
+#include "pages.h"
 
 struct pgcoord_claim {
 	pgcoord_claim_status status;
@@ -464,7 +465,9 @@ pgcoord_err pgcoord_quota_list(pgcoord *c, int timeout_ms, void **result, size_t
 		*result = NULL;
 	if (!c)
 		return PGCOORD_E_ARG;
-	return pgcoord_call(c, "quota.list", NULL, 0, timeout_ms, result, result_len);
+	/* every page: the whole list, as before quota.list paged */
+	return pgcoord__list_all(c, "quota.list", NULL, 0, "quotas", timeout_ms, result,
+				 result_len);
 }
 
 pgcoord_err pgcoord_permit_check(pgcoord *c, int timeout_ms, bool *ok, void **result,

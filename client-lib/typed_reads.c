@@ -295,7 +295,15 @@ static const struct pgcoord__reply_kind quota_list_kind = {
 
 pgcoord_err pgcoord_quota_list_get(pgcoord *c, int timeout_ms, struct pgcoord_quota_list **out)
 {
-	return pgcoord__typed_get(c, "quota.list", timeout_ms, &quota_list_kind, (void **)out);
+	void *raw = NULL;
+	size_t raw_len = 0;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out)
+		return PGCOORD_E_ARG;
+	pgcoord_err err = pgcoord_quota_list(c, timeout_ms, &raw, &raw_len);
+	return pgcoord__typed_result(c, err, raw, raw_len, &quota_list_kind, (void **)out);
 }
 
 /* --- permit.history -------------------------------------------------------- */

@@ -6,6 +6,13 @@
 // A Client is safe for use by many goroutines. Every call takes a
 // context.Context; cancelling it abandons the wait for the reply (the
 // call may still take effect, as any call whose reply was not seen).
+//
+// Lists page (PROTOCOL.md, "Paging"). LeaseList, QuotaList, FleetAgents
+// and FleetSessions follow every cursor and return the whole list;
+// PermitList and RecordList return their first page (up to Limit, default
+// 1000), as they always did, and PermitListAll and RecordListAll every
+// page. ListPage reads one page of any of the six lists from a cursor,
+// ListAll every page as raw rows.
 package pgcoord
 
 import (

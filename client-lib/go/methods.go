@@ -161,14 +161,12 @@ type AgentInfo struct {
 	Live        bool   `msgpack:"live"`
 }
 
-// FleetAgents lists every registered replica.
+// FleetAgents lists every registered replica, following every page
+// (ListPage reads one).
 func (c *Client) FleetAgents(ctx context.Context) ([]AgentInfo, int64, error) {
-	var r struct {
-		Agents []AgentInfo `msgpack:"agents"`
-		NowAt  int64       `msgpack:"now_at"`
-	}
-	err := c.call(ctx, "fleet.agents", nil, &r)
-	return r.Agents, r.NowAt, err
+	var list []AgentInfo
+	nowAt, err := listAllInto(ctx, c, "fleet.agents", nil, &list)
+	return list, nowAt, err
 }
 
 // SessionRow is one row of fleet.sessions.
@@ -182,14 +180,12 @@ type SessionRow struct {
 	OwnerUID    *int64 `msgpack:"owner_uid"`
 }
 
-// FleetSessions lists the live sessions of the fleet.
+// FleetSessions lists the live sessions of the fleet, following every
+// page (ListPage reads one).
 func (c *Client) FleetSessions(ctx context.Context) ([]SessionRow, int64, error) {
-	var r struct {
-		Sessions []SessionRow `msgpack:"sessions"`
-		NowAt    int64        `msgpack:"now_at"`
-	}
-	err := c.call(ctx, "fleet.sessions", nil, &r)
-	return r.Sessions, r.NowAt, err
+	var list []SessionRow
+	nowAt, err := listAllInto(ctx, c, "fleet.sessions", nil, &list)
+	return list, nowAt, err
 }
 
 // LeaseStatus is lease.status's result (and a row of lease.list).
@@ -216,13 +212,12 @@ func (c *Client) LeaseStatus(ctx context.Context, name string, watch bool) (*Lea
 	return &r, c.call(ctx, "lease.status", p, &r)
 }
 
-// LeaseList lists every lease, by name.
+// LeaseList lists every lease, by name, following every page (ListPage
+// reads one).
 func (c *Client) LeaseList(ctx context.Context) ([]LeaseStatus, error) {
-	var r struct {
-		Leases []LeaseStatus `msgpack:"leases"`
-	}
-	err := c.call(ctx, "lease.list", nil, &r)
-	return r.Leases, err
+	var list []LeaseStatus
+	_, err := listAllInto(ctx, c, "lease.list", nil, &list)
+	return list, err
 }
 
 // Quota is QUOTA of PROTOCOL.md.
@@ -269,13 +264,12 @@ func (c *Client) QuotaGet(ctx context.Context, key string) (*Quota, error) {
 	return &r.Quota, err
 }
 
-// QuotaList lists every quota, by key.
+// QuotaList lists every quota, by key, following every page (ListPage
+// reads one).
 func (c *Client) QuotaList(ctx context.Context) ([]Quota, error) {
-	var r struct {
-		Quotas []Quota `msgpack:"quotas"`
-	}
-	err := c.call(ctx, "quota.list", nil, &r)
-	return r.Quotas, err
+	var list []Quota
+	_, err := listAllInto(ctx, c, "quota.list", nil, &list)
+	return list, err
 }
 
 func errorCode(err error) string {

@@ -302,8 +302,7 @@ type PermitFilter struct {
 	Limit               int
 }
 
-// PermitList lists permits; truncated says Limit cut the list.
-func (c *Client) PermitList(ctx context.Context, f PermitFilter) (permits []Permit, truncated bool, err error) {
+func (f PermitFilter) params() map[string]interface{} {
 	p := map[string]interface{}{}
 	if f.Quota != "" {
 		p["quota"] = f.Quota
@@ -320,11 +319,17 @@ func (c *Client) PermitList(ctx context.Context, f PermitFilter) (permits []Perm
 	if f.Limit != 0 {
 		p["limit"] = f.Limit
 	}
+	return p
+}
+
+// PermitList lists the first page of permits, by id; truncated says more
+// follow (PermitListAll reads every page, ListPage one from a cursor).
+func (c *Client) PermitList(ctx context.Context, f PermitFilter) (permits []Permit, truncated bool, err error) {
 	var r struct {
 		Permits   []Permit `msgpack:"permits"`
 		Truncated bool     `msgpack:"truncated"`
 	}
-	err = c.call(ctx, "permit.list", p, &r)
+	err = c.call(ctx, "permit.list", f.params(), &r)
 	return r.Permits, r.Truncated, err
 }
 

@@ -98,8 +98,7 @@ type RecordFilter struct {
 	Limit     int
 }
 
-// RecordList lists records by kind and key.
-func (c *Client) RecordList(ctx context.Context, f RecordFilter) (records []Record, truncated bool, err error) {
+func (f RecordFilter) params() map[string]interface{} {
 	p := map[string]interface{}{}
 	if f.Kind != "" {
 		p["kind"] = f.Kind
@@ -116,11 +115,18 @@ func (c *Client) RecordList(ctx context.Context, f RecordFilter) (records []Reco
 	if f.Limit != 0 {
 		p["limit"] = f.Limit
 	}
+	return p
+}
+
+// RecordList lists the first page of records by kind and key; truncated
+// says more follow (RecordListAll reads every page, ListPage one from a
+// cursor).
+func (c *Client) RecordList(ctx context.Context, f RecordFilter) (records []Record, truncated bool, err error) {
 	var r struct {
 		Records   []Record `msgpack:"records"`
 		Truncated bool     `msgpack:"truncated"`
 	}
-	err = c.call(ctx, "record.list", p, &r)
+	err = c.call(ctx, "record.list", f.params(), &r)
 	return r.Records, r.Truncated, err
 }
 

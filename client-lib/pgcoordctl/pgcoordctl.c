@@ -283,8 +283,9 @@ static const struct ctl_option options[] = {
     {"dead", no_argument, OPT_DEAD, "records", NULL,
      "only open records whose owner session is not live (what recovery adopts)"},
     {"kinds", required_argument, OPT_KINDS, "recover", "K1,K2", "only records of these kinds"},
-    {"limit", required_argument, OPT_LIMIT, "recover", "N",
-     "at most N records (default: the agent's, 1000)"},
+    {"limit", required_argument, OPT_LIMIT, "recover agents sessions quotas permits records", "N",
+     "recover: at most N records (default: the agent's, 1000); a list: only its first N "
+     "rows, one page (default: every page)"},
     {"dry-run", no_argument, OPT_DRY_RUN, "recover", NULL, "change nothing (required)"},
     {"lease", required_argument, OPT_LEASE, "run", "NAME", "the lease to lead (required)"},
     {"ttl", required_argument, OPT_TTL, "run", "MS",
@@ -433,6 +434,7 @@ static void command_help(FILE *out, const struct ctl_command *c)
 static const struct ctl_command *usage_command;
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static bool parse_nonneg(const char *s, long max, long *out);
 
 /*
  * Prints the problem on one line, then where to read more (the command's
@@ -529,6 +531,20 @@ static int call_failed(struct ctl *ctx, const char *method, pgcoord_err err)
 	return exit_for(err);
 }
 
+/* Decodes the result r->buf holds; CTL_EXIT_OK or CTL_EXIT_IO. */
+static int ctl_decode(const char *method, struct ctl_result *r)
+{
+	size_t off = 0;
+	msgpack_unpacked_init(&r->u);
+	if (msgpack_unpack_next(&r->u, r->buf, r->len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		msgpack_unpacked_destroy(&r->u);
+		fprintf(stderr, "pgcoordctl: %s: the result does not decode\n", method);
+		return CTL_EXIT_IO;
+	}
+	r->obj = &r->u.data;
+	return CTL_EXIT_OK;
+}
+
 static int ctl_call(struct ctl *ctx, const char *method, const void *params, size_t params_len,
 		    struct ctl_result *r)
 {
@@ -542,16 +558,34 @@ static int ctl_call(struct ctl *ctx, const char *method, const void *params, siz
 	    pgcoord_call(ctx->conn, method, params, params_len, ctx->timeout_ms, &r->buf, &r->len);
 	if (err != PGCOORD_OK)
 		return call_failed(ctx, method, err);
+	return ctl_decode(method, r);
+}
 
-	size_t off = 0;
-	msgpack_unpacked_init(&r->u);
-	if (msgpack_unpack_next(&r->u, r->buf, r->len, &off) != MSGPACK_UNPACK_SUCCESS) {
-		msgpack_unpacked_destroy(&r->u);
-		fprintf(stderr, "pgcoordctl: %s: the result does not decode\n", method);
-		return CTL_EXIT_IO;
+/* A paged list: every page as one result, or with --limit N only the
+ * first N rows (one page; its next_cursor says whether more follow). */
+static int ctl_list(struct ctl *ctx, const char *method, const void *params, size_t params_len,
+		    struct ctl_result *r)
+{
+	long limit = 0;
+	pgcoord_err err;
+
+	memset(r, 0, sizeof(*r));
+	if (ctx->limit && (!parse_nonneg(ctx->limit, 10000, &limit) || limit == 0))
+		return usage_error("--limit needs a whole number 1..10000, not \"%s\"", ctx->limit);
+	if (!ctx->conn) {
+		int rc = ctl_connect(ctx);
+		if (rc != CTL_EXIT_OK)
+			return rc;
 	}
-	r->obj = &r->u.data;
-	return CTL_EXIT_OK;
+	if (limit > 0)
+		err = pgcoord_list_page(ctx->conn, method, params, params_len, limit, NULL,
+					ctx->timeout_ms, &r->buf, &r->len, NULL);
+	else
+		err = pgcoord_list_all(ctx->conn, method, params, params_len, ctx->timeout_ms,
+				       &r->buf, &r->len);
+	if (err != PGCOORD_OK)
+		return call_failed(ctx, method, err);
+	return ctl_decode(method, r);
 }
 
 /* Copies the listed keys of a result row into a table row being packed
@@ -642,7 +676,7 @@ static int list_command(struct ctl *ctx, const char *method, const char *list_ke
 			const struct ctl_column *cols, size_t ncols)
 {
 	struct ctl_result r;
-	int rc = ctl_call(ctx, method, NULL, 0, &r);
+	int rc = ctl_list(ctx, method, NULL, 0, &r);
 	if (rc != CTL_EXIT_OK)
 		return rc;
 	const msgpack_object *rows = ctl_map_get(r.obj, list_key);
@@ -882,6 +916,31 @@ static int print_permits(const msgpack_object *result)
 	return CTL_EXIT_OK;
 }
 
+/* Uncertain first (what needs an operator), then oldest first: the agent
+ * pages by id, so the order is made here, over every page. */
+static int permit_order(const void *a, const void *b)
+{
+	const msgpack_object *x = a, *y = b;
+	const char *sx = "", *sy = "";
+	size_t lx = 0, ly = 0;
+	int64_t cx = 0, cy = 0;
+
+	ctl_obj_str(ctl_map_get(x, "state"), &sx, &lx);
+	ctl_obj_str(ctl_map_get(y, "state"), &sy, &ly);
+	bool ux = lx == 9 && memcmp(sx, "uncertain", 9) == 0;
+	bool uy = ly == 9 && memcmp(sy, "uncertain", 9) == 0;
+	if (ux != uy)
+		return ux ? -1 : 1;
+	ctl_obj_int64(ctl_map_get(x, "created_at"), &cx);
+	ctl_obj_int64(ctl_map_get(y, "created_at"), &cy);
+	if (cx != cy)
+		return cx < cy ? -1 : 1;
+	ctl_obj_str(ctl_map_get(x, "id"), &sx, &lx);
+	ctl_obj_str(ctl_map_get(y, "id"), &sy, &ly);
+	int c = memcmp(sx, sy, lx < ly ? lx : ly);
+	return c ? c : (lx > ly) - (lx < ly);
+}
+
 static int permits_list(struct ctl *ctx)
 {
 	struct ctl_params p;
@@ -894,9 +953,14 @@ static int permits_list(struct ctl *ctx)
 		ctl_pack_kv_str(&p.pk, "state", ctx->state);
 	if (ctx->quota)
 		ctl_pack_kv_str(&p.pk, "quota", ctx->quota);
-	rc = call_with(ctx, "permit.list", &p, &r);
+	rc = ctl_list(ctx, "permit.list", p.sb.data, p.sb.size, &r);
+	msgpack_sbuffer_destroy(&p.sb);
 	if (rc != CTL_EXIT_OK)
 		return rc;
+	const msgpack_object *rows = ctl_map_get(r.obj, "permits");
+	if (rows && rows->type == MSGPACK_OBJECT_ARRAY && rows->via.array.size > 1)
+		qsort(rows->via.array.ptr, rows->via.array.size, sizeof(msgpack_object),
+		      permit_order);
 	if (ctx->json)
 		ctl_print_json(stdout, r.obj);
 	else
@@ -1157,7 +1221,7 @@ static int cmd_leases(struct ctl *ctx, int argc, char **argv)
 
 	if (ctx->json) {
 		struct ctl_result r;
-		int rc = ctl_call(ctx, "lease.list", NULL, 0, &r);
+		int rc = ctl_list(ctx, "lease.list", NULL, 0, &r);
 		if (rc != CTL_EXIT_OK)
 			return rc;
 		ctl_print_json(stdout, r.obj);
@@ -1324,7 +1388,8 @@ static int cmd_records(struct ctl *ctx, int argc, char **argv)
 		ctl_pack_kv_bool(&p.pk, "live_owner", false);
 		ctl_pack_kv_bool(&p.pk, "terminal", false);
 	}
-	rc = call_with(ctx, "record.list", &p, &r);
+	rc = ctl_list(ctx, "record.list", p.sb.data, p.sb.size, &r);
+	msgpack_sbuffer_destroy(&p.sb);
 	if (rc != CTL_EXIT_OK)
 		return rc;
 	const msgpack_object *rows = ctl_map_get(r.obj, "records");

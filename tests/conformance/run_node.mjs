@@ -251,6 +251,15 @@ class Run {
     if ('rows' in s && show(rows) !== show(want)) throw new Failed(`sql ${show(s.query)}: rows ${show(rows)}, expected ${show(s.rows)}`);
   }
 
+  async op_list_all(s) {
+    const r = await this.client(s).listAll(s.method, s.params ?? {}, s.page_size ? { pageSize: s.page_size } : {});
+    const got = r.items.map((row) => String(row[s.key]));
+    const want = (await this.db.psql(s.query)).map((row) => row[0]);
+    if (show(got) !== show(want)) {
+      throw new Failed(`list_all ${s.method}: ${got.length} rows ${show(got.slice(0, 5))}..., the database has ${want.length}: ${show(want.slice(0, 5))}...`);
+    }
+  }
+
   async op_sql_hold(s) {
     this.held = await this.db.hold(s.query);
   }

@@ -263,6 +263,15 @@ class Run:
         if "rows" in s and rows != want:
             raise Failed(f"sql {s['query']!r}: rows {rows}, expected {s['rows']}")
 
+    def op_list_all(self, s):
+        rows = self.client(s).list_all(s["method"], s.get("params"),
+                                       page_size=s.get("page_size"))
+        got = [str(r.raw.get(s["key"])) for r in rows]
+        want = [row[0] for row in self.db.psql(s["query"])]
+        if got != want:
+            raise Failed(f"list_all {s['method']}: {len(got)} rows {got[:5]}..., "
+                         f"the database has {len(want)}: {want[:5]}...")
+
     def op_sql_hold(self, s):
         self.held = self.db.hold(s["query"])
 

@@ -448,3 +448,51 @@ Test(ctl, claim_prints_the_admission_exits_1_when_denied_or_expired_and_cancel_t
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* quota.list answers pages of at most 1000: pgcoordctl follows every page
+ * (or, with --limit, prints one page of the first N). */
+Test(ctl, listings_follow_every_page_or_print_the_first_limit_rows)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "ctl-pages", NULL);
+	iwait_janitor(a);
+	hdb_exec(db, "SELECT pgcoord.quota_set('q-' || lpad(i::text, 4, '0'), i, NULL, 'test') "
+		     "FROM generate_series(1, 1205) i");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.quotas"), 1205);
+
+	ctl_json(hagent_socket(a), "quotas",
+		 (const char *const[]){
+		     "len(d['quotas'])", "d['quotas'][0]['key']", "d['quotas'][-1]['key']",
+		     "len(set(q['key'] for q in d['quotas']))", "d['next_cursor']", NULL},
+		 "1205\n\"q-0001\"\n\"q-1205\"\n1205\nnull\n");
+
+	/* the table: a header and one line per quota */
+	const char *const table[] = {"quotas", NULL};
+	char *out = NULL;
+	int rc = ctl(hagent_socket(a), table, &out);
+	cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+	cr_assert_eq(lines(out), 1 + 1205, "%d lines", lines(out));
+	cr_assert(strstr(out, "q-1205"));
+	free(out);
+
+	const char *const first[] = {"--json", "quotas", "--limit", "10", NULL};
+	rc = ctl(hagent_socket(a), first, &out);
+	cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+	char *got =
+	    json_eval(out, (const char *const[]){"len(d['quotas'])", "d['quotas'][-1]['key']",
+						 "d['next_cursor'] is not None", NULL});
+	cr_assert_str_eq(got, "10\n\"q-0010\"\ntrue\n", "%s", out);
+	free(got);
+	free(out);
+
+	/* over the agent's cap: its refusal, exit 1 */
+	const char *const over[] = {"quotas", "--limit", "1001", NULL};
+	rc = ctl(hagent_socket(a), over, &out);
+	cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+	cr_assert(strstr(out, "invalid_params") || strstr(out, "limit"), "%s", out);
+	free(out);
+	const char *const zero[] = {"quotas", "--limit", "0", NULL};
+	rc = ctl(hagent_socket(a), zero, &out);
+	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+	free(out);
+}

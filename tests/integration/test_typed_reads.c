@@ -151,22 +151,22 @@ Test(typed_reads, permit_list_and_history_match_the_database)
 	cr_assert_eq(pgcoord_permit_mark_uncertain(c, "p2", "lost its worker", CALL_MS),
 		     PGCOORD_OK);
 
-	/* uncertain first */
+	/* by id */
 	cr_assert_eq(pgcoord_permit_list_get(c, NULL, NULL, CALL_MS, &pl), PGCOORD_OK, "%s",
 		     pgcoord_last_message(c));
 	cr_assert_eq(pl->count, 2);
 	cr_assert_not(pl->truncated);
 	cr_assert_gt(pl->now_at, 0);
-	cr_assert_str_eq(pl->permits[0]->id, "p2");
-	cr_assert_str_eq(pl->permits[0]->state, "uncertain");
-	cr_assert_str_eq(pl->permits[0]->uncertain_reason, "lost its worker");
-	cr_assert_str_eq(pl->permits[1]->id, "p1");
-	cr_assert_str_eq(pl->permits[1]->state, "held");
-	cr_assert_eq(pl->permits[1]->token,
+	cr_assert_str_eq(pl->permits[1]->id, "p2");
+	cr_assert_str_eq(pl->permits[1]->state, "uncertain");
+	cr_assert_str_eq(pl->permits[1]->uncertain_reason, "lost its worker");
+	cr_assert_str_eq(pl->permits[0]->id, "p1");
+	cr_assert_str_eq(pl->permits[0]->state, "held");
+	cr_assert_eq(pl->permits[0]->token,
 		     hdb_query_long(db, "SELECT token FROM pgcoord.permits WHERE id = 'p1'"));
-	cr_assert_eq(pl->permits[1]->nquotas, 1);
-	cr_assert_str_eq(pl->permits[1]->quota_keys[0], "a");
-	cr_assert_eq(pl->permits[1]->owner_session, pgcoord_session_id(c));
+	cr_assert_eq(pl->permits[0]->nquotas, 1);
+	cr_assert_str_eq(pl->permits[0]->quota_keys[0], "a");
+	cr_assert_eq(pl->permits[0]->owner_session, pgcoord_session_id(c));
 	pgcoord_permit_list_free(pl);
 
 	cr_assert_eq(pgcoord_permit_list_get(c, "a", NULL, CALL_MS, &pl), PGCOORD_OK);

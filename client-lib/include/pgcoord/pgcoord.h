@@ -126,6 +126,41 @@ pgcoord_err pgcoord_call(pgcoord *c, const char *method, const void *params, siz
 
 void pgcoord_free(void *p);
 
+/*
+ * One page of a paged list (PROTOCOL.md, "Paging"): lease.list,
+ * quota.list, fleet.agents, fleet.sessions, permit.list or record.list.
+ * params is the list's filters as a MessagePack-encoded map (NULL/0 for
+ * none; a limit or cursor in it is replaced), limit the page size (0: the
+ * method's default; over its cap the agent answers
+ * PGCOORD_E_INVALID_PARAMS), cursor NULL for the first page or the
+ * *next_cursor of the page before. *result is the page's result map as for
+ * pgcoord_call; *next_cursor (next_cursor may be NULL) a malloc'd string
+ * to pass on (free with pgcoord_free), NULL after the last page. Walk a list:
+ *
+ *     char *cur = NULL;
+ *     do { char *next; pgcoord_list_page(c, "quota.list", NULL, 0, 0, cur,
+ *          ms, &res, &len, &next); …; pgcoord_free(cur); cur = next; } while (cur);
+ *
+ * The whole-list calls (pgcoord_lease_list, pgcoord_quota_list and their
+ * typed forms, pgcoord_fleet_agents_get, pgcoord_fleet_sessions_get)
+ * follow every page themselves and answer one list, as before paging;
+ * pgcoord_permit_list and pgcoord_record_list (and their typed forms)
+ * answer the first page (up to 1000, with truncated) as they always did.
+ */
+pgcoord_err pgcoord_list_page(pgcoord *c, const char *method, const void *params, size_t params_len,
+			      int64_t limit, const char *cursor, int timeout_ms, void **result,
+			      size_t *result_len, char **next_cursor);
+
+/*
+ * Every page of one of those lists, followed with pages of 1000 under one
+ * timeout for the whole walk, answered as one result map: the rows of
+ * every page in order, the other keys of the last page, next_cursor nil
+ * and truncated false. The list may change between pages (PROTOCOL.md,
+ * "Paging"). PGCOORD_E_ARG for a method that is not a paged list.
+ */
+pgcoord_err pgcoord_list_all(pgcoord *c, const char *method, const void *params, size_t params_len,
+			     int timeout_ms, void **result, size_t *result_len);
+
 /* --- notifications ---------------------------------------------------- */
 
 /*
@@ -689,9 +724,10 @@ void pgcoord_quota_list_free(struct pgcoord_quota_list *l);
 
 struct pgcoord_permit_list {
 	size_t count;
-	/* uncertain first, then oldest first; intent is NULL in each */
+	/* ordered by id; intent is NULL in each */
 	const struct pgcoord_permit_info *const *permits;
-	bool truncated; /* more matched than the agent's limit (1000) */
+	bool truncated; /* more matched than the agent's limit (1000): page with
+			 * pgcoord_list_page */
 	int64_t now_at;
 };
 

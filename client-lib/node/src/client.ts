@@ -10,8 +10,22 @@ import { GaveUpError, PgcoordError, errorFromWire } from './errors.js';
 import { Notification, Params, Response, isMap } from './framing.js';
 import { Lease, Leadership, startLeadership } from './leadership.js';
 import { NotificationQueue } from './notifications.js';
-import { abortError, claimParams, sleep, withCall } from './util.js';
+import { abortError, badArgument, claimParams, sleep, withCall } from './util.js';
 import type * as T from './types.js';
+
+/** The array each paged list answers its rows in. */
+const PAGED_LISTS: Record<T.PagedList, string> = {
+  'lease.list': 'leases',
+  'quota.list': 'quotas',
+  'fleet.agents': 'agents',
+  'fleet.sessions': 'sessions',
+  'permit.list': 'permits',
+  'record.list': 'records',
+};
+
+/** The page a walk of every page asks for: the cap of the lists that page
+ * by 100 (lease.list, quota.list, fleet.*). */
+const ALL_PAGE_SIZE = 1000;
 
 export const DEFAULT_SOCKET = '/run/pgcoord/agent.sock';
 // How long a resume waits for the agent to notice the old connection closed.
@@ -287,6 +301,55 @@ export class Client extends EventEmitter {
     return (await this.call(method, params, opts)) as unknown as R;
   }
 
+  // --- paged lists (PROTOCOL.md, "Paging") ---------------------------------
+
+  /** One page of a paged list (lease.list, quota.list, fleet.agents,
+   * fleet.sessions, permit.list, record.list): its rows and the
+   * next_cursor to pass as `cursor` for the next page (null after the
+   * last). params are the list's filters; limit the page size (default:
+   * the agent's). */
+  async listPage<R = Record<string, unknown>>(
+    method: T.PagedList,
+    params: Params = {},
+    o: T.CallOptions & { limit?: number; cursor?: string | null } = {},
+  ): Promise<T.Page<R>> {
+    const items = PAGED_LISTS[method];
+    if (items === undefined) throw badArgument(`${String(method)} is not a paged list`);
+    const p: Params = { ...params };
+    delete p.limit;
+    delete p.cursor;
+    if (o.limit !== undefined) p.limit = o.limit;
+    if (o.cursor !== undefined && o.cursor !== null) p.cursor = o.cursor;
+    const r = await this.call(method, p, o);
+    const rows = r[items];
+    if (!Array.isArray(rows)) throw new PgcoordError('protocol', `the ${method} result has no ${items} list`);
+    const next = r.next_cursor;
+    return {
+      items: rows as R[],
+      next_cursor: typeof next === 'string' ? next : null,
+      now_at: typeof r.now_at === 'number' ? r.now_at : undefined,
+    };
+  }
+
+  /** Every page of a paged list, followed by its cursors (pages of
+   * pageSize, default 1000; the timeout is per page): the rows in order
+   * and the last page's now_at. The list may change between pages: a row
+   * whose key does not change comes at most once. */
+  async listAll<R = Record<string, unknown>>(
+    method: T.PagedList,
+    params: Params = {},
+    o: T.CallOptions & { pageSize?: number } = {},
+  ): Promise<{ items: R[]; now_at?: number }> {
+    const items: R[] = [];
+    let cursor: string | null = null;
+    for (;;) {
+      const page: T.Page<R> = await this.listPage<R>(method, params, { ...o, limit: o.pageSize ?? ALL_PAGE_SIZE, cursor });
+      items.push(...page.items);
+      if (page.next_cursor === null) return { items, now_at: page.now_at };
+      cursor = page.next_cursor;
+    }
+  }
+
   // --- agent and fleet ------------------------------------------------------
 
   hello(client?: string, opts?: T.CallOptions): Promise<T.Hello> {
@@ -301,12 +364,16 @@ export class Client extends EventEmitter {
     return this.typed('agent.status', undefined, opts);
   }
 
-  fleetAgents(opts?: T.CallOptions): Promise<{ agents: T.FleetAgent[]; now_at: number }> {
-    return this.typed('fleet.agents', undefined, opts);
+  /** Every page (listPage reads one). */
+  async fleetAgents(opts?: T.CallOptions): Promise<{ agents: T.FleetAgent[]; now_at: number }> {
+    const r = await this.listAll<T.FleetAgent>('fleet.agents', {}, opts);
+    return { agents: r.items, now_at: r.now_at ?? 0 };
   }
 
-  fleetSessions(opts?: T.CallOptions): Promise<{ sessions: T.FleetSession[]; now_at: number }> {
-    return this.typed('fleet.sessions', undefined, opts);
+  /** Every page (listPage reads one). */
+  async fleetSessions(opts?: T.CallOptions): Promise<{ sessions: T.FleetSession[]; now_at: number }> {
+    const r = await this.listAll<T.FleetSession>('fleet.sessions', {}, opts);
+    return { sessions: r.items, now_at: r.now_at ?? 0 };
   }
 
   // --- sessions ------------------------------------------------------------
@@ -449,8 +516,9 @@ export class Client extends EventEmitter {
     return this.typed('lease.status', opt({ name }, { watch: o.watch }), o);
   }
 
-  leaseList(opts?: T.CallOptions): Promise<{ leases: T.LeaseStatus[] }> {
-    return this.typed('lease.list', undefined, opts);
+  /** Every lease, by name, over every page (listPage reads one). */
+  async leaseList(opts?: T.CallOptions): Promise<{ leases: T.LeaseStatus[] }> {
+    return { leases: (await this.listAll<T.LeaseStatus>('lease.list', {}, opts)).items };
   }
 
   /** The local belief: no I/O. */
@@ -531,8 +599,10 @@ export class Client extends EventEmitter {
     return this.typed('quota.get', { key }, opts);
   }
 
-  quotaList(opts?: T.CallOptions): Promise<{ quotas: T.Quota[]; now_at: number }> {
-    return this.typed('quota.list', undefined, opts);
+  /** Every quota, by key, over every page (listPage reads one). */
+  async quotaList(opts?: T.CallOptions): Promise<{ quotas: T.Quota[]; now_at: number }> {
+    const r = await this.listAll<T.Quota>('quota.list', {}, opts);
+    return { quotas: r.items, now_at: r.now_at ?? 0 };
   }
 
   // --- watches -------------------------------------------------------------
@@ -787,6 +857,8 @@ export class Client extends EventEmitter {
     return this.typed('permit.get', { id }, opts);
   }
 
+  /** The first page (up to limit, default 1000) by id; listAll and
+   * listPage read every page or one from a cursor. */
   permitList(
     o: T.CallOptions & { quota?: string; state?: T.PermitState; phase?: string; owner?: number; limit?: number } = {},
   ): Promise<{ permits: T.Permit[]; truncated: boolean; now_at: number }> {
@@ -834,6 +906,8 @@ export class Client extends EventEmitter {
     return this.typed('record.get', { kind, key }, opts);
   }
 
+  /** The first page (up to limit, default 1000) by kind and key; listAll
+   * and listPage read every page or one from a cursor. */
   recordList(
     o: T.CallOptions & { kind?: string; owner?: number; liveOwner?: boolean; terminal?: boolean; limit?: number } = {},
   ): Promise<{ records: T.PgRecord[]; truncated: boolean; now_at: number }> {

@@ -369,6 +369,17 @@ export interface SessionLost {
 /** `{key: weight}`, a single key (weight 1), or PROTOCOL.md's list. */
 export type QuotaSpec = string | Record<string, number> | { key: string; weight?: number }[];
 
+/** The lists that answer a page at a time (PROTOCOL.md, "Paging"). */
+export type PagedList = 'lease.list' | 'quota.list' | 'fleet.agents' | 'fleet.sessions' | 'permit.list' | 'record.list';
+
+/** One page of a paged list: its rows, the cursor of the next page (null
+ * after the last) and now_at (undefined for lists without one). */
+export interface Page<R> {
+  items: R[];
+  next_cursor: string | null;
+  now_at?: number;
+}
+
 export interface CallOptions {
   /** Aborts the wait for the reply: the call rejects with code `aborted`
    * (a request already sent may still take effect). */

@@ -67,7 +67,7 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-function badArgument(msg: string): PgcoordError {
+export function badArgument(msg: string): PgcoordError {
   return new PgcoordError('bad_argument', msg);
 }
 

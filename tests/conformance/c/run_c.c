@@ -596,6 +596,80 @@ static bool op_sql(struct run *r, const msgpack_object *s)
 	return ok;
 }
 
+/* list_all: every page of a list through pgcoord_list_page (with
+ * page_size) or pgcoord_list_all, the rows' `key` values compared in order
+ * with the first column of `query`. */
+static bool op_list_all(struct run *r, const msgpack_object *s)
+{
+	struct conf_client *cl = client_named(r, s);
+	char *method = conf_get_str(r->zone, s, "method");
+	char *key = conf_get_str(r->zone, s, "key");
+	char *query = conf_get_str(r->zone, s, "query");
+	const msgpack_object *params = conf_get(s, "params");
+	int64_t page_size = conf_get_int(s, "page_size", 0);
+	msgpack_sbuffer pb;
+	msgpack_packer pk;
+	char **rows = NULL, *cursor = NULL;
+	int nrows = 0, ncols = 0, seen = 0;
+	bool ok = true;
+
+	if (cl == NULL || method == NULL || key == NULL || query == NULL)
+		return conf_fail("list_all: needs a client, a method, a key and a query");
+	if (!conf_sql(r->db, query, &rows, &nrows, &ncols))
+		return false;
+	msgpack_sbuffer_init(&pb);
+	msgpack_packer_init(&pk, &pb, msgpack_sbuffer_write);
+	if (params)
+		msgpack_pack_object(&pk, *params);
+	do {
+		void *res = NULL;
+		size_t len = 0;
+		char *next = NULL;
+		pgcoord_err err =
+		    page_size > 0
+			? pgcoord_list_page(cl->h, method, pb.data, pb.size, page_size, cursor,
+					    CONF_CALL_TIMEOUT_MS, &res, &len, &next)
+			: pgcoord_list_all(cl->h, method, pb.data, pb.size, CONF_CALL_TIMEOUT_MS,
+					   &res, &len);
+		pgcoord_free(cursor);
+		cursor = next;
+		if (err != PGCOORD_OK) {
+			ok = conf_fail("list_all %s: %s: %s", method, pgcoord_strerror(err),
+				       pgcoord_last_message(cl->h));
+			break;
+		}
+		msgpack_unpacked u;
+		msgpack_unpacked_init(&u);
+		if (msgpack_unpack_next(&u, res, len, NULL) != MSGPACK_UNPACK_SUCCESS ||
+		    u.data.type != MSGPACK_OBJECT_MAP) {
+			ok = conf_fail("list_all %s: the result is not a map", method);
+		} else {
+			const msgpack_object *items = NULL;
+			for (uint32_t i = 0; i < u.data.via.map.size; i++)
+				if (u.data.via.map.ptr[i].val.type == MSGPACK_OBJECT_ARRAY)
+					items = &u.data.via.map.ptr[i].val;
+			for (uint32_t i = 0; ok && items && i < items->via.array.size;
+			     i++, seen++) {
+				char *text =
+				    conf_text(r->zone, conf_get(&items->via.array.ptr[i], key));
+				if (seen >= nrows || strcmp(text, rows[seen * ncols]) != 0)
+					ok = conf_fail(
+					    "list_all %s: row %d is %s, the database has %s",
+					    method, seen + 1, text,
+					    seen < nrows ? rows[seen * ncols] : "no more");
+			}
+		}
+		msgpack_unpacked_destroy(&u);
+		pgcoord_free(res);
+	} while (ok && cursor);
+	pgcoord_free(cursor);
+	if (ok && seen != nrows)
+		ok = conf_fail("list_all %s: %d rows, the database has %d", method, seen, nrows);
+	msgpack_sbuffer_destroy(&pb);
+	conf_rows_free(rows, nrows, ncols);
+	return ok;
+}
+
 static bool op_sql_hold(struct run *r, const msgpack_object *s)
 {
 	char *query = conf_get_str(r->zone, s, "query");
@@ -693,6 +767,7 @@ static const struct {
     {"expect_leader", op_expect_leader},
     {"expect_session", op_expect_session},
     {"sql", op_sql},
+    {"list_all", op_list_all},
     {"sql_hold", op_sql_hold},
     {"sql_release", op_sql_release},
     {"signal", op_signal},

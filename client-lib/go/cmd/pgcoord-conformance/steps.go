@@ -119,6 +119,8 @@ func (r *run) step(s step) error {
 		return r.expectSession(s)
 	case "sql":
 		return r.sql(s)
+	case "list_all":
+		return r.listAll(s)
 	case "sql_hold":
 		h, err := r.db.hold(str(s, "query"))
 		r.held = h

@@ -11,7 +11,7 @@ import socket
 from typing import Callable, Optional
 
 from . import types as T
-from .api import Api, claim_params, resume_params, session_open_params
+from .api import ALL_PAGE_SIZE, Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
 from .errors import (CallTimeout, ClaimDenied, ClientClosed, Conflict,
                      ConnectionLost, GaveUp, MethodNotFound, NotFound, PgcoordError,
@@ -274,6 +274,16 @@ class AsyncClient(Api):
 
     async def _invoke(self, method, params, convert, timeout=None):
         return convert(await self.call(method, params, timeout=timeout))
+
+    async def _invoke_all(self, method, params, page_size=None, timeout=None):
+        rows, cursor = [], None
+        while True:
+            page = await self.list_page(method, params, limit=page_size or ALL_PAGE_SIZE,
+                                        cursor=cursor, timeout=timeout)
+            rows.extend(page.items)
+            if page.next_cursor is None:
+                return rows
+            cursor = page.next_cursor
 
     # --- sessions, leases, permits ------------------------------------------------
 

@@ -35,12 +35,67 @@ def _opt(d: dict, **kw) -> dict:
     return d
 
 
+# The paged lists (PROTOCOL.md, "Paging"): the array each answers its rows
+# in, and the type of a row.
+PAGED_LISTS = {
+    "lease.list": ("leases", T.LeaseStatus),
+    "quota.list": ("quotas", T.Quota),
+    "fleet.agents": ("agents", T.FleetAgent),
+    "fleet.sessions": ("sessions", T.FleetSession),
+    "permit.list": ("permits", T.Permit),
+    "record.list": ("records", T.Record),
+}
+
+# The page a walk of every page asks for: the cap of the lists that page
+# by 100 (lease.list, quota.list, fleet.*).
+ALL_PAGE_SIZE = 1000
+
+
+def page_params(method: str, params: Optional[dict], limit, cursor) -> dict:
+    if method not in PAGED_LISTS:
+        raise ValueError(f"{method} is not a paged list")
+    p = dict(params or {})
+    p.pop("limit", None)
+    p.pop("cursor", None)
+    return _opt(p, limit=limit, cursor=cursor)
+
+
+def page_of(method: str, m: dict) -> "T.Page":
+    items, row = PAGED_LISTS[method]
+    return T.Page(items=[T.from_map(row, x) for x in m.get(items, [])],
+                  next_cursor=m.get("next_cursor"), now_at=m.get("now_at"))
+
+
 class Api:
     """Typed wrappers; subclasses provide _invoke(method, params, convert,
-    timeout) and the calls with client-side logic (claim, release, leases)."""
+    timeout), _invoke_all(method, params, page_size, timeout) (every page
+    of a paged list, as one list of rows) and the calls with client-side
+    logic (claim, release, leases)."""
 
     def _invoke(self, method: str, params: Optional[dict], convert, timeout=None):
         raise NotImplementedError
+
+    def _invoke_all(self, method: str, params: Optional[dict], page_size=None, timeout=None):
+        raise NotImplementedError
+
+    # paged lists
+    def list_page(self, method: str, params: Optional[dict] = None, *, limit=None,
+                  cursor=None, timeout=None):
+        """One page of a paged list (lease.list, quota.list, fleet.agents,
+        fleet.sessions, permit.list, record.list): a Page of typed rows and
+        the next_cursor to pass as cursor for the next page (None after the
+        last). params are the list's filters; limit the page size (None:
+        the agent's default)."""
+        return self._invoke(method, page_params(method, params, limit, cursor),
+                            lambda m: page_of(method, m), timeout)
+
+    def list_all(self, method: str, params: Optional[dict] = None, *, page_size=None,
+                 timeout=None):
+        """Every page of a paged list, followed by its cursors, as one list
+        of typed rows (pages of page_size, default 1000; timeout is per
+        page). The list may change between pages: a row whose key does not
+        change comes at most once."""
+        return self._invoke_all(method, params, page_size, timeout)
 
     # agent.* and fleet.*
     def hello(self, client: Optional[str] = None, *, timeout=None):
@@ -53,16 +108,12 @@ class Api:
     def status(self, *, timeout=None):
         return self._invoke("agent.status", None, lambda m: T.from_map(T.AgentStatus, m), timeout)
 
+    # every page (list_page reads one)
     def fleet_agents(self, *, timeout=None):
-        return self._invoke("fleet.agents", None,
-                            lambda m: [T.from_map(T.FleetAgent, x) for x in m.get("agents", [])],
-                            timeout)
+        return self._invoke_all("fleet.agents", None, None, timeout)
 
     def fleet_sessions(self, *, timeout=None):
-        return self._invoke("fleet.sessions", None,
-                            lambda m: [T.from_map(T.FleetSession, x)
-                                       for x in m.get("sessions", [])],
-                            timeout)
+        return self._invoke_all("fleet.sessions", None, None, timeout)
 
     # session.keepalive (open/close live in the clients: they keep state).
     # With session_open(keepalive_ms=...) it proves the application alive:
@@ -79,9 +130,8 @@ class Api:
                             lambda m: T.from_map(T.LeaseStatus, m), timeout)
 
     def lease_list(self, *, timeout=None):
-        return self._invoke("lease.list", None,
-                            lambda m: [T.from_map(T.LeaseStatus, x) for x in m.get("leases", [])],
-                            timeout)
+        """Every lease, by name, over every page (list_page reads one)."""
+        return self._invoke_all("lease.list", None, None, timeout)
 
     # quotas
     def quota_set(self, key: str, limit: int, *, lapse_after_s: Optional[int] = None,
@@ -95,9 +145,8 @@ class Api:
                             lambda m: T.from_map(T.Quota, m.get("quota")), timeout)
 
     def quota_list(self, *, timeout=None):
-        return self._invoke("quota.list", None,
-                            lambda m: [T.from_map(T.Quota, x) for x in m.get("quotas", [])],
-                            timeout)
+        """Every quota, by key, over every page (list_page reads one)."""
+        return self._invoke_all("quota.list", None, None, timeout)
 
     # permits (claim/release live in the clients: they retry)
     def permit_update(self, id: str, phase: str, *, timeout=None):
@@ -127,6 +176,8 @@ class Api:
 
     def permit_list(self, *, quota=None, state=None, phase=None, owner=None, limit=None,
                     timeout=None):
+        """The first page (up to limit, default 1000) by id; list_all and
+        list_page read every page or one from a cursor."""
         return self._invoke("permit.list",
                             _opt({}, quota=quota, state=state, phase=phase, owner=owner,
                                  limit=limit),
@@ -167,6 +218,8 @@ class Api:
 
     def record_list(self, *, kind=None, owner=None, live_owner=None, terminal=None,
                     limit=None, timeout=None):
+        """The first page (up to limit, default 1000) by kind and key;
+        list_all and list_page read every page or one from a cursor."""
         return self._invoke("record.list",
                             _opt({}, kind=kind, owner=owner, live_owner=live_owner,
                                  terminal=terminal, limit=limit),

@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from . import types as T
-from .api import Api, claim_params, resume_params, session_open_params
+from .api import ALL_PAGE_SIZE, Api, claim_params, resume_params, session_open_params
 from .belief import Beliefs, deadline_of, mono_ms
 from .dialing import connect_unix
 from .errors import (ClaimDenied, MethodNotFound, ClientClosed, ConnectionLost, CallTimeout,
@@ -397,6 +397,16 @@ class Client(Api):
 
     def _invoke(self, method, params, convert, timeout=None):
         return convert(self.call(method, params, timeout=timeout))
+
+    def _invoke_all(self, method, params, page_size=None, timeout=None):
+        rows, cursor = [], None
+        while True:
+            page = self.list_page(method, params, limit=page_size or ALL_PAGE_SIZE,
+                                  cursor=cursor, timeout=timeout)
+            rows.extend(page.items)
+            if page.next_cursor is None:
+                return rows
+            cursor = page.next_cursor
 
     # --- sessions ------------------------------------------------------------
 

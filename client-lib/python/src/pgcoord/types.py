@@ -357,6 +357,17 @@ class Watch:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+@dataclass
+class Page:
+    """One page of a paged list (Client.list_page): its typed rows, the
+    cursor of the next page (None after the last) and now_at (None for
+    lists without one)."""
+
+    items: list
+    next_cursor: Optional[str]
+    now_at: Optional[int] = None
+
+
 def _list_of(cls):
     return lambda v: [from_map(cls, x) for x in v] if isinstance(v, list) else v
 
