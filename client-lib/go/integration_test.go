@@ -360,6 +360,49 @@ func TestIntegrationExampleScheduler(t *testing.T) {
 	if got := a.psql(`SELECT coalesce(sum(in_flight), -1) FROM pgcoord.quotas WHERE key LIKE 'tenant-%'`); got != "0" {
 		t.Fatalf("tenant slots still taken: %s", got)
 	}
+
+	// A predecessor that dies while a replica is already at work: the
+	// replica takes its job when the owner dies, not only at boot.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	late := a.client(ctx, true)
+	if _, _, err := late.RecordPut(ctx, "job", "late-job", "dispatched", nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	r3 := exec.CommandContext(ctx, bin, "-socket", a.socket, "run", "-jobs", "1", "-drop", "0", "-name", "r3", "-stay")
+	var r3log strings.Builder
+	r3.Stdout, r3.Stderr = &r3log, &r3log
+	if err := r3.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// r3 recovers at boot before its first job: once that is done, the
+	// late predecessor dies after r3's boot recovery.
+	waitSQL(t, a, `SELECT count(*) FROM pgcoord.records WHERE key LIKE 'job-r3-%' AND state = 'done'`, "1")
+	if err := late.SessionClose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitSQL(t, a, `SELECT s.name || ' ' || r.state FROM pgcoord.records r JOIN pgcoord.sessions s
+		ON s.id = r.owner_session WHERE r.key = 'late-job' AND r.terminal`, "r3 abandoned")
+	r3.Process.Signal(syscall.SIGTERM)
+	if err := r3.Wait(); err != nil {
+		t.Fatalf("run r3: %v\n%s", err, r3log.String())
+	}
+	if got := a.psql(`SELECT count(*) FROM pgcoord.record_events WHERE key = 'late-job' AND event = 'adopt'`); got != "1" {
+		t.Fatalf("late-job adopted %s times", got)
+	}
+}
+
+// waitSQL waits for sql to answer want, for at most 30 s: a bound on a
+// hang, not a guess at how long anything takes.
+func waitSQL(t *testing.T, a *testAgent, sql, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for got := a.psql(sql); got != want; got = a.psql(sql) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %q, not %q after 30 s", sql, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // A reply lost with its connection: the client reconnects, resumes the

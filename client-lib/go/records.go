@@ -154,6 +154,10 @@ type Recovery struct {
 }
 
 // RecordRecover adopts dead sessions' open records (kinds nil: all).
+// Records whose owner is still live are left alone and nothing retries, so
+// recovering once at boot misses a predecessor that is not dead yet: watch
+// the kinds (RecordWatch) and recover again on each record.orphaned, as
+// examples/scheduler does.
 func (c *Client) RecordRecover(ctx context.Context, kinds []string, limit int, dryRun bool) (*Recovery, error) {
 	p := map[string]interface{}{}
 	if kinds != nil {

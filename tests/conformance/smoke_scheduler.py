@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,15 +28,34 @@ EXAMPLE = os.path.join(ROOT, "client-lib", "python", "examples", "scheduler.py")
 
 
 def scheduler(sock: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, EXAMPLE, "--socket", sock, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # stderr to a file, read while it runs (see stderr_of)
+    err = tempfile.TemporaryFile(mode="w+")
+    p = subprocess.Popen([sys.executable, EXAMPLE, "--socket", sock, *args],
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+    p.err_file = err  # type: ignore[attr-defined]
+    return p
+
+
+def stderr_of(p: subprocess.Popen) -> str:
+    p.err_file.seek(0)  # type: ignore[attr-defined]
+    return p.err_file.read()  # type: ignore[attr-defined]
 
 
 def finish(p: subprocess.Popen) -> dict:
-    out, err = p.communicate(timeout=60)
+    out, _ = p.communicate(timeout=60)
     if p.returncode != 0:
-        raise AssertionError(f"scheduler exited {p.returncode}: {err}{out}")
+        raise AssertionError(f"scheduler exited {p.returncode}: {stderr_of(p)}{out}")
     return json.loads(out)
+
+
+def wait_until(cond, what: str, bound_s: float = 30) -> None:
+    """Waits for cond() to hold, for at most bound_s: a bound on a hang,
+    not a guess at how long anything takes."""
+    end = time.monotonic() + bound_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: still not so after {bound_s:g} s")
+        time.sleep(0.05)
 
 
 def check(cond: bool, what: str) -> None:
@@ -62,17 +82,55 @@ def main() -> int:
 
         # A predecessor that died mid-job: a record and its held permit.
         with pgcoord.Client(agent.socket_path) as dead:
-            dead.session_open("scheduler old")
+            old = dead.session_open("scheduler old").session
             dead.claim("old-job", {"tenant-0": 1}, limit=2)
             dead.record_put("scheduler.job", "old-job", "dispatching", permit="old-job")
 
+        # Another that dies only once the successors are at work.
+        late_c = pgcoord.Client(agent.socket_path)
+        late = late_c.session_open("scheduler late").session
+        late_c.claim("late-job", {"tenant-1": 1}, limit=2)
+        late_c.record_put("scheduler.job", "late-job", "dispatching", permit="late-job")
+
+        # The successors start at once: the first dead session may still be
+        # live when they boot (the agent ends it at its next heartbeat), so
+        # they must take a record when its owner dies, not only at boot.
         a = scheduler(agent.socket_path, "run", "--replica", "r1", "--jobs", "20",
-                      "--drop-every", "5")
+                      "--drop-every", "5", "--stay")
         b = scheduler(agent.socket_path, "run", "--replica", "r2", "--jobs", "20",
-                      "--drop-every", "5")
+                      "--drop-every", "5", "--stay")
+        # Each recovers at boot before its first job: once both have put
+        # one, the late predecessor dies after every boot recovery.
+        wait_until(lambda: db.psql("SELECT count(DISTINCT split_part(key, '-', 1)) FROM "
+                                   "pgcoord.records WHERE key ~ '^r[12]-job-'") == [["2"]],
+                   "both replicas at work")
+        late_c.close()
+        adopted = ("SELECT r.key, r.state, r.adopted_from, s.name FROM pgcoord.records r "
+                   "JOIN pgcoord.sessions s ON s.id = r.owner_session "
+                   "WHERE r.kind = 'scheduler.job' AND r.key IN ('old-job', 'late-job') "
+                   "AND r.terminal ORDER BY r.key DESC")
+        wait_until(lambda: len(db.psql(adopted)) == 2, "both dead records settled by successors")
+        for p in (a, b):
+            wait_until(lambda: "following the records" in stderr_of(p) or p.poll() is not None,
+                       "the replicas dispatched their jobs", 60)
+            p.send_signal(signal.SIGTERM)
         ra, rb = finish(a), finish(b)
-        check("old-job" in ra["recovered"] + rb["recovered"],
-              "a replica recovered its dead predecessor's record")
+        got = db.psql(adopted)
+        successors = ("scheduler r1", "scheduler r2")
+        check(len(got) == 2 and
+              got[0][:3] == ["old-job", "abandoned", str(old)] and got[0][3] in successors and
+              got[1][:3] == ["late-job", "abandoned", str(late)] and got[1][3] in successors,
+              f"successors adopted both dead predecessors' records and settled them: {got}")
+        recovered = ra["recovered"] + rb["recovered"]
+        check(sorted(recovered) == ["late-job", "old-job"] and
+              db.psql("SELECT key, count(*) FROM pgcoord.record_events WHERE event = 'adopt' "
+                      "GROUP BY key ORDER BY key") == [["late-job", "1"], ["old-job", "1"]],
+              "a replica recovered its dead predecessor's record: each exactly once, nothing "
+              f"else adopted, also one whose owner died after the replicas booted (r1 {ra['recovered']}, "
+              f"r2 {rb['recovered']})")
+        check(db.psql(f"SELECT count(*) FROM pgcoord.sessions WHERE id IN ({old}, {late}) "
+                      "AND closed_at IS NOT NULL") == [["2"]],
+              "the dead predecessors' sessions are closed")
         check(len(ra["completed"]) + len(rb["completed"]) > 0 and
               len(ra["uncertain"]) + len(rb["uncertain"]) > 0,
               f"jobs completed ({len(ra['completed'])}+{len(rb['completed'])}) and "

@@ -4,7 +4,7 @@
 // connector that drops, and the recovery of a dead predecessor's records.
 // Run under tests/harness/with-postgres with PGCOORD_TEST_AGENT_BIN.
 
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -23,6 +23,38 @@ function scheduler(sock, ...args) {
       else resolve(JSON.parse(stdout));
     });
   });
+}
+
+// A replica left running (--stay): its stderr as it comes, its JSON at exit.
+function replica(sock, ...args) {
+  const p = spawn(process.execPath, [EXAMPLE, '--socket', sock, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const r = { stdout: '', stderr: '', exited: false };
+  p.stdout.on('data', (d) => (r.stdout += d));
+  p.stderr.on('data', (d) => (r.stderr += d));
+  r.done = new Promise((resolve, reject) => {
+    p.on('error', reject);
+    p.on('close', (code) => {
+      r.exited = true;
+      if (code !== 0) reject(new Error(`scheduler ${args[0]} failed (${code}): ${r.stderr}${r.stdout}`));
+      else resolve(JSON.parse(r.stdout));
+    });
+  });
+  r.done.catch(() => {}); // awaited later; a failure is reported there
+  r.stop = () => {
+    p.kill('SIGTERM');
+    return r.done;
+  };
+  return r;
+}
+
+// Waits for cond() to hold, for at most boundMs: a bound on a hang, not a
+// guess at how long anything takes.
+async function waitUntil(cond, what, boundMs = 30000) {
+  const end = Date.now() + boundMs;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`FAILED ${what}: still not so after ${boundMs / 1000} s`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 function check(cond, what) {
@@ -50,16 +82,48 @@ async function main() {
 
     // A predecessor that died mid-job: a record and its held permit.
     const dead = await Client.connect({ socketPath: agent.socketPath });
-    await dead.sessionOpen('scheduler old');
+    const old = (await dead.sessionOpen('scheduler old')).session;
     await dead.claim('old-job', { 'tenant-0': 1 }, { limit: 2 });
     await dead.recordPut('scheduler.job', 'old-job', 'dispatching', { permit: 'old-job' });
     dead.close();
+    // Another that dies only once the successors are at work.
+    const lateC = await Client.connect({ socketPath: agent.socketPath });
+    const late = (await lateC.sessionOpen('scheduler late')).session;
+    await lateC.claim('late-job', { 'tenant-1': 1 }, { limit: 2 });
+    await lateC.recordPut('scheduler.job', 'late-job', 'dispatching', { permit: 'late-job' });
 
-    const [ra, rb] = await Promise.all([
-      scheduler(agent.socketPath, 'run', '--replica', 'r1', '--jobs', '20', '--drop-every', '5'),
-      scheduler(agent.socketPath, 'run', '--replica', 'r2', '--jobs', '20', '--drop-every', '5'),
-    ]);
-    check([...ra.recovered, ...rb.recovered].includes('old-job'), "a replica recovered its dead predecessor's record");
+    // The successors start at once: the first dead session may still be
+    // live when they boot (the agent ends it at its next heartbeat), so they
+    // must take a record when its owner dies, not only at boot.
+    const a = replica(agent.socketPath, 'run', '--replica', 'r1', '--jobs', '20', '--drop-every', '5', '--stay');
+    const b = replica(agent.socketPath, 'run', '--replica', 'r2', '--jobs', '20', '--drop-every', '5', '--stay');
+    // Each recovers at boot before its first job: once both have put one,
+    // the late predecessor dies after every boot recovery.
+    await waitUntil(async () => same(await db.psql(
+      "SELECT count(DISTINCT split_part(key, '-', 1)) FROM pgcoord.records WHERE key ~ '^r[12]-job-'"), [['2']]),
+    'both replicas at work');
+    lateC.close();
+    const adopted = `SELECT r.key, r.state, r.adopted_from, s.name FROM pgcoord.records r
+      JOIN pgcoord.sessions s ON s.id = r.owner_session
+      WHERE r.kind = 'scheduler.job' AND r.key IN ('old-job', 'late-job') AND r.terminal ORDER BY r.key DESC`;
+    await waitUntil(async () => (await db.psql(adopted)).length === 2, 'both dead records settled by successors');
+    for (const r of [a, b]) {
+      await waitUntil(() => r.stderr.includes('following the records') || r.exited, 'the replicas dispatched their jobs', 60000);
+    }
+    const [ra, rb] = await Promise.all([a.stop(), b.stop()]);
+    const got = await db.psql(adopted);
+    const successor = (name) => name === 'scheduler r1' || name === 'scheduler r2';
+    check(got.length === 2 &&
+      same(got[0].slice(0, 3), ['old-job', 'abandoned', String(old)]) && successor(got[0][3]) &&
+      same(got[1].slice(0, 3), ['late-job', 'abandoned', String(late)]) && successor(got[1][3]),
+    `successors adopted both dead predecessors' records and settled them: ${JSON.stringify(got)}`);
+    check(same([...ra.recovered, ...rb.recovered].sort(), ['late-job', 'old-job']) &&
+      same(await db.psql("SELECT key, count(*) FROM pgcoord.record_events WHERE event = 'adopt' GROUP BY key ORDER BY key"),
+        [['late-job', '1'], ['old-job', '1']]),
+    "a replica recovered its dead predecessor's record: each exactly once, nothing else adopted, also one " +
+      `whose owner died after the replicas booted (r1 ${ra.recovered}, r2 ${rb.recovered})`);
+    check(same(await db.psql(`SELECT count(*) FROM pgcoord.sessions WHERE id IN (${old}, ${late}) AND closed_at IS NOT NULL`),
+      [['2']]), "the dead predecessors' sessions are closed");
     check(ra.completed.length + rb.completed.length > 0 && ra.uncertain.length + rb.uncertain.length > 0,
       `jobs completed (${ra.completed.length}+${rb.completed.length}) and dropped dispatches were marked ` +
       `uncertain (${ra.uncertain.length}+${rb.uncertain.length})`);

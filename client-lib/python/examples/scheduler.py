@@ -2,13 +2,15 @@
 """A tiny job scheduler on pgcoord: replicas share one fleet-wide quota per
 tenant, claim before dispatch with the job's intent committed alongside,
 release when the job completes, mark the permit uncertain when the fake
-connector drops, reconcile only while leader, and recover what a dead
-predecessor left.
+connector drops, reconcile only while leader, and recover what dead
+replicas left: at boot, and each time the agent says a record's owner died.
 
     scheduler.py --socket PATH run [--replica NAME] [--jobs N] [--tenants N] [--limit N]
-                                   [--drop-every N] [--seconds S]
+                                   [--drop-every N] [--seconds S] [--stay]
     scheduler.py --socket PATH permit-cycle [--id ID] [--quota KEY] [--limit N]
 
+run dispatches its jobs, then (with --stay) keeps following the records of
+replicas that die until SIGTERM or SIGINT, and prints what it did as JSON.
 permit-cycle claims and releases one id and prints the results as JSON.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -51,22 +54,78 @@ class Connector:
         return job in self.running
 
 
-def recover(c: pgcoord.Client, out: dict) -> None:
-    """At boot: take back the records of dead sessions (a predecessor of
-    this replica, or any other), and settle their permits on evidence."""
+def recover(c: pgcoord.Client, out: dict) -> bool:
+    """Takes back the open records of dead sessions (a predecessor of this
+    replica, or any other of this uid) and settles their permits on
+    evidence. False when liveness could not be read: nothing was taken,
+    try again later."""
     while True:
         r = c.record_recover(kinds=[KIND])
         if not r.liveness_read:
-            out["recovery"] = f"liveness unreadable: {r.reason}; try again later"
-            return
+            out["recovery"] = f"liveness unreadable: {r.reason}; trying again"
+            return False
         for rec in r.adopted:
             # This fake connector knows no jobs of a dead process: gone.
             if rec.permit:
-                c.permit_resolve(rec.permit, "gone", f"no job {rec.key} in the connector")
+                try:
+                    c.permit_resolve(rec.permit, "gone", f"no job {rec.key} in the connector")
+                except (pgcoord.Conflict, pgcoord.NotFound):
+                    pass  # the reconciler settled it meanwhile
             c.record_settle(KIND, rec.key, "abandoned", token=rec.token)
             out["recovered"].append(rec.key)
         if not r.remaining:
-            return
+            return True
+
+
+class DeadFollower:
+    """Recovers at boot and again whenever a record of KIND loses its owner.
+
+    Recovering only at boot is not enough: a predecessor that died just
+    before this replica started may still be live in the database (its
+    agent ends a session at its next heartbeat after the resume grace), so
+    its records are left alone, and nobody would ask again. The watch
+    pushes record.orphaned once the owner is dead (and, on its first read,
+    for what is orphaned already); each push is a reason to recover."""
+
+    def __init__(self, c: pgcoord.Client, out: dict):
+        self.c, self.out = c, out
+        self.wake, self.stopping = threading.Event(), False
+        c.on(None, self._on_note)
+        c.record_watch(KIND)  # before the first recovery: nothing dies unseen
+        self._recover()  # at boot, before taking new work
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _on_note(self, method: str, params: dict) -> None:
+        # session.resumed: the watch reads afresh; recovering again is safe
+        if (method == "record.orphaned" and params.get("kind") == KIND) or \
+                method == "session.resumed":
+            self.wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self.wake.wait()
+            if self.stopping:
+                return
+            self.wake.clear()
+            self._recover()
+
+    def _recover(self) -> None:
+        try:
+            done = recover(self.c, self.out)
+        except pgcoord.PgcoordError as e:
+            self.out["errors"].append(f"recovery: {e}")
+            done = False
+        if not done:
+            # the database was unreachable: try again in a while
+            retry = threading.Timer(1.0, self.wake.set)
+            retry.daemon = True
+            retry.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(5)
 
 
 def reconcile_loop(c: pgcoord.Client, connector: Connector, stop: threading.Event,
@@ -99,16 +158,19 @@ def run(args) -> int:
     out = {"replica": args.replica, "completed": [], "denied": 0, "uncertain": [],
            "reconciled": [], "recovered": [], "errors": []}
     connector = Connector(args.drop_every)
+    quit_ = threading.Event()  # SIGTERM or SIGINT: stop dispatching, finish cleanly
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: quit_.set())
     with pgcoord.Client(args.socket) as c:
         c.session_open(f"scheduler {args.replica}")
-        recover(c, out)
         stop = threading.Event()
+        follower = DeadFollower(c, out)
         leader = threading.Thread(target=reconcile_loop, args=(c, connector, stop, out),
                                   daemon=True)
         leader.start()
         end = time.monotonic() + args.seconds
         for n in range(args.jobs):
-            if time.monotonic() > end:
+            if time.monotonic() > end or quit_.is_set():
                 break
             tenant = f"tenant-{n % args.tenants}"
             job = f"{args.replica}-job-{n}"
@@ -144,8 +206,13 @@ def run(args) -> int:
         while time.monotonic() < deadline and \
                 set(out["uncertain"]) - set(out["reconciled"]) and args.jobs:
             time.sleep(0.1)
+        if args.stay:
+            print(f"scheduler {args.replica}: jobs dispatched; following the records of "
+                  "dead replicas until SIGTERM", file=sys.stderr, flush=True)
+            quit_.wait()
         stop.set()
         leader.join(5)
+        follower.stop()
         c.session_close()
     print(json.dumps(out, sort_keys=True))
     return 0
@@ -180,6 +247,9 @@ def main(argv=None) -> int:
     r.add_argument("--limit", type=int, default=2)
     r.add_argument("--drop-every", type=int, default=7)
     r.add_argument("--seconds", type=float, default=30)
+    r.add_argument("--stay", action="store_true",
+                   help="after the jobs, keep recovering what dying replicas leave, "
+                        "until SIGTERM or SIGINT")
     pc = sub.add_parser("permit-cycle")
     pc.add_argument("--id", default=f"permit-cycle-{os.getpid()}-{int(time.time())}")
     pc.add_argument("--quota", default="permit-cycle")

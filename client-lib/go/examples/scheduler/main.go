@@ -2,12 +2,15 @@
 // against one fleet and they share one quota per tenant. Each job is
 // claimed before dispatch (its intent committed with the permit), recorded,
 // released on completion, and marked uncertain when the "connector" drops
-// it. One replica at a time leads a reconciliation loop; a restarted
-// replica recovers the records its dead predecessor left.
+// it. One replica at a time leads a reconciliation loop; every replica
+// recovers the records dead replicas left: at boot, and each time the agent
+// says a record's owner died.
 //
-//	scheduler [-socket PATH] run [-jobs N] [-drop P] [-tenants a,b] [-limit N]
+//	scheduler [-socket PATH] run [-jobs N] [-drop P] [-tenants a,b] [-limit N] [-stay]
 //	scheduler [-socket PATH] permit-cycle [-id ID] [-quota KEY] [-limit N]
 //
+// run dispatches its jobs (forever with -jobs 0), then (with -stay) keeps
+// following the records of replicas that die until SIGTERM or SIGINT.
 // permit-cycle claims and releases one id and prints the results as JSON.
 package main
 
@@ -113,6 +116,7 @@ func run(ctx context.Context, socket string, args []string) error {
 	tenants := fs.String("tenants", "tenant-a,tenant-b", "tenants, each with its own quota")
 	limit := fs.Int64("limit", 2, "each tenant's quota limit, when it does not exist yet")
 	name := fs.String("name", fmt.Sprintf("scheduler-%d", os.Getpid()), "this replica's name")
+	stay := fs.Bool("stay", false, "after the jobs, keep recovering what dying replicas leave, until SIGTERM or SIGINT")
 	fs.Parse(args)
 
 	c, err := connect(ctx, socket, *name)
@@ -120,11 +124,17 @@ func run(ctx context.Context, socket string, args []string) error {
 		return err
 	}
 	defer c.Close()
-	go watchSession(c)
+	orphaned := make(chan struct{}, 1)
+	go watchNotifications(c, orphaned)
 
-	if err := recoverPredecessor(ctx, c); err != nil {
+	// Watch before the first recovery: no owner dies unseen.
+	if _, err := c.RecordWatch(ctx, "job"); err != nil {
 		return err
 	}
+	if !recoverDead(ctx, c) { // at boot, before taking new work
+		poke(orphaned)
+	}
+	go followTheDead(ctx, c, orphaned)
 	rctx, stopReconciler := context.WithCancel(ctx)
 	defer stopReconciler()
 	go reconcileWhileLeader(rctx, c)
@@ -139,6 +149,10 @@ func run(ctx context.Context, socket string, args []string) error {
 		if err := dispatch(ctx, c, tenant, id, *limit, *drop); err != nil {
 			return err
 		}
+	}
+	if *stay && ctx.Err() == nil {
+		log.Printf("%s: jobs dispatched; following the records of dead replicas until SIGTERM", *name)
+		<-ctx.Done()
 	}
 	return c.SessionClose(context.Background())
 }
@@ -188,34 +202,65 @@ func dispatch(ctx context.Context, c *pgcoord.Client, tenant, id string, limit i
 	return err
 }
 
-// recoverPredecessor adopts the open jobs of dead sessions of this uid
-// (a replica that died) and settles them: without the connector's
-// evidence this example says they are gone.
-func recoverPredecessor(ctx context.Context, c *pgcoord.Client) error {
+// recoverDead adopts the open jobs of dead sessions of this uid (a replica
+// that died) and settles them: without the connector's evidence this
+// example says they are gone. False when it could not finish (liveness
+// unreadable, or a failed call): try again later.
+func recoverDead(ctx context.Context, c *pgcoord.Client) bool {
 	for {
 		r, err := c.RecordRecover(ctx, []string{"job"}, 0, false)
 		if err != nil {
-			return err
+			log.Printf("recovery: %v; trying again", err)
+			return false
 		}
 		if !r.LivenessRead {
-			log.Printf("recovery: liveness unreadable (%v); skipping for now", deref(r.Reason))
-			return nil
+			log.Printf("recovery: liveness unreadable (%v); trying again", deref(r.Reason))
+			return false
 		}
 		for _, rec := range r.Adopted {
 			log.Printf("recovery: adopted job %s (was session %d)", rec.Key, *rec.AdoptedFrom)
 			if rec.Permit != nil {
 				_, err := c.PermitResolve(ctx, *rec.Permit, "gone", "recovered from a dead replica; connector has no trace", false)
-				if err != nil && !errors.Is(err, pgcoord.ErrConflict) {
-					return err
+				if err != nil && !errors.Is(err, pgcoord.ErrConflict) && !errors.Is(err, pgcoord.ErrNotFound) {
+					log.Printf("recovery: %v; trying again", err)
+					return false
 				}
 			}
 			if _, err := c.RecordSettle(ctx, "job", rec.Key, "abandoned", rec.Token); err != nil {
-				return err
+				log.Printf("recovery: %v; trying again", err)
+				return false
 			}
 		}
 		if r.Remaining == nil || *r.Remaining == 0 {
-			return nil
+			return true
 		}
+	}
+}
+
+// followTheDead recovers again each time the watch says a job's owner
+// died. Recovering only at boot is not enough: a predecessor that died
+// just before this replica started may still be live in the database (its
+// agent ends a session at its next heartbeat after the resume grace), so
+// its records are left alone then, and nobody would ask again.
+func followTheDead(ctx context.Context, c *pgcoord.Client, orphaned chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-orphaned:
+		}
+		if !recoverDead(ctx, c) && ctx.Err() == nil {
+			// the database was unreachable: try again in a while
+			time.AfterFunc(time.Second, func() { poke(orphaned) })
+		}
+	}
+}
+
+// poke asks followTheDead for one more recovery; one pending is enough.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -252,10 +297,15 @@ func reconcileWhileLeader(ctx context.Context, c *pgcoord.Client) {
 	}
 }
 
-func watchSession(c *pgcoord.Client) {
+func watchNotifications(c *pgcoord.Client, orphaned chan struct{}) {
 	for n := range c.Notifications() {
-		if n.Method == "session.lost" {
+		switch n.Method {
+		case "session.lost":
 			log.Fatalf("session lost (%v): stopping all work", n.Params["reason"])
+		case "record.orphaned":
+			if n.Params["kind"] == "job" {
+				poke(orphaned)
+			}
 		}
 	}
 }

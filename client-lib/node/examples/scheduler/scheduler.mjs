@@ -2,13 +2,15 @@
 // A tiny job scheduler on pgcoord: replicas share one fleet-wide quota per
 // tenant, claim before dispatch with the job's intent committed alongside,
 // release when the job completes, mark the permit uncertain when the fake
-// connector drops, reconcile only while leader, and recover what a dead
-// predecessor left.
+// connector drops, reconcile only while leader, and recover what dead
+// replicas left: at boot, and each time the agent says a record's owner died.
 //
 //   scheduler.mjs [--socket PATH] run [--replica NAME] [--jobs N] [--tenants N]
-//                 [--limit N] [--drop-every N] [--seconds S]
+//                 [--limit N] [--drop-every N] [--seconds S] [--stay]
 //   scheduler.mjs [--socket PATH] permit-cycle [--id ID] [--quota KEY] [--limit N]
 //
+// run dispatches its jobs, then (with --stay) keeps following the records of
+// replicas that die until SIGTERM or SIGINT, and prints what it did as JSON.
 // permit-cycle claims and releases one id and prints the results as JSON.
 
 import { parseArgs } from 'node:util';
@@ -39,26 +41,84 @@ class Connector {
   }
 }
 
-/** At boot: take back the records of dead sessions (a predecessor of this
- * replica, or any other), and settle their permits on evidence. */
+const settledMeanwhile = (e) => e instanceof PgcoordError && ['forbidden', 'conflict', 'not_found'].includes(e.code);
+
+/** Takes back the open records of dead sessions (a predecessor of this
+ * replica, or any other of this uid) and settles their permits on evidence.
+ * False when liveness could not be read: nothing was taken, try again later. */
 async function recover(c, out) {
   for (;;) {
     const r = await c.recordRecover({ kinds: [KIND] });
     if (!r.liveness_read) {
-      out.recovery = `liveness unreadable: ${r.reason}; try again later`;
-      return;
+      out.recovery = `liveness unreadable: ${r.reason}; trying again`;
+      return false;
     }
     for (const rec of r.adopted) {
       // This fake connector knows no jobs of a dead process: gone.
-      if (rec.permit) await c.permitResolve(rec.permit, 'gone', `no job ${rec.key} in the connector`);
+      if (rec.permit) {
+        try {
+          await c.permitResolve(rec.permit, 'gone', `no job ${rec.key} in the connector`);
+        } catch (e) {
+          if (!settledMeanwhile(e)) throw e; // the reconciler settled it meanwhile
+        }
+      }
       await c.recordSettle(KIND, rec.key, 'abandoned', { token: rec.token });
       out.recovered.push(rec.key);
     }
-    if (!r.remaining) return;
+    if (!r.remaining) return true;
   }
 }
 
-const settledMeanwhile = (e) => e instanceof PgcoordError && ['forbidden', 'conflict', 'not_found'].includes(e.code);
+/** Recovers at boot and again whenever a record of KIND loses its owner.
+ *
+ * Recovering only at boot is not enough: a predecessor that died just before
+ * this replica started may still be live in the database (its agent ends a
+ * session at its next heartbeat after the resume grace), so its records are
+ * left alone, and nobody would ask again. The watch pushes record.orphaned
+ * once the owner is dead (and, on its first read, for what is orphaned
+ * already); each push is a reason to recover. Resolves once the boot
+ * recovery ran; `stop()` ends the following. */
+async function followTheDead(c, out) {
+  let pending = false;
+  let wake = null;
+  let stopping = false;
+  const poke = () => {
+    pending = true;
+    wake?.();
+  };
+  // session.resumed: the watch reads afresh; recovering again is safe
+  c.on('record.orphaned', (p) => p.kind === KIND && poke());
+  c.on('session.resumed', poke);
+  await c.recordWatch(KIND); // before the first recovery: nothing dies unseen
+  const once = async () => {
+    let done = false;
+    try {
+      done = await recover(c, out);
+    } catch (e) {
+      if (!(e instanceof PgcoordError)) throw e;
+      out.errors.push(`recovery: ${e.message}`);
+    }
+    // the database was unreachable: try again in a while
+    if (!done) setTimeout(poke, 1000).unref();
+  };
+  await once(); // at boot, before taking new work
+  const loop = (async () => {
+    while (!stopping) {
+      if (!pending) await new Promise((resolve) => (wake = resolve));
+      wake = null;
+      if (stopping) return;
+      pending = false;
+      await once();
+    }
+  })();
+  return {
+    stop: async () => {
+      stopping = true;
+      wake?.();
+      await loop;
+    },
+  };
+}
 
 /** Only while leader: settle the permits marked uncertain, on evidence. */
 async function reconcileLoop(c, connector, stop, out) {
@@ -101,14 +161,17 @@ async function reconcileLoop(c, connector, stop, out) {
 async function run(o) {
   const out = { replica: o.replica, completed: [], denied: 0, uncertain: [], reconciled: [], recovered: [], errors: [] };
   const connector = new Connector(o.dropEvery);
+  // SIGTERM or SIGINT: stop dispatching, finish cleanly
+  const quit = new AbortController();
+  for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => quit.abort());
   const c = await Client.connect({ socketPath: o.socket });
   try {
     await c.sessionOpen(`scheduler ${o.replica}`);
-    await recover(c, out);
+    const follower = await followTheDead(c, out);
     const stop = new AbortController();
     const leader = reconcileLoop(c, connector, stop.signal, out);
     const end = Date.now() + o.seconds * 1000;
-    for (let n = 0; n < o.jobs && Date.now() <= end; n++) {
+    for (let n = 0; n < o.jobs && Date.now() <= end && !quit.signal.aborted; n++) {
       const tenant = `tenant-${n % o.tenants}`;
       const job = `${o.replica}-job-${n}`;
       const intent = JSON.stringify({ job, image: 'worker:1', tenant });
@@ -149,8 +212,13 @@ async function run(o) {
     // give the reconciler a moment for the last uncertain permits
     const deadline = Date.now() + 3000;
     while (Date.now() < deadline && o.jobs && out.uncertain.some((j) => !out.reconciled.includes(j))) await sleep(100);
+    if (o.stay && !quit.signal.aborted) {
+      console.error(`scheduler ${o.replica}: jobs dispatched; following the records of dead replicas until SIGTERM`);
+      await new Promise((resolve) => quit.signal.addEventListener('abort', resolve, { once: true }));
+    }
     stop.abort();
     await leader;
+    await follower.stop();
     await c.sessionClose();
   } finally {
     c.close();
@@ -194,6 +262,7 @@ async function main(argv) {
       limit: { type: 'string' },
       'drop-every': { type: 'string', default: '7' },
       seconds: { type: 'string', default: '30' },
+      stay: { type: 'boolean', default: false },
       id: { type: 'string', default: `permit-cycle-${process.pid}-${Date.now()}` },
       quota: { type: 'string', default: 'permit-cycle' },
     },
@@ -213,6 +282,7 @@ async function main(argv) {
       limit: int('limit', values.limit ?? '2'),
       dropEvery: int('drop-every', values['drop-every']),
       seconds: Number(values.seconds),
+      stay: values.stay,
     });
   }
   if (mode === 'permit-cycle') {
