@@ -10,7 +10,8 @@ operator can use is undocumented:
 - every function of <pgcoord/pgcoord.h> must be in libpgcoord(3);
 - every relative link in README.md and docs/**/*.md must name a file that
   exists, and a link with #anchor into a Markdown file a heading that makes
-  that anchor.
+  that anchor;
+- no Markdown file of the project keeps a merge's conflict markers.
 """
 import os
 import re
@@ -118,9 +119,24 @@ for page in pages:
         elif anchor and dest.endswith(".md") and anchor not in anchors(read(dest)):
             problems.append("%s: link to %s: no heading makes #%s" % (page, target, anchor))
 
+# A merge resolved by hand can leave a marker line behind in prose, where
+# no compiler sees it.
+MARKER = re.compile(r"^(<<<<<<< |=======$|>>>>>>> )", re.M)
+SKIP = {".git", "node_modules", "subprojects"}
+nmarkdown = 0
+for d, dirs, fs in os.walk(root):
+    dirs[:] = [x for x in dirs if x not in SKIP and not x.startswith("build")]
+    for f in fs:
+        if f.endswith(".md"):
+            rel = os.path.relpath(os.path.join(d, f), root)
+            nmarkdown += 1
+            for m in MARKER.finditer(read(rel)):
+                line = read(rel).count("\n", 0, m.start()) + 1
+                problems.append("%s:%d: a merge conflict marker" % (rel, line))
+
 for p in problems:
     print("problem:", p)
 print("checked %d agent options, %d pgcoordctl commands and %d flags, %d library functions, "
-      "%d links in %d pages" % (len(options), len(commands), len(flags), len(functions), nlinks,
-                                len(pages)))
+      "%d links in %d pages, conflict markers in %d Markdown files"
+      % (len(options), len(commands), len(flags), len(functions), nlinks, len(pages), nmarkdown))
 sys.exit(1 if problems else 0)
