@@ -62,7 +62,7 @@ static const struct method methods[] = {
     {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id"},
     {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit"},
     /* update and settle also run for a session the agent declared lost, so
-     * its former owner hears `fenced` (or `session_expired`): records.c */
+     * its former owner hears `fenced` (or `session_expired`): record_writes.c */
     {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token"},
     {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token"},
     {"record.get", rpc_record_get, M_READ | M_DB, "kind, key"},
