@@ -33,7 +33,7 @@ void rpc_quota_set(struct request *req);
 void rpc_quota_get(struct request *req);
 void rpc_quota_list(struct request *req);
 
-/* permits.c */
+/* permit_claim.c, permit_lifecycle.c, permit_release.c, permit_reads.c */
 void rpc_permit_claim(struct request *req);
 void rpc_permit_update(struct request *req);
 void rpc_permit_mark_uncertain(struct request *req);
@@ -47,7 +47,7 @@ void rpc_permit_cancel(struct request *req);
 /* how claims and releases are grouped (groups.h) */
 extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
 
-/* records.c */
+/* record_writes.c, record_reads.c, record_recovery.c */
 void rpc_record_put(struct request *req);
 void rpc_record_update(struct request *req);
 void rpc_record_settle(struct request *req);

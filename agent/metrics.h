@@ -35,7 +35,7 @@ void metrics_destroy(struct metrics *m);
 void metrics_rpc(struct metrics *m, int method, int outcome, double seconds);
 
 /* A permit.claim's result as the database decided it: "admitted", "held" or
- * "denied" (anything else is ignored). Called by permits.c. */
+ * "denied" (anything else is ignored). Called by permit_claim.c. */
 void metrics_claim_result(struct agent *ag, const char *status);
 
 /* A session was declared lost because its client missed session.keepalive

@@ -1,7 +1,7 @@
 /*
  * session_registry.h — a session as the modules below sessions.c see it:
  * the registry entry, finding one by id, and declaring one lost. The
- * lease files, keepalive.c and dispatch.c include this instead of
+ * lease files, keepalive.c and request.c include this instead of
  * sessions.h, so that the session RPCs (sessions.c), which call them,
  * stay above them (agent/ARCHITECTURE.md). sessions.c implements it.
  */

@@ -1,0 +1,156 @@
+/*
+ * permit_release.c — permit.release: releases grouped like claims
+ * (groups.c, behind statements on the permit's own keys), each answered
+ * from its release_decision row; an operator override is audited in the
+ * log as well.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/agent.h"
+#include "agent/conn.h"
+#include "agent/dispatch.h"
+#include "agent/groups.h"
+#include "agent/methods.h"
+#include "agent/permits_internal.h"
+#include "agent/reply.h"
+#include "agent/sessions.h"
+
+/* The columns of pgcoord.release_decision; a refusal is the statement's
+ * (or, in a group, the member's) SQLSTATE instead. */
+enum { RD_STATUS, RD_STATE, RD_RELEASED_AT, RD_NOW };
+
+/* What a release sends of its row after `id` and `released`. */
+static const struct reply_col released_cols[] = {
+    {"status", REPLY_HIDDEN, RD_STATUS, 0},
+    {"state", REPLY_STR, RD_STATE, 0},
+    {"released_at", REPLY_INT, RD_RELEASED_AT, 0},
+    {"now_at", REPLY_INT, RD_NOW, 0},
+};
+static const struct reply_kind released_row = REPLY_KIND(released_cols);
+
+/* released: this call released it; already_released: release is
+ * idempotent, `released` false says it was before. */
+static void release_done(struct request *req, struct permit_call *call, const PGresult *res,
+			 int row, int col, bool released)
+{
+	if (call->override && released)
+		permit_log_override(req, call->id, "released by operator override", NULL);
+	struct reply_map m;
+	reply_map_begin(&m, req_result(req));
+	reply_kv_str(&m, "id", call->id);
+	reply_kv_bool(&m, "released", released);
+	reply_kv_row(&m, &released_row, res, row, col);
+	reply_map_end(&m);
+	req_done(req);
+}
+
+static void release_released(struct request *req, struct permit_call *call, const PGresult *res,
+			     int row, int col)
+{
+	release_done(req, call, res, row, col, true);
+}
+
+static void release_already(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	release_done(req, call, res, row, col, false);
+}
+
+/* There was no permit: the release retired the id (it wrote the tombstone,
+ * so this is an answer of the function, not a raise). */
+static void release_retired(struct request *req, struct permit_call *call, const PGresult *res,
+			    int row, int col)
+{
+	(void)res, (void)row, (void)col;
+	req_fail(req, PGC_E_NOT_FOUND,
+		 "no permit \"%s\"; the id is now retired: a claim of it still on its way, or "
+		 "made later, is refused as released",
+		 call->id);
+}
+
+/* pgcoord.release_status, one handler each. */
+static const struct {
+	const char *status;
+	void (*answer)(struct request *req, struct permit_call *call, const PGresult *res, int row,
+		       int col);
+} release_statuses[] = {
+    {"released", release_released},
+    {"already_released", release_already},
+    {"retired", release_retired},
+};
+
+/* Answers a release from its row of permit_release_group: its columns from
+ * `col` on are release_decision's. */
+static void release_answer(struct request *req, void *ctx, const PGresult *res, int row, int col)
+{
+	struct permit_call *call = ctx;
+	const char *status = PQgetvalue(res, row, col + RD_STATUS);
+
+	if (!reply_kind_fits(&released_row, res, col)) {
+		req_rows_are(req, &released_row, res, col);
+		return;
+	}
+	for (size_t i = 0; i < sizeof(release_statuses) / sizeof(release_statuses[0]); i++) {
+		if (strcmp(status, release_statuses[i].status) == 0) {
+			release_statuses[i].answer(req, call, res, row, col);
+			return;
+		}
+	}
+	req_fail(req, PGC_E_INTERNAL, "permit_release: unexpected status \"%s\"", status);
+}
+
+static void release_failed(struct request *req, void *ctx, const struct db_result *r)
+{
+	req_fail_db(req, r);
+}
+
+/* Releases waiting at the same moment go as one statement, like claims. */
+const struct group_kind permit_release_group_kind = {
+    .name = "release",
+    .sql = "SELECT * FROM pgcoord.permit_release_group($1::bigint[], $2::text[], $3::bigint[], "
+	   "$4::boolean[], $5::text[], $6::text[])",
+    /* one release, one frame: permit_release_one answers one value */
+    .lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM pgcoord.permit_release_one("
+		"$1::bigint, $2::text, $3::bigint, $4::boolean, $5::text, $6::text) r",
+    .nargs = 6,
+    .answer = release_answer,
+    .fail = release_failed,
+};
+
+void rpc_permit_release(struct request *req)
+{
+	struct permit_call *call = req_ctx_alloc(req, sizeof(*call), permit_call_free);
+	char *reason = NULL;
+	char session[24] = "", actor[256], uid[24];
+
+	if (!call)
+		return;
+	if (!permit_param_id(req, &call->id) || !permit_param_override(req, &call->override) ||
+	    !permit_param_text(req, "reason", false, &reason))
+		goto fail;
+	if (!call->override && !req_need_session(req))
+		goto fail;
+	if (req->conn->session)
+		snprintf(session, sizeof(session), "%" PRId64, req->conn->session->id);
+	if (call->override)
+		permit_operator_actor(req, actor, sizeof(actor));
+	else
+		permit_session_actor(req, actor, sizeof(actor));
+	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
+	const char *params[6] = {uid,
+				 call->id,
+				 session[0] ? session : NULL,
+				 call->override ? "true" : "false",
+				 actor,
+				 reason ? reason : (call->override ? "operator override" : NULL)};
+	/* guarantees 2 and 3: released exactly once, counters and audit rows in
+	 * the same transaction (its group's) */
+	struct group_keys keys;
+	group_recall_keys(req->ag->release_group, call->id, &keys);
+	group_add(req->ag->release_group, req, call, params, &keys);
+fail:
+	free(reason);
+}
