@@ -50,6 +50,7 @@ struct ctl {
 	bool dead;
 	const char *kinds;
 	const char *limit;
+	const char *permit; /* why --permit */
 	bool dry_run;
 	/* leases and run */
 	const char *lease;
@@ -128,6 +129,8 @@ int ctl_cmd_quota(struct ctl *ctx, int argc, char **argv);
 int ctl_cmd_permits(struct ctl *ctx, int argc, char **argv);
 int ctl_cmd_claim(struct ctl *ctx, int argc, char **argv);
 int ctl_cmd_cancel(struct ctl *ctx, int argc, char **argv);
+/* ctl_why.c */
+int ctl_cmd_why(struct ctl *ctx, int argc, char **argv);
 
 /* ctl_leases.c */
 int ctl_cmd_leases(struct ctl *ctx, int argc, char **argv);

@@ -51,6 +51,7 @@ enum ctl_opt_id {
 	OPT_KEEPALIVE,
 	OPT_WAIT,
 	OPT_INTENT,
+	OPT_PERMIT,
 };
 
 struct ctl_option {

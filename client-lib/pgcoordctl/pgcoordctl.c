@@ -68,6 +68,10 @@ const struct ctl_command ctl_commands[] = {
     {"quotas", ctl_cmd_quotas, 0, "", "every quota: limit, in flight (held, uncertain), room left"},
     {"quota", ctl_cmd_quota, 3, "KEY | set KEY LIMIT [--lapse-after S]",
      "show one quota, or set its limit (admin; creates it)"},
+    {"why", ctl_cmd_why, 1, "KEY | --permit ID [--limit N]",
+     "who holds quota KEY's room (or the room of permit ID's quotas): limit, in flight, "
+     "waiting, the queue's head, the uncertain permits with reasons and ages, the largest "
+     "and the longest-held permits (another uid's details need admin)"},
     {"permits", ctl_cmd_permits, 2, "[show|history|resolve|release ID]",
      "list permits, uncertain first, with reason and age (--state, --quota); show one or "
      "its audit trail; as an audited admin override: resolve ID --gone|--running --evidence "
@@ -151,9 +155,13 @@ const struct ctl_option ctl_options[] = {
     {"dead", no_argument, OPT_DEAD, "records", NULL,
      "only open records whose owner session is not live (what recovery adopts)"},
     {"kinds", required_argument, OPT_KINDS, "recover", "K1,K2", "only records of these kinds"},
-    {"limit", required_argument, OPT_LIMIT, "recover agents sessions quotas permits records", "N",
+    {"limit", required_argument, OPT_LIMIT, "recover agents sessions quotas permits records why",
+     "N",
      "recover: at most N records (default: the agent's, 1000); a list: only its first N "
-     "rows, one page (default: every page)"},
+     "rows, one page (default: every page); why: at most N permits per list (1..50, "
+     "default 5)"},
+    {"permit", required_argument, OPT_PERMIT, "why", "ID",
+     "why: the quotas of permit ID (a held or uncertain one)"},
     {"dry-run", no_argument, OPT_DRY_RUN, "recover", NULL, "change nothing (required)"},
     {"lease", required_argument, OPT_LEASE, "run", "NAME", "the lease to lead (required)"},
     {"ttl", required_argument, OPT_TTL, "run", "MS",
@@ -360,6 +368,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_LIMIT:
 			ctx.limit = optarg;
+			break;
+		case OPT_PERMIT:
+			ctx.permit = optarg;
 			break;
 		case OPT_DRY_RUN:
 			ctx.dry_run = true;

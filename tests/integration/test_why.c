@@ -214,3 +214,100 @@ Test(why, names_the_holders_to_an_admin_and_only_a_tenants_own_to_the_tenant)
 	hagent_destroy(ag);
 	hdb_drop(db);
 }
+
+static int ctl(const char *socket, const char *const *args, char **out)
+{
+	const char *argv[16] = {ictl_bin(), "--socket", socket};
+	size_t n = 3;
+
+	for (size_t i = 0; args[i]; i++) {
+		cr_assert_lt(n, sizeof(argv) / sizeof(argv[0]) - 1);
+		argv[n++] = args[i];
+	}
+	argv[n] = NULL;
+	return hrun(argv, out);
+}
+
+static int count_of(const char *out, const char *want)
+{
+	int n = 0;
+	for (const char *at = strstr(out, want); at; at = strstr(at + 1, want))
+		n++;
+	return n;
+}
+
+static void assert_has(const char *out, const char *want)
+{
+	cr_assert(strstr(out, want), "no \"%s\" in:\n%s", want, out);
+}
+
+Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-ctl", NULL);
+	const char *sock = hagent_socket(ag);
+	struct iparams p;
+	struct ireply r;
+	char *out = NULL;
+
+	int fd = iconnect(sock);
+	isession_open(fd, "worker");
+	iquota_set(fd, "gpu", 3);
+	iquota_set(fd, "cpu", 8);
+	claim(fd, "job-big", "gpu", 2, 0, "admitted");
+	claim(fd, "job-small", "gpu", 1, 0, "admitted");
+	claim(fd, "job-cpu", "cpu", 4, 0, "admitted");
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "job-small");
+	pgc_pack_kv_str(&p.pk, "reason", "worker went quiet");
+	icall_ok(fd, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", NULL}, &out), 0, "%s", out);
+	assert_has(out, "in_flight");
+	assert_has(out, "largest holders");
+	assert_has(out, "job-big");
+	assert_has(out, "worker went quiet");
+	assert_has(out, "queue: empty");
+	cr_assert_null(strstr(out, "job-cpu"), "another quota's permit in:\n%s", out);
+	free(out);
+
+	cr_assert_eq(
+	    ctl(sock, (const char *const[]){"--json", "why", "gpu", "--limit", "1", NULL}, &out), 0,
+	    "%s", out);
+	assert_has(out, "\"holders\": 2");
+	assert_has(out, "\"uncertain_weight\": 1");
+	/* one per list: job-big leads largest and oldest, job-small is the
+	 * only uncertain one */
+	cr_assert_eq(count_of(out, "\"id\": \"job-big\""), 2, "%s", out);
+	cr_assert_eq(count_of(out, "\"id\": \"job-small\""), 1, "%s", out);
+	free(out);
+
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "--permit", "job-cpu", NULL}, &out), 0,
+		     "%s", out);
+	assert_has(out, "== quota cpu");
+	assert_has(out, "job-cpu");
+	free(out);
+
+	/* a quota that does not exist, an id with no permit, and wrong usage */
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "nope", NULL}, &out), 1, "%s", out);
+	assert_has(out, "no quota \"nope\"");
+	free(out);
+	cr_assert_eq(
+	    ctl(sock, (const char *const[]){"why", "--permit", "never-claimed", NULL}, &out), 1,
+	    "%s", out);
+	assert_has(out, "a denied claim leaves no permit behind");
+	free(out);
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", NULL}, &out), 2, "%s", out);
+	assert_has(out, "why KEY");
+	free(out);
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", "--limit", "51", NULL}, &out), 2,
+		     "%s", out);
+	free(out);
+
+	close(fd);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
