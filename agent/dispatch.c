@@ -45,6 +45,7 @@ static const struct method methods[] = {
     {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s"},
     {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
     {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
+    {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
      "id, quotas, intent, on_owner_loss, limit, wait_ms"},

@@ -33,6 +33,9 @@ void rpc_quota_set(struct request *req);
 void rpc_quota_get(struct request *req);
 void rpc_quota_list(struct request *req);
 
+/* quota_why.c */
+void rpc_quota_why(struct request *req);
+
 /* permit_claim.c, permit_lifecycle.c, permit_release.c, permit_reads.c */
 void rpc_permit_claim(struct request *req);
 void rpc_permit_update(struct request *req);

@@ -572,6 +572,8 @@ Test(authz, every_method_for_two_uids_and_root_on_own_and_others_objects)
 	}
 	pmap(&p, "s", "key", "q");
 	read_cell(&w, w.fa, "quota.get", &p);
+	pmap(&p, "s", "key", "q");
+	read_cell(&w, w.fa, "quota.why", &p);
 	pmap(&p, "s", "name", "pgcoord.janitor");
 	read_cell(&w, w.fa, "lease.status", &p);
 	pmap(&p, "s", "id", "pb");

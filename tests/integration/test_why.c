@@ -1,0 +1,313 @@
+/*
+ * test_why.c — quota.why: who holds a quota's room, as an operator (root,
+ * an admin) and as two tenants (unprivileged uids) see it, checked against
+ * the ledger's rows; a tenant sees the numbers of everyone and the details
+ * of its own permits only.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+TestSuite(why, .timeout = 120);
+
+#define UID_A 65534u
+#define UID_B 65533u
+
+static void claim(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
+		  const char *want_status)
+{
+	struct iparams p;
+	struct ireply r;
+	msgpack_packer *pk = iparams_begin(&p, wait_ms ? 3 : 2);
+
+	pgc_pack_kv_str(pk, "id", id);
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "weight", weight);
+	if (wait_ms)
+		pgc_pack_kv_int(pk, "wait_ms", wait_ms);
+	const msgpack_object *res = icall_ok(fd, "permit.claim", &p, &r);
+	cr_assert(istr_is(res, "status", want_status), "claim %s: not %s", id, want_status);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+}
+
+static const msgpack_object *why(int fd, const char *key, int64_t holders, struct ireply *r)
+{
+	struct iparams p;
+	msgpack_packer *pk = iparams_begin(&p, holders ? 2 : 1);
+
+	pgc_pack_kv_str(pk, "key", key);
+	if (holders)
+		pgc_pack_kv_int(pk, "holders", holders);
+	const msgpack_object *res = icall_ok(fd, "quota.why", &p, r);
+	iparams_destroy(&p);
+	return res;
+}
+
+/* The ids of list (an array of holders), comma-separated, malloc'd. */
+static char *ids_of(const msgpack_object *res, const char *list)
+{
+	const msgpack_object *a = pgc_map_get(res, list);
+	char *out = calloc(1, 1024);
+
+	cr_assert(a && a->type == MSGPACK_OBJECT_ARRAY, "no list %s", list);
+	for (uint32_t i = 0; i < a->via.array.size; i++) {
+		char *id = istr(&a->via.array.ptr[i], "id");
+		if (i)
+			strcat(out, ",");
+		strncat(out, id, 1000 - strlen(out));
+		free(id);
+	}
+	return out;
+}
+
+static void assert_ids(const msgpack_object *res, const char *list, const char *want)
+{
+	char *got = ids_of(res, list);
+	cr_assert_str_eq(got, want, "%s: %s, expected %s", list, got, want);
+	free(got);
+}
+
+static const msgpack_object *holder(const msgpack_object *res, const char *list, uint32_t i)
+{
+	const msgpack_object *a = pgc_map_get(res, list);
+	cr_assert(a && a->type == MSGPACK_OBJECT_ARRAY && a->via.array.size > i);
+	return &a->via.array.ptr[i];
+}
+
+Test(why, names_the_holders_to_an_admin_and_only_a_tenants_own_to_the_tenant)
+{
+	const char *const args[] = {"--socket-mode", "0666", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-1", args);
+	struct iparams p;
+	struct ireply r;
+
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
+	int fb = iconnect_as(hagent_socket(ag), UID_B);
+	int fr = iconnect_as(hagent_socket(ag), 0);
+	int64_t sa = isession_open(fa, "tenant-a");
+	isession_open(fb, "tenant-b");
+	isession_open(fr, "operator");
+	iquota_set(fr, "q", 10);
+
+	claim(fa, "a-big", "q", 5, 0, "admitted");
+	claim(fb, "b-mid", "q", 3, 0, "admitted");
+	claim(fa, "a-small", "q", 1, 0, "admitted");
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "a-small");
+	pgc_pack_kv_str(&p.pk, "reason", "lost sight of the worker");
+	icall_ok(fa, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	/* 9 of 10 in flight: B's claim of 5 waits, A's of 1 is then denied
+	 * (a quota with waiters has no room for an immediate claim) */
+	claim(fb, "b-waits", "q", 5, 30000, "queued");
+	claim(fa, "a-denied", "q", 1, 0, "denied");
+	char *before = idb_fingerprint(db);
+
+	/* the operator sees everyone */
+	const msgpack_object *res = why(fr, "q", 0, &r);
+	const msgpack_object *q = pgc_map_get(res, "quota");
+	cr_assert_eq(iint(q, "limit"), 10);
+	cr_assert_eq(iint(q, "in_flight"), 9);
+	cr_assert_eq(iint(q, "in_flight"),
+		     hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"));
+	cr_assert_eq(iint(q, "available"), 1);
+	cr_assert_eq(iint(q, "waiting"), 1);
+	cr_assert_eq(iint(q, "holders"),
+		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_quotas pq "
+					"JOIN pgcoord.permits p ON p.id = pq.permit_id "
+					"WHERE pq.key = 'q' AND p.state <> 'released'"));
+	cr_assert_eq(iint(q, "holders"), 3);
+	cr_assert_eq(iint(q, "hidden"), 0);
+	cr_assert_eq(iint(q, "uncertain_weight"), 1);
+	assert_ids(res, "largest", "a-big,b-mid,a-small");
+	assert_ids(res, "oldest", "a-big,b-mid,a-small");
+	assert_ids(res, "uncertain", "a-small");
+	const msgpack_object *u = holder(res, "uncertain", 0);
+	cr_assert(istr_is(u, "reason", "lost sight of the worker"));
+	cr_assert(istr_is(u, "state", "uncertain"));
+	cr_assert_eq(iint(u, "weight"), 1);
+	cr_assert_eq(iint(u, "owner_session"), sa);
+	cr_assert(istr_is(u, "owner_replica", "why-1"));
+	cr_assert_geq(iint(u, "held_ms"), iint(u, "state_ms"));
+	const msgpack_object *head = pgc_map_get(res, "queue_head");
+	cr_assert(istr_is(head, "id", "b-waits"));
+	cr_assert_eq(iint(head, "weight"), 5);
+	cr_assert_geq(iint(head, "waited_ms"), 0);
+	cr_assert_gt(iint(res, "now_at"), 0);
+	ireply_destroy(&r);
+
+	/* a cap on each list */
+	res = why(fr, "q", 1, &r);
+	assert_ids(res, "largest", "a-big");
+	assert_ids(res, "oldest", "a-big");
+	cr_assert_eq(iint(pgc_map_get(res, "quota"), "holders"), 3);
+	ireply_destroy(&r);
+
+	/* tenant A: every count, its own permits, nothing of B's */
+	res = why(fa, "q", 0, &r);
+	q = pgc_map_get(res, "quota");
+	cr_assert_eq(iint(q, "in_flight"), 9);
+	cr_assert_eq(iint(q, "holders"), 3);
+	cr_assert_eq(iint(q, "hidden"), 1);
+	assert_ids(res, "largest", "a-big,a-small");
+	head = pgc_map_get(res, "queue_head");
+	cr_assert(iis_nil(head, "id"), "A was told B's queued id");
+	cr_assert_eq(iint(head, "weight"), 5);
+	ireply_destroy(&r);
+
+	/* tenant B: its own only */
+	res = why(fb, "q", 0, &r);
+	cr_assert_eq(iint(pgc_map_get(res, "quota"), "hidden"), 2);
+	assert_ids(res, "largest", "b-mid");
+	assert_ids(res, "uncertain", "");
+	cr_assert(istr_is(pgc_map_get(res, "queue_head"), "id", "b-waits"));
+	ireply_destroy(&r);
+
+	/* an empty quota: no holders, no queue */
+	iquota_set(fr, "empty", 3);
+	char *before_empty = idb_fingerprint(db);
+	res = why(fa, "empty", 0, &r);
+	cr_assert_eq(iint(pgc_map_get(res, "quota"), "holders"), 0);
+	cr_assert_eq(iint(pgc_map_get(res, "quota"), "available"), 3);
+	cr_assert(iis_nil(res, "queue_head"));
+	assert_ids(res, "largest", "");
+	ireply_destroy(&r);
+
+	/* wrong questions */
+	pgc_pack_kv_str(iparams_begin(&p, 1), "key", "no-such-quota");
+	icall(fa, "quota.why", &p, &r);
+	ierr(&r, "not_found", false, (const char *const[]){"no-such-quota", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "key", "q");
+	pgc_pack_kv_int(&p.pk, "holders", 51);
+	icall(fa, "quota.why", &p, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"holders", NULL});
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	icall(fa, "quota.why", NULL, &r);
+	ierr(&r, "invalid_params", false, (const char *const[]){"key", NULL});
+	ireply_destroy(&r);
+
+	/* asking changed nothing */
+	char *after = idb_fingerprint(db);
+	cr_assert_str_eq(after, before_empty);
+	cr_assert_neq(strcmp(before, before_empty), 0, "the fingerprint did not see quota.set");
+	free(before);
+	free(before_empty);
+	free(after);
+	close(fa);
+	close(fb);
+	close(fr);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
+
+static int ctl(const char *socket, const char *const *args, char **out)
+{
+	const char *argv[16] = {ictl_bin(), "--socket", socket};
+	size_t n = 3;
+
+	for (size_t i = 0; args[i]; i++) {
+		cr_assert_lt(n, sizeof(argv) / sizeof(argv[0]) - 1);
+		argv[n++] = args[i];
+	}
+	argv[n] = NULL;
+	return hrun(argv, out);
+}
+
+static int count_of(const char *out, const char *want)
+{
+	int n = 0;
+	for (const char *at = strstr(out, want); at; at = strstr(at + 1, want))
+		n++;
+	return n;
+}
+
+static void assert_has(const char *out, const char *want)
+{
+	cr_assert(strstr(out, want), "no \"%s\" in:\n%s", want, out);
+}
+
+Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-ctl", NULL);
+	const char *sock = hagent_socket(ag);
+	struct iparams p;
+	struct ireply r;
+	char *out = NULL;
+
+	int fd = iconnect(sock);
+	isession_open(fd, "worker");
+	iquota_set(fd, "gpu", 3);
+	iquota_set(fd, "cpu", 8);
+	claim(fd, "job-big", "gpu", 2, 0, "admitted");
+	claim(fd, "job-small", "gpu", 1, 0, "admitted");
+	claim(fd, "job-cpu", "cpu", 4, 0, "admitted");
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "job-small");
+	pgc_pack_kv_str(&p.pk, "reason", "worker went quiet");
+	icall_ok(fd, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", NULL}, &out), 0, "%s", out);
+	assert_has(out, "in_flight");
+	assert_has(out, "largest holders");
+	assert_has(out, "job-big");
+	assert_has(out, "worker went quiet");
+	assert_has(out, "queue: empty");
+	cr_assert_null(strstr(out, "job-cpu"), "another quota's permit in:\n%s", out);
+	free(out);
+
+	cr_assert_eq(
+	    ctl(sock, (const char *const[]){"--json", "why", "gpu", "--limit", "1", NULL}, &out), 0,
+	    "%s", out);
+	assert_has(out, "\"holders\": 2");
+	assert_has(out, "\"uncertain_weight\": 1");
+	/* one per list: job-big leads largest and oldest, job-small is the
+	 * only uncertain one */
+	cr_assert_eq(count_of(out, "\"id\": \"job-big\""), 2, "%s", out);
+	cr_assert_eq(count_of(out, "\"id\": \"job-small\""), 1, "%s", out);
+	free(out);
+
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "--permit", "job-cpu", NULL}, &out), 0,
+		     "%s", out);
+	assert_has(out, "== quota cpu");
+	assert_has(out, "job-cpu");
+	free(out);
+
+	/* a quota that does not exist, an id with no permit, and wrong usage */
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "nope", NULL}, &out), 1, "%s", out);
+	assert_has(out, "no quota \"nope\"");
+	free(out);
+	cr_assert_eq(
+	    ctl(sock, (const char *const[]){"why", "--permit", "never-claimed", NULL}, &out), 1,
+	    "%s", out);
+	assert_has(out, "a denied claim leaves no permit behind");
+	free(out);
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", NULL}, &out), 2, "%s", out);
+	assert_has(out, "why KEY");
+	free(out);
+	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", "--limit", "51", NULL}, &out), 2,
+		     "%s", out);
+	free(out);
+
+	close(fd);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
