@@ -3,8 +3,9 @@
  * fuzz target: handlers' parameter checks, authorisation and reply building
  * run against canned rows, refusals, timeouts and a database that is down.
  * Linked before the agent's static library, so db.c's object is never
- * pulled in: every function db.h declares must be defined here (a missing
- * one shows up as a duplicate-symbol link error).
+ * pulled in (nor the db_*.c files', which only db.c calls): every function
+ * db.h declares must be defined here (a missing one shows up as a
+ * duplicate-symbol link error).
  */
 #include "agent/db.h"
 #include "tests/fuzz/fake_db.h"

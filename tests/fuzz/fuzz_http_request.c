@@ -12,7 +12,7 @@
  *   own reason phrase, and a page only with 200 (a Location only with 302,
  *   an Allow only with 405);
  * - the same bytes get the same verdict;
- * - the response written from it as http.c's reply() writes it is
+ * - the response written from it as http.c's http_reply() writes it is
  *   well-formed HTTP/1.1 (a status line, header lines, Content-Length equal
  *   to the body), whatever the request echoed into it, and bounded;
  * - a page is served only to a GET or HEAD whose head ends in an empty
@@ -65,7 +65,7 @@ static bool is_field(const char *s, size_t n)
 	return true;
 }
 
-/* Writes the response as http.c would send it (reply() and libevent's
+/* Writes the response as http.c would send it (http_reply() and libevent's
  * status line and Content-Length). The body of a page is a placeholder. */
 static size_t write_response(const struct http_verdict *v, char *out, size_t cap)
 {

@@ -1,0 +1,69 @@
+/*
+ * http_internal.h — what the HTTP files share; only they include it: the
+ * listener's state, the requests waiting for the database (jobs), and the
+ * replies.
+ *
+ *   http.c         the listener, routing, jobs and replies
+ *   http_probes.c  /healthz and /metrics, what monitoring polls
+ *   http_status.c  the /status page
+ */
+#ifndef PGCOORD_AGENT_HTTP_INTERNAL_H
+#define PGCOORD_AGENT_HTTP_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct agent;
+struct evbuffer;
+struct evhttp;
+struct evhttp_request;
+
+/* /status hits held while the page is being built */
+#define STATUS_MAX_WAITERS 64
+/* the schema versions that bring quotas and permits (0004_permits.sql) and
+ * waiting claims (0006_waiting_claims.sql) */
+#define SCHEMA_PERMITS 4
+#define SCHEMA_WAITS 6
+
+struct job;
+
+struct http {
+	struct agent *ag;
+	struct evhttp *ev;
+	struct job *jobs;     /* requests waiting for the database */
+	char addr[80];	      /* as listened on, for logs */
+	char listen_host[64]; /* metrics_listen's host part, an allowed Host */
+	/* /status: the last page, and the hits waiting for the one being built */
+	struct evbuffer *status_page;
+	uint64_t status_built_ms;
+	bool status_building;
+	struct evhttp_request *status_waiters[STATUS_MAX_WAITERS];
+	int nstatus_waiters;
+};
+
+enum job_kind { JOB_STATUS, JOB_METRICS };
+
+struct job {
+	struct job *next, *prev;
+	struct http *h; /* NULL once the listener is gone: just free on completion */
+	struct evhttp_request *req;
+	enum job_kind kind;
+	struct evbuffer *body;
+	int step;
+};
+
+/* http.c */
+struct job *http_job_new(struct http *h, struct evhttp_request *req, enum job_kind kind);
+void http_job_free(struct job *j);
+void http_reply(struct evhttp_request *req, int code, const char *reason, const char *content_type,
+		struct evbuffer *body);
+void http_reply_text(struct evhttp_request *req, int code, const char *reason, const char *text);
+
+/* http_probes.c */
+void http_serve_healthz(struct http *h, struct evhttp_request *req);
+void http_serve_metrics(struct http *h, struct evhttp_request *req);
+
+/* http_status.c */
+void http_serve_status(struct http *h, struct evhttp_request *req);
+
+#endif
