@@ -27,7 +27,7 @@ static void missed(struct agent *ag, struct session *s)
 		  "its leases lapse by their own expiry",
 		  mono_ms() - (s->keepalive_due - (uint64_t)s->keepalive_ms), s->keepalive_ms);
 	metrics_session_lost_keepalive(ag);
-	sessions_lost(ag, s->id, KEEPALIVE_LOST_REASON);
+	s->keepalive_lost(ag, s->id, KEEPALIVE_LOST_REASON);
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -45,9 +45,10 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	missed(ag, s);
 }
 
-bool keepalive_start(struct agent *ag, struct session *s, int keepalive_ms)
+bool keepalive_start(struct agent *ag, struct session *s, int keepalive_ms, keepalive_lost_fn lost)
 {
 	s->ag = ag;
+	s->keepalive_lost = lost;
 	if (!s->keepalive_timer) {
 		s->keepalive_timer = evtimer_new(ag->base, timer_cb, s);
 		if (!s->keepalive_timer)

@@ -26,12 +26,17 @@ struct session;
 /* The reason session.lost carries for a missed keepalive. */
 #define KEEPALIVE_LOST_REASON "keepalive missed"
 
-/* Starts enforcing keepalive_ms (> 0) on s, due keepalive_ms from now.
- * False when out of memory. */
-bool keepalive_start(struct agent *ag, struct session *s, int keepalive_ms);
+/* What a missed keepalive does: the session layer (sessions.c) passes
+ * its sessions_lost, so this file stays below it. */
+typedef void (*keepalive_lost_fn)(struct agent *ag, int64_t session_id, const char *reason);
+
+/* Starts enforcing keepalive_ms (> 0) on s, due keepalive_ms from now;
+ * lost is called when a keepalive is missed. False when out of memory. */
+bool keepalive_start(struct agent *ag, struct session *s, int keepalive_ms, keepalive_lost_fn lost);
 
 /* A session.keepalive arrived: the next one is due keepalive_ms from now.
- * False (and s is lost and freed) when the deadline had already passed. */
+ * False (and s is lost, through the lost callback, and freed) when the
+ * deadline had already passed. */
 bool keepalive_touch(struct agent *ag, struct session *s);
 
 /* Milliseconds until the next keepalive is due (0 when not enforced). */

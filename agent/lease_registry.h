@@ -3,16 +3,22 @@
  * it: the leases this agent's sessions campaign for or believe they hold,
  * the dropped ones whose statement still runs, and the watched names.
  *
- *   lease_campaign.c  acquire/renew loops, belief start and end
+ *   lease_table.c     finding, dropping, freeing; lease.changed's body
  *   session_order.c   one statement at a time per session's lease
  *   lease_watch.c     polls watched leases
+ *   lease_campaign.c  acquire/renew loops, belief start and end
  *   leases.c          the lease.* methods
+ *
+ * Each calls only the ones listed above it (the include-graph test reads
+ * the calls from the objects).
  */
 #ifndef PGCOORD_AGENT_LEASE_REGISTRY_H
 #define PGCOORD_AGENT_LEASE_REGISTRY_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include <msgpack.h>
 
 #include "agent/agent.h"
 #include "agent/log.h"
@@ -106,7 +112,7 @@ enum {
 	LC_HELD,
 };
 
-/* lease_campaign.c */
+/* lease_table.c */
 /* A lease's holder as the wire spells it: {session, replica_id}, or nil
  * when session is 0 (nobody holds it). */
 void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
@@ -115,6 +121,8 @@ struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id)
 void lease_free(struct lease *l);
 void lease_drop(struct lease *l);
 void lease_fill_change(msgpack_packer *pk, void *arg);
+
+/* lease_campaign.c */
 void lease_end_belief(struct lease *l, enum log_level level, const char *reason,
 		      int64_t holder_session, const char *holder_replica);
 void lease_attempt(struct lease *l);

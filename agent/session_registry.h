@@ -3,7 +3,10 @@
  * the registry entry, finding one by id, and declaring one lost. The
  * lease files, keepalive.c and request.c include this instead of
  * sessions.h, so that the session RPCs (sessions.c), which call them,
- * stay above them (agent/ARCHITECTURE.md). sessions.c implements it.
+ * stay above them (agent/ARCHITECTURE.md). Finding is session_registry.c,
+ * which calls nothing above it; losing one is sessions.c's (the files
+ * below it that lose sessions are above it in the call graph, or, like
+ * keepalive.c, are handed sessions_lost as a callback).
  */
 #ifndef PGCOORD_AGENT_SESSION_REGISTRY_H
 #define PGCOORD_AGENT_SESSION_REGISTRY_H
@@ -32,6 +35,8 @@ struct session {
 	uint64_t keepalive_due; /* CLOCK_MONOTONIC deadline of the next session.keepalive */
 	struct event *keepalive_timer;
 	struct agent *ag; /* for the keepalive timer */
+	/* what a missed keepalive calls (sessions_lost), set by keepalive_start */
+	void (*keepalive_lost)(struct agent *ag, int64_t id, const char *reason);
 };
 
 struct session *sessions_find(struct agent *ag, int64_t id);

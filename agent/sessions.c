@@ -69,14 +69,6 @@ static void attach(struct session *s, struct conn *c)
 	c->lost_session = 0;
 }
 
-struct session *sessions_find(struct agent *ag, int64_t id)
-{
-	for (struct session *s = ag->sessions; s; s = s->next)
-		if (s->id == id)
-			return s;
-	return NULL;
-}
-
 void sessions_detach(struct agent *ag, struct conn *c)
 {
 	struct session *s = c->session;
@@ -274,7 +266,7 @@ static void opened(const struct db_result *r, void *arg)
 		return;
 	}
 	/* the clock starts when the session exists, attached or not */
-	if (keepalive_ms > 0 && !keepalive_start(ag, s, (int)keepalive_ms)) {
+	if (keepalive_ms > 0 && !keepalive_start(ag, s, (int)keepalive_ms, sessions_lost)) {
 		session_remove(ag, s);
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		return;
@@ -358,7 +350,7 @@ static void resumed(const struct db_result *r, void *arg)
 	/* a predecessor's session came without its keepalive_ms: the resume
 	 * names it again; a session opened here keeps its own, and its clock */
 	if (s->keepalive_ms == 0 && keepalive_ms > 0 &&
-	    !keepalive_start(ag, s, (int)keepalive_ms)) {
+	    !keepalive_start(ag, s, (int)keepalive_ms, sessions_lost)) {
 		s->detached_ms = mono_ms();
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		return;

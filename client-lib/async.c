@@ -1,8 +1,9 @@
 /*
  * async.c — the non-blocking side of the handle, for event loops: the
  * queue of requests pgcoord_send could not write yet (pgcoord_flush), and
- * the answers to them, kept until pgcoord_consume hands them to their
- * callbacks (never from inside another call, as for notifications).
+ * the answers to them, kept until pgcoord_consume (deliver.c) hands them
+ * to their callbacks (never from inside another call, as for
+ * notifications). Below the framing, which completes answers here.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 #include "proto/codec.h"
 #include "handle.h"
 
-static void async_free(struct pgcoord_async *a)
+void pgcoord__async_free(struct pgcoord_async *a)
 {
 	free(a->result);
 	free(a->message);
@@ -26,11 +27,11 @@ void pgcoord__async_free_all(pgcoord *c)
 	struct pgcoord_async *a, *next;
 	for (a = c->inflight; a; a = next) {
 		next = a->next;
-		async_free(a);
+		pgcoord__async_free(a);
 	}
 	for (a = c->answered; a; a = next) {
 		next = a->next;
-		async_free(a);
+		pgcoord__async_free(a);
 	}
 	c->inflight = c->answered = c->answered_tail = NULL;
 	free(c->wbuf);
@@ -77,7 +78,7 @@ pgcoord_err pgcoord__async_response(pgcoord *c, uint32_t msgid, const msgpack_ob
 }
 
 /* Every request still in flight ends with err: the connection is gone. */
-static void fail_inflight(pgcoord *c, pgcoord_err err)
+void pgcoord__async_fail_inflight(pgcoord *c, pgcoord_err err)
 {
 	while (c->inflight) {
 		struct pgcoord_async *a = c->inflight;
@@ -107,7 +108,7 @@ static pgcoord_err write_some(pgcoord *c, bool *again)
 		}
 		pgcoord__set_message(c, "sending to the agent: %s", strerror(errno));
 		pgcoord__disconnect(c);
-		fail_inflight(c, PGCOORD_E_IO);
+		pgcoord__async_fail_inflight(c, PGCOORD_E_IO);
 		return PGCOORD_E_IO;
 	}
 	c->wpos = c->wlen = 0;
@@ -150,7 +151,7 @@ pgcoord_err pgcoord__flush_by(pgcoord *c, int64_t deadline)
 		if (err != PGCOORD_OK) {
 			pgcoord__set_message(c, "sending to the agent: %s", strerror(errno));
 			pgcoord__disconnect(c);
-			fail_inflight(c, PGCOORD_E_IO);
+			pgcoord__async_fail_inflight(c, PGCOORD_E_IO);
 			return PGCOORD_E_IO;
 		}
 		c->wpos = c->wlen = 0;
@@ -176,61 +177,4 @@ void pgcoord__async_track(pgcoord *c, struct pgcoord_async *a)
 {
 	a->next = c->inflight;
 	c->inflight = a;
-}
-
-/* Hands each kept answer to its callback; unlinked first, so fn may send. */
-static int deliver_answers(pgcoord *c)
-{
-	int count = 0;
-	while (c->answered) {
-		struct pgcoord_async *a = c->answered;
-		c->answered = a->next;
-		if (!c->answered)
-			c->answered_tail = NULL;
-		a->fn(a->user, a->msgid, a->err, a->result, a->result_len,
-		      a->message ? a->message : "");
-		async_free(a);
-		count++;
-	}
-	return count;
-}
-
-pgcoord_err pgcoord_consume(pgcoord *c, int *completed)
-{
-	pgcoord_err err = PGCOORD_OK;
-	int count = 0, delivered = 0;
-
-	if (completed)
-		*completed = 0;
-	if (!c)
-		return PGCOORD_E_ARG;
-	if (c->fd >= 0) {
-		for (;;) {
-			err = pgcoord__drain_frames(c, NULL);
-			if (err != PGCOORD_OK)
-				break;
-			err = pgcoord__read_more(c, pgcoord__deadline(0));
-			if (err == PGCOORD_E_CALL_TIMEOUT) {
-				err = PGCOORD_OK; /* nothing more for now */
-				break;
-			}
-			if (err != PGCOORD_OK)
-				break;
-		}
-	} else {
-		err = PGCOORD_E_CLOSED;
-	}
-	if (c->fd < 0)
-		fail_inflight(c, PGCOORD_E_IO);
-	count = deliver_answers(c);
-	/* notifications, as pgcoord_poll(c, 0) would deliver them */
-	if (c->fd >= 0 || c->nq_head) {
-		pgcoord_err perr = pgcoord_poll(c, 0, &delivered);
-		if (err == PGCOORD_OK && perr != PGCOORD_OK && perr != PGCOORD_E_CLOSED)
-			err = perr;
-		count += deliver_answers(c); /* answers read by that poll */
-	}
-	if (completed)
-		*completed = count;
-	return err;
 }

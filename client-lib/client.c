@@ -1,11 +1,11 @@
 /*
  * client.c — the pgcoord handle: connecting, closing, and the generic
- * synchronous call (encode the request, write it, wait for its response).
- * Reading and dispatching frames lives in inbound.c, the notification queue
- * in notify.c.
+ * synchronous call (encode the request, write it, wait for its response),
+ * and pgcoord_send's. Below it: handle.c (messages, encoding, closing the
+ * socket), inbound.c (reading and dispatching frames), async.c (the write
+ * queue), notify.c (the notification queue), transport.c (the socket).
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,71 +21,6 @@ _Static_assert(PGC_E_INVALID_REQUEST == (int)PGCOORD_E_INVALID_REQUEST, "error e
 _Static_assert(PGC_E_SHUTTING_DOWN == (int)PGCOORD_E_SHUTTING_DOWN, "error enums diverged");
 _Static_assert(PGC_E_TOO_LARGE == (int)PGCOORD_E_TOO_LARGE, "error enums diverged");
 _Static_assert(PGC_E__COUNT == (int)PGCOORD_E_TOO_LARGE + 1, "a wire code has no pgcoord_err");
-
-void pgcoord__set_message(pgcoord *c, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(c->message, sizeof(c->message), fmt, ap);
-	va_end(ap);
-}
-
-void pgcoord__disconnect(pgcoord *c)
-{
-	if (c->fd >= 0) {
-		close(c->fd);
-		c->fd = -1;
-	}
-	/* No lease.changed can reach us any more: stop believing now. */
-	pgcoord__beliefs_end(c);
-}
-
-static int writer_write(void *data, const char *buf, size_t len)
-{
-	struct pgcoord_writer *w = data;
-
-	if (w->failed || msgpack_sbuffer_write(&w->sb, buf, len) != 0) {
-		w->failed = true;
-		return -1;
-	}
-	return 0;
-}
-
-void pgcoord__writer_init(struct pgcoord_writer *w)
-{
-	msgpack_sbuffer_init(&w->sb);
-	msgpack_packer_init(&w->pk, w, writer_write);
-	w->failed = false;
-}
-
-char *pgcoord__writer_release(struct pgcoord_writer *w, size_t *len)
-{
-	*len = 0;
-	if (w->failed || w->sb.size == 0) {
-		msgpack_sbuffer_destroy(&w->sb);
-		msgpack_sbuffer_init(&w->sb);
-		return NULL;
-	}
-	*len = w->sb.size;
-	return msgpack_sbuffer_release(&w->sb);
-}
-
-void pgcoord__writer_destroy(struct pgcoord_writer *w)
-{
-	msgpack_sbuffer_destroy(&w->sb);
-	msgpack_sbuffer_init(&w->sb);
-}
-
-pgcoord_err pgcoord__encode(const msgpack_object *o, char **out, size_t *len)
-{
-	struct pgcoord_writer w;
-
-	pgcoord__writer_init(&w);
-	msgpack_pack_object(&w.pk, *o);
-	*out = pgcoord__writer_release(&w, len);
-	return *out ? PGCOORD_OK : PGCOORD_E_NOMEM;
-}
 
 static const char *default_socket_path(void)
 {
@@ -155,11 +90,6 @@ int pgcoord_fd(const pgcoord *c)
 int64_t pgcoord_session_id(const pgcoord *c)
 {
 	return c ? c->session_id : 0;
-}
-
-void pgcoord_free(void *p)
-{
-	free(p);
 }
 
 /* msgid 0 is what the agent answers when it could not read ours: never use it. */
@@ -284,7 +214,7 @@ pgcoord_err pgcoord_call(pgcoord *c, const char *method, const void *params, siz
 	pgcoord__writer_init(&w);
 	pgc_pack_request_begin(&w.pk, p.msgid, method);
 	if (params_len)
-		writer_write(&w, params, params_len); /* already checked: one map */
+		pgcoord__writer_raw(&w, params, params_len); /* already checked: one map */
 	else
 		msgpack_pack_map(&w.pk, 0);
 	char *req = pgcoord__writer_release(&w, &len);
@@ -372,7 +302,7 @@ pgcoord_err pgcoord_send(pgcoord *c, const char *method, const void *params, siz
 	pgcoord__writer_init(&w);
 	pgc_pack_request_begin(&w.pk, a->msgid, method);
 	if (params_len)
-		writer_write(&w, params, params_len); /* already checked: one map */
+		pgcoord__writer_raw(&w, params, params_len); /* already checked: one map */
 	else
 		msgpack_pack_map(&w.pk, 0);
 	char *req = pgcoord__writer_release(&w, &len);
@@ -422,19 +352,4 @@ pgcoord_err pgcoord__call_decoded(pgcoord *c, const char *method, struct pgcoord
 		return PGCOORD_E_PROTOCOL;
 	}
 	return PGCOORD_OK;
-}
-
-bool pgcoord__opts_size_ok(pgcoord *c, const void *opts, size_t size, size_t min, size_t max,
-			   const char *init)
-{
-	if (opts && size >= min && size <= max)
-		return true;
-	if (!opts)
-		pgcoord__set_message(c, "opts is NULL (start from %s)", init);
-	else
-		pgcoord__set_message(c,
-				     "opts.size %zu is not one this library knows (%zu..%zu; "
-				     "start from %s)",
-				     size, min, max, init);
-	return false;
 }

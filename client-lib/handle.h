@@ -1,15 +1,25 @@
 /*
  * handle.h — libpgcoord's private view of a `pgcoord` handle, shared by the
- * files that make up the library (client.c: handle and calls; inbound.c:
- * reading and dispatching frames; notify.c: the notification queue;
- * transport.c: the socket; session.c, permits.c: the typed helpers;
- * waits.c: the outcomes of queued claims; async.c: pgcoord_send's queue
- * and answers; typed_read.c: the decoding every typed read shares
- * (typed_read.h); typed_reads.c: permit and quota reads as structs;
- * lease_reads.c, agent_reads.c, fleet_reads.c: the lease, agent.status
- * and fleet reads as structs; records.c: record calls; leases.c: lease
- * calls and the local leadership belief). Nothing here is exported: the
- * version script keeps everything but pgcoord_* local.
+ * files that make up the library. They call each other in layers, each
+ * only the ones below it (the include-graph test reads the calls from the
+ * objects):
+ *
+ *   deliver.c      pgcoord_poll, pgcoord_consume: to the app's callbacks
+ *   the typed calls: session.c, permits.c, waits.c (queued-claim outcomes),
+ *                  records.c, leases.c (lease calls, belief questions),
+ *                  watches.c, pages.c (listing every page), typed_read.c
+ *                  (typed_read.h) under typed_reads.c, lease_reads.c,
+ *                  agent_reads.c, fleet_reads.c (reads as structs)
+ *   client.c       the call core: connect, close, pgcoord_call, pgcoord_send
+ *   inbound.c      framing: reading and dispatching frames
+ *   async.c        pgcoord_send's write queue and answers
+ *   notify.c       the notification queue
+ *   handle.c       messages, encoding, closing the socket
+ *   beliefs.c      the local leadership belief, moved by lease messages
+ *   transport.c    the socket and the clock; errors.c
+ *
+ * Nothing here is exported: the version script keeps everything but
+ * pgcoord_* local.
  */
 #ifndef PGCOORD_CLIENT_HANDLE_H
 #define PGCOORD_CLIENT_HANDLE_H
@@ -117,7 +127,7 @@ struct pgcoord {
 	char message[512];
 };
 
-/* --- client.c --- */
+/* --- handle.c --- */
 
 /* Sets pgcoord_last_message(c). */
 void pgcoord__set_message(pgcoord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -125,7 +135,8 @@ void pgcoord__set_message(pgcoord *c, const char *fmt, ...) __attribute__((forma
  * what this library knows (max); otherwise sets the message and false. */
 bool pgcoord__opts_size_ok(pgcoord *c, const void *opts, size_t size, size_t min, size_t max,
 			   const char *init);
-/* Closes the socket; the handle stays allocated and answers PGCOORD_E_CLOSED. */
+/* Closes the socket (and ends every belief); the handle stays allocated
+ * and answers PGCOORD_E_CLOSED. */
 void pgcoord__disconnect(pgcoord *c);
 
 /*
@@ -140,12 +151,16 @@ struct pgcoord_writer {
 };
 
 void pgcoord__writer_init(struct pgcoord_writer *w);
+/* Appends bytes that are already MessagePack (a failure sets `failed`). */
+void pgcoord__writer_raw(struct pgcoord_writer *w, const char *buf, size_t len);
 /* Moves the encoding out as a malloc'd buffer; NULL when packing failed. */
 char *pgcoord__writer_release(struct pgcoord_writer *w, size_t *len);
 void pgcoord__writer_destroy(struct pgcoord_writer *w);
 
 /* Re-encodes o into a malloc'd buffer. PGCOORD_E_NOMEM on failure. */
 PGCOORD_WUR pgcoord_err pgcoord__encode(const msgpack_object *o, char **out, size_t *len);
+
+/* --- client.c --- */
 
 /* pgcoord_call with the params packed in w (consumed, also on failure);
  * the raw result when result is non-NULL. */
@@ -217,6 +232,8 @@ PGCOORD_WUR pgcoord_err pgcoord__note_push(pgcoord *c, const char *method, size_
 					   const char *params, size_t params_len);
 void pgcoord__note_free_all(pgcoord *c);
 void pgcoord__note_free(struct pgcoord_note *n);
+/* Unlinks and returns the oldest queued note, or NULL. */
+struct pgcoord_note *pgcoord__note_pop(pgcoord *c);
 /* Unlinks and returns the first queued note match() accepts, or NULL. */
 struct pgcoord_note *
 pgcoord__note_take(pgcoord *c, bool (*match)(const struct pgcoord_note *n, void *arg), void *arg);
@@ -241,6 +258,10 @@ void pgcoord__async_track(pgcoord *c, struct pgcoord_async *a);
 
 /* Frees every queued request and answer, calling nothing. */
 void pgcoord__async_free_all(pgcoord *c);
+void pgcoord__async_free(struct pgcoord_async *a);
+/* Every request still in flight ends with err (the connection is gone)
+ * and waits in the answers for pgcoord_consume. */
+void pgcoord__async_fail_inflight(pgcoord *c, pgcoord_err err);
 
 /* --- waits.c --- */
 
@@ -248,7 +269,7 @@ void pgcoord__async_free_all(pgcoord *c);
  * NULL for any other method, a malformed message or no memory. */
 struct pgcoord_permit_event *pgcoord__permit_event_decode(const struct pgcoord_note *n);
 
-/* --- leases.c --- */
+/* --- beliefs.c --- */
 
 /*
  * While the handle tracks a lease, waits for input are cut into slices of
@@ -274,5 +295,19 @@ void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
 /* Every belief ends and is forgotten (the connection is gone, or the
  * session is). */
 void pgcoord__beliefs_end(pgcoord *c);
+
+/* The belief about name, or NULL; _get makes one (NULL: out of memory). */
+struct pgcoord_belief *pgcoord__belief_find(const pgcoord *c, const char *name, size_t len);
+struct pgcoord_belief *pgcoord__belief_get(pgcoord *c, const char *name, size_t len);
+/* Forgets the belief about name. */
+void pgcoord__belief_drop(pgcoord *c, const char *name);
+/* Belief starts or ends, as a lease.changed or an acquire result says. */
+void pgcoord__belief_set(pgcoord *c, const char *name, size_t len, bool leader, int64_t epoch,
+			 int64_t until_ms);
+/* True while b says leader and now is before its deadline. */
+bool pgcoord__belief_live(const struct pgcoord_belief *b, int64_t now);
+/* The deadline a message grants: stamp + valid_ms, capped by the agent's
+ * own monotonic deadline when it sent one. */
+int64_t pgcoord__belief_deadline(const msgpack_object *params, int64_t stamp_ms, int64_t valid_ms);
 
 #endif

@@ -1,10 +1,12 @@
 /*
  * leases.c — typed helpers over pgcoord_call for the lease.* methods
- * (PROTOCOL.md, "Leases"), and what this handle believes about the leases
- * its session leads: one deadline per lease on CLOCK_MONOTONIC, moved only
- * by what the agent says (lease.changed, lease.renewed, acquire results) and
- * checked against the clock at every question, so a silent or frozen agent
- * still ends the belief on time.
+ * (PROTOCOL.md, "Leases"), and the questions about what this handle
+ * believes of the leases its session leads (the beliefs themselves, moved by
+ * every lease message as it is read, are beliefs.c's): one deadline per
+ * lease on CLOCK_MONOTONIC, moved only by what the agent says
+ * (lease.changed, lease.renewed, acquire results) and checked against the
+ * clock at every question, so a silent or frozen agent still ends the
+ * belief on time.
  *
  * Dating the agent's messages: valid_ms is the belief the agent had left
  * when it sent the message, but the message may have waited in our socket
@@ -26,171 +28,6 @@
 #include "proto/codec.h"
 #include "handle.h"
 #include "pages.h"
-
-/* --- beliefs ------------------------------------------------------------- */
-
-static struct pgcoord_belief *belief_find(const pgcoord *c, const char *name, size_t len)
-{
-	for (struct pgcoord_belief *b = c->beliefs; b; b = b->next)
-		if (strlen(b->name) == len && memcmp(b->name, name, len) == 0)
-			return b;
-	return NULL;
-}
-
-/* The belief for name, created not leading; NULL when out of memory. */
-static struct pgcoord_belief *belief_get(pgcoord *c, const char *name, size_t len)
-{
-	struct pgcoord_belief *b = belief_find(c, name, len);
-	if (b)
-		return b;
-	b = calloc(1, sizeof(*b));
-	if (!b)
-		return NULL;
-	b->name = strndup(name, len);
-	if (!b->name) {
-		free(b);
-		return NULL;
-	}
-	b->next = c->beliefs;
-	c->beliefs = b;
-	return b;
-}
-
-static void belief_drop(pgcoord *c, const char *name)
-{
-	for (struct pgcoord_belief **pp = &c->beliefs; *pp; pp = &(*pp)->next) {
-		struct pgcoord_belief *b = *pp;
-		if (strcmp(b->name, name) == 0) {
-			*pp = b->next;
-			free(b->name);
-			free(b);
-			return;
-		}
-	}
-}
-
-/* The deadline a message grants: stamp + valid_ms, capped by the agent's
- * own monotonic deadline when it sent one. */
-static int64_t deadline_of(const msgpack_object *params, int64_t stamp_ms, int64_t valid_ms)
-{
-	int64_t until = stamp_ms + valid_ms, mono = 0;
-	if (params && pgc_obj_int64(pgc_map_get(params, "valid_until_mono_ms"), &mono) &&
-	    mono > 0 && mono < until)
-		until = mono;
-	return until;
-}
-
-static bool belief_live(const struct pgcoord_belief *b, int64_t now)
-{
-	return b && b->leader && now < b->until_ms;
-}
-
-/* Belief starts or ends, as a lease.changed or an acquire result says. */
-static void belief_set(pgcoord *c, const char *name, size_t len, bool leader, int64_t epoch,
-		       int64_t until_ms)
-{
-	struct pgcoord_belief *b;
-
-	if (!leader) {
-		b = belief_find(c, name, len);
-		if (b) {
-			b->leader = false;
-			b->until_ms = 0;
-		}
-		return;
-	}
-	/* Out of memory: no belief, which is the safe side. */
-	b = belief_get(c, name, len);
-	if (!b)
-		return;
-	b->leader = true;
-	b->epoch = epoch;
-	b->until_ms = until_ms;
-}
-
-bool pgcoord__tracking_leases(const pgcoord *c)
-{
-	return c->beliefs != NULL;
-}
-
-void pgcoord__beliefs_end(pgcoord *c)
-{
-	while (c->beliefs) {
-		struct pgcoord_belief *b = c->beliefs;
-		c->beliefs = b->next;
-		free(b->name);
-		free(b);
-	}
-}
-
-static bool method_is(const char *s, size_t len, const char *lit)
-{
-	return strlen(lit) == len && memcmp(s, lit, len) == 0;
-}
-
-/* {name, epoch, leader, valid_ms}; false unless name is there. *leader is
- * true only for a well-formed leading message. */
-static bool read_belief(const msgpack_object *params, const char **name, size_t *name_len,
-			bool *leader, int64_t *epoch, int64_t *valid_ms)
-{
-	bool said = false;
-
-	*leader = false;
-	if (!pgc_obj_str(pgc_map_get(params, "name"), name, name_len) || *name_len == 0)
-		return false;
-	if (pgc_obj_bool(pgc_map_get(params, "leader"), &said) && said &&
-	    pgc_obj_int64(pgc_map_get(params, "epoch"), epoch) &&
-	    pgc_obj_int64(pgc_map_get(params, "valid_ms"), valid_ms) && *valid_ms >= 0)
-		*leader = true;
-	return true;
-}
-
-void pgcoord__lease_note(pgcoord *c, const char *method, size_t method_len,
-			 const msgpack_object *params, int64_t stamp_ms)
-{
-	const char *name;
-	size_t name_len;
-	bool leader;
-	int64_t epoch = 0, valid_ms = 0, session = 0;
-
-	if (!params || params->type != MSGPACK_OBJECT_MAP)
-		return;
-	if (method_is(method, method_len, "lease.changed")) {
-		if (!read_belief(params, &name, &name_len, &leader, &epoch, &valid_ms))
-			return;
-		/* Only this handle's session can lead for us. */
-		if (leader && (c->session_id == 0 ||
-			       (pgc_obj_int64(pgc_map_get(params, "session"), &session) &&
-				session != c->session_id)))
-			return;
-		/* Anything but a well-formed "leader: true" ends the belief. */
-		belief_set(c, name, name_len, leader, epoch,
-			   deadline_of(params, stamp_ms, valid_ms));
-	} else if (method_is(method, method_len, "lease.renewed")) {
-		if (!read_belief(params, &name, &name_len, &leader, &epoch, &valid_ms) || !leader)
-			return;
-		/* A renewal extends only the belief a lease.changed started,
-		 * under the same epoch; the newest word of the agent wins. */
-		struct pgcoord_belief *b = belief_find(c, name, name_len);
-		if (b && b->leader && b->epoch == epoch)
-			b->until_ms = deadline_of(params, stamp_ms, valid_ms);
-	} else if (method_is(method, method_len, "session.lost")) {
-		if (pgc_obj_int64(pgc_map_get(params, "session"), &session) &&
-		    session == c->session_id)
-			pgcoord__beliefs_end(c);
-	} else if (method_is(method, method_len, "session.suspended")) {
-		/* The session may be gone in safe_ms; no belief outlives it
-		 * unless a renewal comes first. */
-		int64_t safe_ms;
-		if (!pgc_obj_int64(pgc_map_get(params, "session"), &session) ||
-		    session != c->session_id ||
-		    !pgc_obj_int64(pgc_map_get(params, "safe_ms"), &safe_ms))
-			return;
-		for (struct pgcoord_belief *b = c->beliefs; b; b = b->next)
-			if (b->until_ms > stamp_ms + safe_ms)
-				b->until_ms = stamp_ms + (safe_ms > 0 ? safe_ms : 0);
-	}
-}
 
 /*
  * Takes in what the agent has already sent, without waiting: the one place
@@ -256,7 +93,7 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 	}
 	/* Track the lease from now on, so a win pushed while we wait is dated
 	 * precisely (reads are sliced while something is tracked). */
-	struct pgcoord_belief *b = belief_get(c, name, strlen(name));
+	struct pgcoord_belief *b = pgcoord__belief_get(c, name, strlen(name));
 	if (!b) {
 		pgcoord__set_message(c, "out of memory");
 		return PGCOORD_E_NOMEM;
@@ -272,9 +109,9 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 	if (err != PGCOORD_OK) {
 		/* After a retryable error the agent may have won or be
 		 * campaigning (a lease.changed will say): keep tracking. */
-		b = belief_find(c, name, strlen(name));
+		b = pgcoord__belief_find(c, name, strlen(name));
 		if (b && !b->leader && !pgcoord_err_retryable(err))
-			belief_drop(c, name);
+			pgcoord__belief_drop(c, name);
 		return err;
 	}
 
@@ -290,22 +127,23 @@ pgcoord_err pgcoord_lease_acquire(pgcoord *c, const char *name, int ttl_ms, bool
 		said = false;
 	} else {
 		pgc_obj_int64(pgc_map_get(&u.data, "ttl_ms"), &ttl);
-		until = deadline_of(&u.data, c->reply_stamp_ms, valid_ms);
+		until = pgcoord__belief_deadline(&u.data, c->reply_stamp_ms, valid_ms);
 	}
 	msgpack_unpacked_destroy(&u);
 	pgcoord_free(raw);
 
 	/* The result is the agent's belief when it answered, in stream order
 	 * with its notifications. */
-	belief_set(c, name, strlen(name), said, ep, until);
-	if ((b = belief_find(c, name, strlen(name))) && ttl > 0)
+	pgcoord__belief_set(c, name, strlen(name), said, ep, until);
+	if ((b = pgcoord__belief_find(c, name, strlen(name))) && ttl > 0)
 		b->ttl_ms = ttl;
 	if (!said && !wait) /* the agent keeps nothing for a lost one-shot try */
-		belief_drop(c, name);
+		pgcoord__belief_drop(c, name);
 	if (err != PGCOORD_OK)
 		return err;
 	if (leader)
-		*leader = belief_live(belief_find(c, name, strlen(name)), pgcoord__now_ms());
+		*leader = pgcoord__belief_live(pgcoord__belief_find(c, name, strlen(name)),
+					       pgcoord__now_ms());
 	if (epoch)
 		*epoch = ep;
 	return PGCOORD_OK;
@@ -349,7 +187,7 @@ pgcoord_err pgcoord_lease_release(pgcoord *c, const char *name, int timeout_ms, 
 	if (!check_name(c, name))
 		return PGCOORD_E_ARG;
 	/* Belief ends before the hand-back is even asked for. */
-	belief_drop(c, name);
+	pgcoord__belief_drop(c, name);
 
 	pgcoord__writer_init(&w);
 	msgpack_pack_map(&w.pk, 1);
@@ -403,28 +241,29 @@ bool pgcoord_lease_is_leader(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return false;
-	return belief_live(belief_find(c, name, strlen(name)), pgcoord__now_ms());
+	return pgcoord__belief_live(pgcoord__belief_find(c, name, strlen(name)), pgcoord__now_ms());
 }
 
 int64_t pgcoord_lease_valid_ms(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return 0;
-	const struct pgcoord_belief *b = belief_find(c, name, strlen(name));
+	const struct pgcoord_belief *b = pgcoord__belief_find(c, name, strlen(name));
 	int64_t now = pgcoord__now_ms();
-	return belief_live(b, now) ? b->until_ms - now : 0;
+	return pgcoord__belief_live(b, now) ? b->until_ms - now : 0;
 }
 
 int64_t pgcoord_lease_epoch(const pgcoord *c, const char *name)
 {
 	if (!c || !name)
 		return 0;
-	const struct pgcoord_belief *b = belief_find(c, name, strlen(name));
-	return belief_live(b, pgcoord__now_ms()) ? b->epoch : 0;
+	const struct pgcoord_belief *b = pgcoord__belief_find(c, name, strlen(name));
+	return pgcoord__belief_live(b, pgcoord__now_ms()) ? b->epoch : 0;
 }
 
 int64_t pgcoord_lease_ttl_ms(const pgcoord *c, const char *name)
 {
-	const struct pgcoord_belief *b = c && name ? belief_find(c, name, strlen(name)) : NULL;
+	const struct pgcoord_belief *b =
+	    c && name ? pgcoord__belief_find(c, name, strlen(name)) : NULL;
 	return b ? b->ttl_ms : 0;
 }

@@ -1,0 +1,104 @@
+/*
+ * lease_table.c — the registry the lease files share (lease_registry.h):
+ * finding, dropping and freeing its leases, believing, and how a lease is
+ * spelled in lease.changed. It calls no other lease file, so the ones
+ * above it (session_order.c, lease_watch.c, lease_campaign.c, leases.c)
+ * reach one another only downward.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/lease_belief.h"
+#include "agent/lease_registry.h"
+#include "agent/leases.h"
+#include "agent/reply.h"
+
+struct lease_registry *lease_reg(struct agent *ag)
+{
+	return ag->leases;
+}
+
+struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id)
+{
+	for (struct lease *l = lease_reg(ag)->leases; l; l = l->next)
+		if (!l->dead && l->session_id == session_id && strcmp(l->name, name) == 0)
+			return l;
+	return NULL;
+}
+
+void lease_free(struct lease *l)
+{
+	if (l->timer)
+		event_free(l->timer);
+	if (l->belief_timer)
+		event_free(l->belief_timer);
+	free(l->name);
+	free(l);
+}
+
+/* Unlinks l; frees it now, or (on the dying list) when its running
+ * statement returns. */
+void lease_drop(struct lease *l)
+{
+	struct lease_registry *rg = lease_reg(l->ag);
+	struct lease **pp = &rg->leases;
+	while (*pp && *pp != l)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = l->next;
+	evtimer_del(l->timer);
+	evtimer_del(l->belief_timer);
+	l->dead = true;
+	if (!l->in_flight) {
+		lease_free(l);
+		return;
+	}
+	l->next = rg->dying;
+	rg->dying = l;
+}
+
+void lease_fill_change(msgpack_packer *pk, void *arg)
+{
+	const struct change_note *n = arg;
+	uint64_t now = mono_ms();
+	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
+	struct reply_map m;
+
+	reply_map_begin(&m, pk);
+	reply_kv_str(&m, "name", n->l->name);
+	reply_kv_int(&m, "epoch", n->l->epoch);
+	reply_kv_bool(&m, "leader", n->leader);
+	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
+	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
+	 * this host shares: it bounds the client's belief even when this
+	 * message waited in our output after valid_ms was computed */
+	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
+	if (n->renewed) {
+		reply_map_end(&m);
+		return;
+	}
+	reply_kv_int(&m, "session", n->l->session_id);
+	lease_pack_holder(reply_key(&m, "holder"), n->holder_session, n->holder_replica);
+	reply_kv_str(&m, "reason", n->reason);
+	reply_map_end(&m);
+}
+
+void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
+{
+	struct reply_map m;
+
+	if (!session) {
+		msgpack_pack_nil(pk);
+		return;
+	}
+	reply_map_begin(&m, pk);
+	reply_kv_int(&m, "session", session);
+	reply_kv_str(&m, "replica_id", replica);
+	reply_map_end(&m);
+}
+
+bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
+{
+	struct lease *l = lease_find(ag, name, session_id);
+	return l && lease_belief_holds(l->leader, l->belief_until, mono_ms());
+}
