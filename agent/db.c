@@ -1,7 +1,8 @@
 /*
  * db.c — asynchronous libpq connection lanes; see db.h. The lanes, their
  * queues and deadlines, and every call db.h declares; what one connection
- * does is in the db_*.c files (db_internal.h).
+ * does is in the db_*.c files (db_internal.h), which call nothing here:
+ * they reach a lane through db->lane_pump and db->lane_update_up.
  */
 #include "agent/db.h"
 
@@ -14,50 +15,6 @@
 #include "agent/db_internal.h"
 
 const char *const db_lane_names[] = {"requests", "heartbeat"};
-
-struct timeval db_ms_to_tv(int ms)
-{
-	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-	return tv;
-}
-
-/* Records how long q took, from db_query() to now, in its lane's histogram. */
-void db_query_observe(struct db_query *q)
-{
-	struct timespec now;
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	double s = (double)(now.tv_sec - q->queued_at.tv_sec) +
-		   (double)(now.tv_nsec - q->queued_at.tv_nsec) / 1e9;
-	histogram_observe(&q->lane->db->stats.latency[q->lane->id], s);
-}
-
-void db_query_free(struct db_query *q)
-{
-	if (!q)
-		return;
-	if (q->deadline)
-		event_free(q->deadline);
-	for (int i = 0; i < q->nparams; i++)
-		free(q->params[i]);
-	free(q->params);
-	free(q->sql);
-	free(q);
-}
-
-void db_query_fail(struct db_query *q, enum pgc_error_code code, bool unknown, const char *message)
-{
-	struct db_result r = {0};
-	r.ok = false;
-	r.error = code;
-	r.message = message;
-	r.outcome_unknown = unknown;
-	q->lane->db->stats.failures++;
-	if (code == PGC_E_TIMEOUT)
-		q->lane->db->stats.timeouts++;
-	db_query_observe(q);
-	q->done(&r, q->arg);
-	db_query_free(q);
-}
 
 static void queue_remove(struct db_lane *lane, struct db_query *q)
 {
@@ -324,6 +281,9 @@ struct db *db_create(struct event_base *base, const struct db_settings *s, struc
 	db_update_timeouts(db, s);
 	if (!db->conninfo)
 		goto fail;
+	/* the connection files reach the lanes through these, not by name */
+	db->lane_pump = db_lane_pump;
+	db->lane_update_up = db_lane_update_up;
 	for (int l = 0; l < DB_LANE__COUNT; l++) {
 		struct db_lane *lane = &db->lanes[l];
 		lane->db = db;

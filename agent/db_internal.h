@@ -2,13 +2,16 @@
  * db_internal.h — what the db files share; only they include it, after
  * agent/db.h (whose types it uses: including db.h here would make the two
  * a circle for the include graph). The lanes, queue and public calls are
- * db.c's; the rest of one connection's work is split by role:
+ * db.c's; the rest of one connection's work is split by role, each file
+ * calling only those below it (the lanes are reached back through
+ * db->lane_pump and db->lane_update_up):
  *
- *   db_conn.c        connecting, reconnect backoff, losing a connection,
- *                    the socket's events
+ *   db_conn.c        connecting, the timer, the socket's events
  *   db_server.c      what the server is, checked on every new connection
  *   db_pipeline.c    one query's pipeline: sending it, reading its results
+ *   db_link.c        waiting, flushing, losing a connection, reconnect backoff
  *   db_statements.c  named statements and the bounds each mode sends
+ *   db_query.c       a query's latency, failure and freeing
  */
 #ifndef PGCOORD_AGENT_DB_INTERNAL_H
 #define PGCOORD_AGENT_DB_INTERNAL_H
@@ -110,28 +113,36 @@ struct db {
 	struct replication_view replication; /* from the latest checked connection */
 	unsigned rng;
 	char last_error[512]; /* why the latest connection failed or broke, one line */
+	/* db.c's lane functions, for the connection files to call back */
+	void (*lane_pump)(struct db_lane *lane);
+	void (*lane_update_up)(struct db_lane *lane);
 };
 
 extern const char *const db_lane_names[];
 
 /* db.c: the queue and the lanes */
+void db_lane_update_up(struct db_lane *lane);
+void db_lane_pump(struct db_lane *lane);
+
+/* db_query.c: one query's bookkeeping */
 struct timeval db_ms_to_tv(int ms);
 void db_query_observe(struct db_query *q);
 void db_query_free(struct db_query *q);
 void db_query_fail(struct db_query *q, enum pgc_error_code code, bool unknown, const char *message);
-void db_lane_update_up(struct db_lane *lane);
-void db_lane_pump(struct db_lane *lane);
 
-/* db_conn.c: one connection's life */
-void db_one_line(char *buf, size_t len, const char *msg);
-void db_conn_wait(struct db_conn *c, short what);
+/* db_conn.c: one connection's events */
 void db_conn_timer_cb(evutil_socket_t fd, short what, void *arg);
+void db_conn_io_cb(evutil_socket_t fd, short what, void *arg);
+
+/* db_link.c: what every part of a connection's life calls */
+void db_one_line(char *buf, size_t len, const char *msg);
+/* waits with the callback the connection's event was created with */
+void db_conn_wait(struct db_conn *c, short what);
 void db_conn_schedule_reconnect(struct db_conn *c);
 void db_conn_lost(struct db_conn *c, const char *why);
 void db_conn_connect_failed(struct db_conn *c);
 void db_conn_connect_refused(struct db_conn *c, const char *why);
 void db_conn_flush(struct db_conn *c);
-void db_conn_io_cb(evutil_socket_t fd, short what, void *arg);
 
 /* db_server.c: the check of a new connection's server */
 void db_conn_notice(void *arg, const PGresult *res);

@@ -97,7 +97,7 @@ static void conn_finish_query(struct db_conn *c)
 	q->done(&r, q->arg);
 	PQclear(res);
 	db_query_free(q);
-	db_lane_pump(c->lane);
+	c->lane->db->lane_pump(c->lane);
 }
 
 /*

@@ -126,8 +126,8 @@ static void conn_check_done(struct db_conn *c)
 	c->backoff_ms = DB_BACKOFF_START_MS;
 	c->state = CONN_IDLE;
 	db_conn_wait(c, EV_READ);
-	db_lane_update_up(c->lane);
-	db_lane_pump(c->lane);
+	c->lane->db->lane_update_up(c->lane);
+	c->lane->db->lane_pump(c->lane);
 }
 
 /* Reads the check's results, as db_conn_read does a query's. */

@@ -165,24 +165,6 @@ static bool params_known(struct request *req)
 	return true;
 }
 
-/* Counts the answer in the metrics (labels: the method table's name, or
- * "unknown", and the outcome) and logs it at debug level. */
-void dispatch_req_count(struct request *req, int outcome)
-{
-	struct agent *ag = req->ag;
-	struct timespec now;
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	double s = (double)(now.tv_sec - req->started_ts.tv_sec) +
-		   (double)(now.tv_nsec - req->started_ts.tv_nsec) / 1e9;
-	metrics_rpc(ag->metrics, req->method ? (int)(req->method - methods) : -1, outcome, s);
-	if (ag->log.level >= LOG_LEVEL_DEBUG) {
-		char kv[256];
-		req_log_kv(req, kv, sizeof(kv));
-		log_write(&ag->log, LOG_LEVEL_DEBUG, "dispatch", kv, "answered %s in %.3f ms",
-			  outcome ? pgc_error_name((enum pgc_error_code)outcome) : "ok", s * 1e3);
-	}
-}
-
 void dispatch_frame(struct conn *c, const char *data, size_t len)
 {
 	struct agent *ag = c->ag;
@@ -203,6 +185,7 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 	msgpack_packer_init(&req->pk, &req->out, msgpack_sbuffer_write);
 	req->ag = ag;
 	req->conn = c;
+	req->method_index = -1;
 	req->started_ms = mono_ms();
 	clock_gettime(CLOCK_MONOTONIC, &req->started_ts);
 	conn_ref(c);
@@ -234,6 +217,8 @@ void dispatch_frame(struct conn *c, const char *data, size_t len)
 	req->msgid = msg.msgid;
 	req->params = msg.params;
 	req->method = find_method(msg.method, msg.method_len);
+	if (req->method)
+		req->method_index = (int)(req->method - methods);
 	if (!req->method) {
 		char what[128];
 		snprintf(what, sizeof(what), "no such method \"%.*s\"",

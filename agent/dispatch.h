@@ -27,6 +27,7 @@ struct request {
 	struct conn *conn;
 	uint32_t msgid;
 	const struct method *method;
+	int method_index;	      /* in the method table, the metrics' label; -1: unknown */
 	const msgpack_object *params; /* a map, or NULL for {} */
 	char *frame;		      /* owns the bytes params point into */
 	msgpack_unpacked unpacked;

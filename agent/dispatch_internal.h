@@ -1,8 +1,9 @@
 /*
  * dispatch_internal.h — what the dispatch files share beyond dispatch.h:
- * counting an answer (dispatch.c, which knows the method table), and
- * freeing a request or answering one that never became a request
- * (request.c). Private to dispatch.c and request.c.
+ * counting an answer, freeing a request, and answering one that never
+ * became a request (request.c, called by dispatch.c; request.c calls
+ * nothing of dispatch.c, so the two are layered, not a circle). Private
+ * to dispatch.c and request.c.
  */
 #ifndef PGCOORD_AGENT_DISPATCH_INTERNAL_H
 #define PGCOORD_AGENT_DISPATCH_INTERNAL_H
@@ -14,8 +15,9 @@
 struct conn;
 struct request;
 
-/* Counts the answer in the metrics (labels: the method table's name, or
- * "unknown", and the outcome) and logs it at debug level. */
+/* Counts the answer in the metrics (labels: the method's place in the
+ * table, req->method_index, or "unknown"; and the outcome) and logs it at
+ * debug level. */
 void dispatch_req_count(struct request *req, int outcome);
 /* Frees the request and its context, and lets go of its connection. */
 void dispatch_req_free(struct request *req);

@@ -1,7 +1,7 @@
 /*
- * http.c — see http.h. The listener, routing, the requests that wait for
- * the database, and the replies; the pages are http_probes.c and
- * http_status.c.
+ * http.c — see http.h. The listener and routing; the pages are
+ * http_probes.c and http_status.c, the replies and the requests that wait
+ * for the database http_reply.c, which both sides call.
  */
 #include "agent/http.h"
 
@@ -26,100 +26,6 @@
 
 #define HTTP_TIMEOUT_S 10
 #define HTTP_MAX_HEADERS 8192
-
-static void job_unlink(struct job *j)
-{
-	if (!j->h)
-		return;
-	if (j->prev)
-		j->prev->next = j->next;
-	else
-		j->h->jobs = j->next;
-	if (j->next)
-		j->next->prev = j->prev;
-	j->next = j->prev = NULL;
-}
-
-void http_job_free(struct job *j)
-{
-	job_unlink(j);
-	if (j->body)
-		evbuffer_free(j->body);
-	free(j);
-}
-
-struct job *http_job_new(struct http *h, struct evhttp_request *req, enum job_kind kind)
-{
-	struct job *j = calloc(1, sizeof(*j));
-	if (!j)
-		return NULL;
-	j->body = evbuffer_new();
-	if (!j->body) {
-		free(j);
-		return NULL;
-	}
-	j->h = h;
-	j->req = req;
-	j->kind = kind;
-	j->next = h->jobs;
-	if (h->jobs)
-		h->jobs->prev = j;
-	h->jobs = j;
-	return j;
-}
-
-/* Sends the reply. The request stays valid until this call even when the
- * client went away meanwhile (libevent then just frees it). */
-void http_reply(struct evhttp_request *req, int code, const char *reason, const char *content_type,
-		struct evbuffer *body)
-{
-	struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
-	evhttp_add_header(hdr, "Content-Type", content_type);
-	evhttp_add_header(hdr, "Cache-Control", "no-store");
-	evhttp_add_header(hdr, "X-Content-Type-Options", "nosniff");
-	evhttp_send_reply(req, code, reason, body);
-}
-
-void http_reply_text(struct evhttp_request *req, int code, const char *reason, const char *text)
-{
-	struct evbuffer *b = evbuffer_new();
-	if (b)
-		evbuffer_add_printf(b, "%s\n", text);
-	http_reply(req, code, reason, "text/plain; charset=utf-8", b);
-	if (b)
-		evbuffer_free(b);
-}
-
-void http_add_escaped(struct evbuffer *out, const char *s)
-{
-	const char *run = s;
-	for (; *s; s++) {
-		const char *rep = NULL;
-		switch (*s) {
-		case '&':
-			rep = "&amp;";
-			break;
-		case '<':
-			rep = "&lt;";
-			break;
-		case '>':
-			rep = "&gt;";
-			break;
-		case '"':
-			rep = "&quot;";
-			break;
-		case '\'':
-			rep = "&#39;";
-			break;
-		}
-		if (rep) {
-			evbuffer_add(out, run, (size_t)(s - run));
-			evbuffer_add(out, rep, strlen(rep));
-			run = s + 1;
-		}
-	}
-	evbuffer_add(out, run, (size_t)(s - run));
-}
 
 /* --- routing --------------------------------------------------------- */
 
@@ -284,7 +190,7 @@ void http_destroy(struct http *h)
 	 * callbacks, if any are still to come, find h gone and only free */
 	while (h->jobs) {
 		struct job *j = h->jobs;
-		job_unlink(j);
+		http_job_unlink(j);
 		http_reply_text(j->req, 503, "Service Unavailable", "the agent is shutting down");
 		j->h = NULL;
 		j->req = NULL;

@@ -3,7 +3,8 @@
  * listener's state, the requests waiting for the database (jobs), and the
  * replies.
  *
- *   http.c         the listener, routing, jobs and replies
+ *   http.c         the listener and routing
+ *   http_reply.c   jobs, replies and HTML escaping, called by both sides
  *   http_probes.c  /healthz and /metrics, what monitoring polls
  *   http_status.c  the /status page
  */
@@ -52,9 +53,11 @@ struct job {
 	int step;
 };
 
-/* http.c */
+/* http_reply.c */
 struct job *http_job_new(struct http *h, struct evhttp_request *req, enum job_kind kind);
 void http_job_free(struct job *j);
+/* Takes the job off the listener's list (http_destroy orphans them). */
+void http_job_unlink(struct job *j);
 void http_reply(struct evhttp_request *req, int code, const char *reason, const char *content_type,
 		struct evbuffer *body);
 void http_reply_text(struct evhttp_request *req, int code, const char *reason, const char *text);

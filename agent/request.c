@@ -6,6 +6,7 @@
  * calls these and none calls the table.
  */
 #include <stdarg.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "agent/conn.h"
 #include "agent/dispatch.h"
 #include "agent/dispatch_internal.h"
+#include "agent/metrics.h"
 #include "agent/reply.h"
 #include "agent/session_registry.h"
 
@@ -24,6 +26,24 @@ void req_log_kv(const struct request *req, char *buf, size_t len)
 	if (req->conn->session && n > 0 && (size_t)n < len)
 		snprintf(buf + n, len - (size_t)n, " session=%lld",
 			 (long long)req->conn->session->id);
+}
+
+/* Counts the answer in the metrics (labels: the method table's name, or
+ * "unknown", and the outcome) and logs it at debug level. */
+void dispatch_req_count(struct request *req, int outcome)
+{
+	struct agent *ag = req->ag;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	double s = (double)(now.tv_sec - req->started_ts.tv_sec) +
+		   (double)(now.tv_nsec - req->started_ts.tv_nsec) / 1e9;
+	metrics_rpc(ag->metrics, req->method_index, outcome, s);
+	if (ag->log.level >= LOG_LEVEL_DEBUG) {
+		char kv[256];
+		req_log_kv(req, kv, sizeof(kv));
+		log_write(&ag->log, LOG_LEVEL_DEBUG, "dispatch", kv, "answered %s in %.3f ms",
+			  outcome ? pgc_error_name((enum pgc_error_code)outcome) : "ok", s * 1e3);
+	}
 }
 
 void dispatch_req_free(struct request *req)
