@@ -495,4 +495,8 @@ Test(ctl, listings_follow_every_page_or_print_the_first_limit_rows)
 	rc = ctl(hagent_socket(a), zero, &out);
 	cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
 	free(out);
+
+	cr_assert_eq(hagent_stop(a), 0, "%s", hagent_log(a));
+	hagent_destroy(a);
+	hdb_drop(db);
 }

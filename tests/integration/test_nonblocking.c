@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -156,9 +157,13 @@ Test(nonblocking, calls_in_flight_at_once_each_reach_their_callback)
 		     0);
 
 	/* more than the socket takes: the rest stays queued, in order, and
-	 * goes out as the loop flushes (the send buffer made small for it) */
+	 * goes out as the loop flushes (the send buffer made small for it).
+	 * The agent is stopped while the requests are sent: a running agent
+	 * can read the socket as fast as it fills, and then all of it goes
+	 * out at once. */
 	int small = 4096;
 	cr_assert_eq(setsockopt(pgcoord_fd(c), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+	cr_assert_eq(kill(hagent_pid(a), SIGSTOP), 0);
 	enum { BIG = 6 };
 	struct answer big[BIG] = {{0}};
 	struct answer *big_all[BIG];
@@ -180,6 +185,7 @@ Test(nonblocking, calls_in_flight_at_once_each_reach_their_callback)
 	}
 	free(pad);
 	cr_assert(pgcoord_want_write(c), "600 kB went into a 4 kB send buffer at once");
+	cr_assert_eq(kill(hagent_pid(a), SIGCONT), 0);
 	run_loop(c, big_all, BIG);
 	cr_assert_not(pgcoord_want_write(c));
 	for (int i = 0; i < BIG; i++)

@@ -10,10 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "itest.h"
 
-TestSuite(paging, .timeout = 120);
+/* Every test starts its own agent and database (start) and ends them
+ * (finish), also when an assertion ends it early. */
+static void finish(void);
+TestSuite(paging, .timeout = 120, .fini = finish);
 
 #define ROWS 250
 
@@ -50,7 +54,8 @@ static void put_cell(char **buf, size_t *len, size_t *cap, const msgpack_object 
 		*buf = realloc(*buf, *cap);
 		cr_assert_not_null(*buf);
 	}
-	memcpy(*buf + *len, s, n);
+	if (n) /* an empty str may have no bytes at all (ptr NULL) */
+		memcpy(*buf + *len, s, n);
 	*len += n;
 	(*buf)[*len] = '\0';
 }
@@ -197,6 +202,18 @@ static void start(void)
 	ag = hagent_start(db, "paging", NULL);
 	iwait_janitor(ag);
 	fd = iconnect(hagent_socket(ag));
+}
+
+static void finish(void)
+{
+	if (!ag)
+		return;
+	close(fd);
+	int rc = hagent_stop(ag);
+	cr_expect_eq(rc, 0, "the agent exited %d: %s", rc, hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+	ag = NULL;
 }
 
 static char *want(const char *sql)
