@@ -560,3 +560,33 @@ pgcoord_err iclaim_one(pgcoord *c, const char *id, const char *key, int timeout_
 	opts.nquotas = 1;
 	return pgcoord_permit_claim(c, id, &opts, timeout_ms, out);
 }
+
+void iclaim_call(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
+		 struct ireply *r)
+{
+	struct iparams p;
+	msgpack_packer *pk = iparams_begin(&p, wait_ms ? 3 : 2);
+	pgc_pack_kv_str(pk, "id", id);
+	pgc_pack_cstr(pk, "quotas");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 2);
+	pgc_pack_kv_str(pk, "key", key);
+	pgc_pack_kv_int(pk, "weight", weight);
+	if (wait_ms)
+		pgc_pack_kv_int(pk, "wait_ms", wait_ms);
+	icall(fd, "permit.claim", &p, r);
+	iparams_destroy(&p);
+}
+
+int ictl_run(const char *socket, const char *const *args, char **out)
+{
+	const char *argv[16] = {ictl_bin(), "--socket", socket};
+	size_t n = 3;
+
+	for (size_t i = 0; args[i]; i++) {
+		cr_assert_lt(n, sizeof(argv) / sizeof(argv[0]) - 1);
+		argv[n++] = args[i];
+	}
+	argv[n] = NULL;
+	return hrun(argv, out);
+}

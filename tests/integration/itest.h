@@ -152,4 +152,13 @@ char *ihttp_get(struct hagent *a, const char *path);
 pgcoord_err iclaim_one(pgcoord *c, const char *id, const char *key, int timeout_ms,
 		       pgcoord_claim **out);
 
+/* permit.claim {id, quotas: [{key, weight}], wait_ms?} on a raw
+ * connection (wait_ms 0: not sent); the reply in r, whatever it is. */
+void iclaim_call(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
+		 struct ireply *r);
+
+/* Runs `pgcoordctl --socket SOCKET ARGS...` (hrun: stdout and stderr in
+ * *out); returns its exit code. */
+int ictl_run(const char *socket, const char *const *args, char **out);
+
 #endif

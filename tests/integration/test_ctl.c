@@ -56,15 +56,7 @@ static char *json_eval(const char *json, const char *const *exprs)
 /* Runs pgcoordctl with args (socket first); returns the exit code. */
 static int ctl(const char *socket, const char *const *args, char **out)
 {
-	const char *argv[16] = {ictl_bin(), "--socket", socket};
-	size_t n = 3;
-
-	for (size_t i = 0; args[i]; i++) {
-		cr_assert_lt(n, sizeof(argv) / sizeof(argv[0]) - 1);
-		argv[n++] = args[i];
-	}
-	argv[n] = NULL;
-	return hrun(argv, out);
+	return ictl_run(socket, args, out);
 }
 
 /* Runs `pgcoordctl --json COMMAND` and checks exit 0 and the expressions'

@@ -28,30 +28,12 @@ static const char *const wait_args[] = {"--wait-poll-ms", "50", NULL};
 static const char *const http_args[] = {"--wait-poll-ms", "50", "--metrics-listen", "127.0.0.1:0",
 					NULL};
 
-/* permit.claim {id, quotas: [{key, weight}], wait_ms?}; the reply in r. */
-static void claim_call(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
-		       struct ireply *r)
-{
-	struct iparams p;
-	msgpack_packer *pk = iparams_begin(&p, wait_ms ? 3 : 2);
-	pgc_pack_kv_str(pk, "id", id);
-	pgc_pack_cstr(pk, "quotas");
-	msgpack_pack_array(pk, 1);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_kv_str(pk, "key", key);
-	pgc_pack_kv_int(pk, "weight", weight);
-	if (wait_ms)
-		pgc_pack_kv_int(pk, "wait_ms", wait_ms);
-	icall(fd, "permit.claim", &p, r);
-	iparams_destroy(&p);
-}
-
 /* Claims and checks the status; answers the reply's position (0 if none). */
 static int64_t claim(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
 		     const char *want)
 {
 	struct ireply r;
-	claim_call(fd, id, key, weight, wait_ms, &r);
+	iclaim_call(fd, id, key, weight, wait_ms, &r);
 	const msgpack_object *res = iok(&r, "permit.claim");
 	char *status = istr(res, "status");
 	cr_assert_str_eq(status, want, "claim %s", id);
@@ -197,11 +179,11 @@ Test(waits, a_waiter_leaves_by_expiry_cancel_or_session_end_and_a_raised_limit_a
 	cr_assert_eq(claim(fb, "long", "q", 1, 30000, "queued"), 2);
 	/* a retry answers where it stands; other weights are another claim */
 	cr_assert_eq(claim(fb, "long", "q", 1, 30000, "queued"), 2);
-	claim_call(fb, "long", "q", 2, 30000, &r);
+	iclaim_call(fb, "long", "q", 2, 30000, &r);
 	ierr(&r, "conflict", false, NULL);
 	ireply_destroy(&r);
 	/* out of range */
-	claim_call(fb, "bad", "q", 1, 3600001, &r);
+	iclaim_call(fb, "bad", "q", 1, 3600001, &r);
 	ierr(&r, "invalid_params", false, NULL);
 	ireply_destroy(&r);
 

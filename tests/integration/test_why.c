@@ -20,22 +20,12 @@ TestSuite(why, .timeout = 120);
 static void claim(int fd, const char *id, const char *key, int64_t weight, int64_t wait_ms,
 		  const char *want_status)
 {
-	struct iparams p;
 	struct ireply r;
-	msgpack_packer *pk = iparams_begin(&p, wait_ms ? 3 : 2);
 
-	pgc_pack_kv_str(pk, "id", id);
-	pgc_pack_cstr(pk, "quotas");
-	msgpack_pack_array(pk, 1);
-	msgpack_pack_map(pk, 2);
-	pgc_pack_kv_str(pk, "key", key);
-	pgc_pack_kv_int(pk, "weight", weight);
-	if (wait_ms)
-		pgc_pack_kv_int(pk, "wait_ms", wait_ms);
-	const msgpack_object *res = icall_ok(fd, "permit.claim", &p, &r);
+	iclaim_call(fd, id, key, weight, wait_ms, &r);
+	const msgpack_object *res = iok(&r, "permit.claim");
 	cr_assert(istr_is(res, "status", want_status), "claim %s: not %s", id, want_status);
 	ireply_destroy(&r);
-	iparams_destroy(&p);
 }
 
 static const msgpack_object *why(int fd, const char *key, int64_t holders, struct ireply *r)
@@ -215,19 +205,6 @@ Test(why, names_the_holders_to_an_admin_and_only_a_tenants_own_to_the_tenant)
 	hdb_drop(db);
 }
 
-static int ctl(const char *socket, const char *const *args, char **out)
-{
-	const char *argv[16] = {ictl_bin(), "--socket", socket};
-	size_t n = 3;
-
-	for (size_t i = 0; args[i]; i++) {
-		cr_assert_lt(n, sizeof(argv) / sizeof(argv[0]) - 1);
-		argv[n++] = args[i];
-	}
-	argv[n] = NULL;
-	return hrun(argv, out);
-}
-
 static int count_of(const char *out, const char *want)
 {
 	int n = 0;
@@ -264,7 +241,7 @@ Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
 	ireply_destroy(&r);
 	iparams_destroy(&p);
 
-	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", NULL}, &out), 0, "%s", out);
+	cr_assert_eq(ictl_run(sock, (const char *const[]){"why", "gpu", NULL}, &out), 0, "%s", out);
 	assert_has(out, "in_flight");
 	assert_has(out, "largest holders");
 	assert_has(out, "job-big");
@@ -273,9 +250,10 @@ Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
 	cr_assert_null(strstr(out, "job-cpu"), "another quota's permit in:\n%s", out);
 	free(out);
 
-	cr_assert_eq(
-	    ctl(sock, (const char *const[]){"--json", "why", "gpu", "--limit", "1", NULL}, &out), 0,
-	    "%s", out);
+	cr_assert_eq(ictl_run(sock,
+			      (const char *const[]){"--json", "why", "gpu", "--limit", "1", NULL},
+			      &out),
+		     0, "%s", out);
 	assert_has(out, "\"holders\": 2");
 	assert_has(out, "\"uncertain_weight\": 1");
 	/* one per list: job-big leads largest and oldest, job-small is the
@@ -284,26 +262,29 @@ Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
 	cr_assert_eq(count_of(out, "\"id\": \"job-small\""), 1, "%s", out);
 	free(out);
 
-	cr_assert_eq(ctl(sock, (const char *const[]){"why", "--permit", "job-cpu", NULL}, &out), 0,
-		     "%s", out);
+	cr_assert_eq(
+	    ictl_run(sock, (const char *const[]){"why", "--permit", "job-cpu", NULL}, &out), 0,
+	    "%s", out);
 	assert_has(out, "== quota cpu");
 	assert_has(out, "job-cpu");
 	free(out);
 
 	/* a quota that does not exist, an id with no permit, and wrong usage */
-	cr_assert_eq(ctl(sock, (const char *const[]){"why", "nope", NULL}, &out), 1, "%s", out);
+	cr_assert_eq(ictl_run(sock, (const char *const[]){"why", "nope", NULL}, &out), 1, "%s",
+		     out);
 	assert_has(out, "no quota \"nope\"");
 	free(out);
 	cr_assert_eq(
-	    ctl(sock, (const char *const[]){"why", "--permit", "never-claimed", NULL}, &out), 1,
-	    "%s", out);
+	    ictl_run(sock, (const char *const[]){"why", "--permit", "never-claimed", NULL}, &out),
+	    1, "%s", out);
 	assert_has(out, "a denied claim leaves no permit behind");
 	free(out);
-	cr_assert_eq(ctl(sock, (const char *const[]){"why", NULL}, &out), 2, "%s", out);
+	cr_assert_eq(ictl_run(sock, (const char *const[]){"why", NULL}, &out), 2, "%s", out);
 	assert_has(out, "why KEY");
 	free(out);
-	cr_assert_eq(ctl(sock, (const char *const[]){"why", "gpu", "--limit", "51", NULL}, &out), 2,
-		     "%s", out);
+	cr_assert_eq(
+	    ictl_run(sock, (const char *const[]){"why", "gpu", "--limit", "51", NULL}, &out), 2,
+	    "%s", out);
 	free(out);
 
 	close(fd);
