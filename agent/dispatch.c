@@ -15,6 +15,7 @@
 #include "agent/dispatch_internal.h"
 #include "agent/methods.h"
 #include "agent/metrics.h"
+#include "agent/reply.h"
 
 /*
  * Every method and its authorisation class (PROTOCOL.md, "Who may call
@@ -25,12 +26,19 @@
  * refused here to anyone but an admin. The last column lists the
  * parameter keys each accepts (PROTOCOL.md's method headings): any other
  * key is refused before the handler runs, so a misspelled option is an
- * error rather than a silent default.
+ * error rather than a silent default. REPLIES names the tables its result
+ * is packed from (unit-dispatch holds them to PROTOCOL.md).
  */
+#define REPLIES(...)                                                                               \
+	(const struct reply_kind *const[])                                                         \
+	{                                                                                          \
+		__VA_ARGS__, NULL                                                                  \
+	}
+
 static const struct method methods[] = {
-    {"agent.hello", rpc_agent_hello, M_READ, "client"},
-    {"agent.ping", rpc_agent_ping, M_READ, ""},
-    {"agent.status", rpc_agent_status, M_READ, ""},
+    {"agent.hello", rpc_agent_hello, M_READ, "client", REPLIES(&agent_hello_reply)},
+    {"agent.ping", rpc_agent_ping, M_READ, "", REPLIES(&agent_ping_reply)},
+    {"agent.status", rpc_agent_status, M_READ, "", REPLIES(&agent_status_reply)},
     /* a new session needs client_uids/client_group; a resume, the owner */
     {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms"},
     {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, ""},
@@ -120,6 +128,11 @@ const char *dispatch_method_class(size_t i)
 const char *dispatch_method_params(size_t i)
 {
 	return i < dispatch_method_count() ? methods[i].params : "";
+}
+
+const struct reply_kind *const *dispatch_method_results(size_t i)
+{
+	return i < dispatch_method_count() ? methods[i].results : NULL;
 }
 
 bool dispatch_key_listed(const char *list, const char *key, size_t len)

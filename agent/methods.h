@@ -7,11 +7,13 @@
 
 struct request;
 struct group_kind;
+struct reply_kind;
 
 /* agent_rpc.c */
 void rpc_agent_hello(struct request *req);
 void rpc_agent_ping(struct request *req);
 void rpc_agent_status(struct request *req);
+extern const struct reply_kind agent_hello_reply, agent_ping_reply, agent_status_reply;
 
 /* sessions.c */
 void rpc_session_open(struct request *req);
