@@ -91,10 +91,11 @@ struct replication_fields {
 	bool checked;
 };
 
-static void pack_sync_standbys(msgpack_packer *pk, const struct reply_src *src)
+static void pack_sync_standbys(msgpack_packer *pk, const void *field, const struct reply_src *src)
 {
-	const struct replication_fields *r = src->c;
+	const struct replication_fields *r = field;
 
+	(void)src;
 	if (r->checked)
 		msgpack_pack_int64(pk, r->sync_standbys);
 	else

@@ -40,9 +40,12 @@ static const struct method methods[] = {
     {"agent.ping", rpc_agent_ping, M_READ, "", REPLIES(&agent_ping_reply)},
     {"agent.status", rpc_agent_status, M_READ, "", REPLIES(&agent_status_reply)},
     /* a new session needs client_uids/client_group; a resume, the owner */
-    {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms"},
-    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, ""},
-    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION, ""},
+    {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms",
+     REPLIES(&session_open_reply)},
+    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, "",
+     REPLIES(&session_keepalive_reply)},
+    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION, "",
+     REPLIES(&session_close_reply)},
     {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION,
      "name, ttl_ms, renew_ms, wait"},
     {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name"},
@@ -84,10 +87,10 @@ static const struct method methods[] = {
     {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run"},
     /* watches belong to the caller's session; what they push carries no
      * permit intent or record data, so there is nothing to redact */
-    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key"},
-    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION, "id"},
-    {"record.watch", rpc_record_watch, M_READ | M_SESSION, "kind"},
-    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION, "watch"},
+    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key", REPLIES(&watch_reply)},
+    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION, "id", REPLIES(&watch_reply)},
+    {"record.watch", rpc_record_watch, M_READ | M_SESSION, "kind", REPLIES(&watch_reply)},
+    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION, "watch", REPLIES(&watch_cancel_reply)},
 };
 
 static const struct method *find_method(const char *name, size_t len)

@@ -19,6 +19,7 @@ extern const struct reply_kind agent_hello_reply, agent_ping_reply, agent_status
 void rpc_session_open(struct request *req);
 void rpc_session_keepalive(struct request *req);
 void rpc_session_close(struct request *req);
+extern const struct reply_kind session_open_reply, session_keepalive_reply, session_close_reply;
 
 /* leases.c */
 void rpc_lease_acquire(struct request *req);
@@ -65,5 +66,6 @@ void rpc_quota_watch(struct request *req);
 void rpc_permit_watch(struct request *req);
 void rpc_record_watch(struct request *req);
 void rpc_watch_cancel(struct request *req);
+extern const struct reply_kind watch_reply, watch_cancel_reply;
 
 #endif

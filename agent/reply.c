@@ -22,7 +22,7 @@ int reply_kind_width(const struct reply_kind *kind)
 		int w = 0;
 		if (is_cell(c))
 			w = c->col + 1;
-		else if (c->type == REPLY_MAP || c->type == REPLY_ROWS)
+		else if (c->sub)
 			w = reply_kind_width(c->sub);
 		if (w > width)
 			width = w;
@@ -49,6 +49,7 @@ const char *reply_col_word(const struct reply_col *c)
 	case REPLY_FN:
 		return c->word;
 	case REPLY_MAP:
+	case REPLY_MAP_OR_NIL:
 		return "map";
 	case REPLY_ROWS:
 		return "array";
@@ -124,12 +125,21 @@ static void pack_col(msgpack_packer *pk, const struct reply_col *c, const struct
 			msgpack_pack_false(pk);
 		break;
 	case REPLY_FN:
-		c->fn(pk, src);
+		c->fn(pk, field, src);
 		break;
 	case REPLY_MAP: {
 		struct reply_src sub = *src;
 		sub.c = field;
 		reply_pack(pk, c->sub, &sub);
+		break;
+	}
+	case REPLY_MAP_OR_NIL: {
+		struct reply_src sub = *src;
+		sub.c = *(const void *const *)(const void *)field;
+		if (sub.c)
+			reply_pack(pk, c->sub, &sub);
+		else
+			msgpack_pack_nil(pk);
 		break;
 	}
 	case REPLY_ROWS: {

@@ -41,6 +41,8 @@ enum reply_type {
 	REPLY_FIELD_BOOL, /* bool at .off */
 	REPLY_FN,	  /* .fn packs one value; .word is its type in PROTOCOL.md */
 	REPLY_MAP,	  /* a map of .sub, from the struct embedded at .off */
+	REPLY_MAP_OR_NIL, /* a map of .sub from the struct a pointer at .off points to;
+			     nil when it is NULL */
 	REPLY_ROWS,	  /* an array of .sub maps, one per row of the source */
 };
 
@@ -61,11 +63,13 @@ struct reply_col {
 	const char *name;
 	enum reply_type type;
 	int col;
-	int now_col;		      /* REPLY_AGE only: the column of the database's now */
-	size_t off;		      /* REPLY_FIELD_*, REPLY_MAP: where in the source struct */
-	const struct reply_kind *sub; /* REPLY_MAP, REPLY_ROWS */
-	void (*fn)(msgpack_packer *pk, const struct reply_src *src); /* REPLY_FN */
-	const char *word;					     /* REPLY_FN */
+	int now_col; /* REPLY_AGE only: the column of the database's now */
+	size_t off;  /* REPLY_FIELD_*, REPLY_MAP*, REPLY_FN: where in the source struct */
+	/* REPLY_MAP*, REPLY_ROWS; for REPLY_FN, the shape of what it packs */
+	const struct reply_kind *sub;
+	/* REPLY_FN: packs the value from field (the source struct + .off) */
+	void (*fn)(msgpack_packer *pk, const void *field, const struct reply_src *src);
+	const char *word; /* REPLY_FN */
 };
 
 /* Columns that are not cells, declared by their source. */
@@ -77,9 +81,19 @@ struct reply_col {
 	{                                                                                          \
 		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = (word_)           \
 	}
+#define REPLY_CALL_AT(key, word_, fn_, type_, member)                                              \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = (word_),          \
+		.off = offsetof(type_, member)                                                     \
+	}
 #define REPLY_NESTED(key, kind, type_, member)                                                     \
 	{                                                                                          \
 		.name = (key), .type = REPLY_MAP, .col = -1, .sub = &(kind),                       \
+		.off = offsetof(type_, member)                                                     \
+	}
+#define REPLY_NESTED_OR_NIL(key, kind, type_, member)                                              \
+	{                                                                                          \
+		.name = (key), .type = REPLY_MAP_OR_NIL, .col = -1, .sub = &(kind),                \
 		.off = offsetof(type_, member)                                                     \
 	}
 #define REPLY_EACH_ROW(key, kind)                                                                  \

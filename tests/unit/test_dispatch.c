@@ -347,7 +347,7 @@ static bool kind_matches(const char *text, const struct reply_kind *kind, const 
 			MISMATCH("%s: \"%s\" is %s in the reply, %s in PROTOCOL.md", where, c->name,
 				 word, doc[j].word);
 		const char *sub = nested_map(text, &doc[j]);
-		if ((c->type == REPLY_MAP || c->type == REPLY_ROWS) && sub) {
+		if (c->sub && sub) {
 			char inner[160];
 			snprintf(inner, sizeof(inner), "%s.%s", where, c->name);
 			if (!kind_matches(text, c->sub, sub, inner, report))
