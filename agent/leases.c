@@ -119,6 +119,11 @@ struct release_call {
 	struct lease *tomb; /* holds the name while the release runs, or NULL */
 };
 
+static const struct reply_col release_cols[] = {
+    {"released", REPLY_BOOL, 0},
+};
+const struct reply_kind lease_release_reply = REPLY_KIND(release_cols);
+
 static void released(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -127,10 +132,7 @@ static void released(const struct db_result *r, void *arg)
 	if (!r->ok) {
 		req_fail_db(req, r);
 	} else {
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_bool(&m, "released", pgrow_bool(r->res, 0, 0));
-		reply_map_end(&m);
+		reply_pack_row(req_result(req), &lease_release_reply, r->res, 0, 0);
 		req_done(req);
 	}
 	if (tomb)
@@ -186,8 +188,14 @@ void rpc_lease_release(struct request *req)
 
 /* --- lease.status / lease.list --------------------------------------- */
 
-/* The cells of a lease row as they go on the wire; the holder and the
- * belief are added around them by pack_lease_row. */
+/* The caller's belief and the holder, beside the row's cells. */
+struct lease_view {
+	const struct lease_holder *holder;
+	bool leader;
+	int64_t valid_ms;
+};
+
+/* A lease as lease.status (and each of lease.list) answers it. */
 static const struct reply_col lease_cols[] = {
     {"name", REPLY_STR, LC_NAME, 0},
     {"epoch", REPLY_INT, LC_EPOCH, 0},
@@ -198,8 +206,11 @@ static const struct reply_col lease_cols[] = {
     {"acquired_at", REPLY_INT, LC_ACQUIRED_AT, 0},
     {"renewed_at", REPLY_INT, LC_RENEWED_AT, 0},
     {"held", REPLY_HIDDEN, LC_HELD, 0},
+    REPLY_NESTED_OR_NIL("holder", lease_holder_reply, struct lease_view, holder),
+    REPLY_FIELD("leader", REPLY_FIELD_BOOL, struct lease_view, leader),
+    REPLY_FIELD("valid_ms", REPLY_FIELD_INT, struct lease_view, valid_ms),
 };
-static const struct reply_kind lease_row = REPLY_KIND(lease_cols);
+const struct reply_kind lease_status_reply = REPLY_KIND(lease_cols);
 
 static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresult *res, int i)
 {
@@ -216,15 +227,15 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	struct lease *mine =
 	    believer ? lease_find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
-	struct reply_map m;
+	struct lease_holder h = {held ? holder : 0, pgrow_text(res, i, LC_HOLDER_REPLICA)};
+	struct lease_view v = {
+	    .holder = h.session ? &h : NULL,
+	    .leader = believe,
+	    .valid_ms = believe ? (int64_t)(mine->belief_until - now) : 0,
+	};
+	struct reply_src src = {.res = res, .row = i, .nrows = 1, .c = &v};
 
-	reply_map_begin(&m, pk);
-	reply_kv_row(&m, &lease_row, res, i, 0);
-	lease_pack_holder(reply_key(&m, "holder"), held ? holder : 0,
-			  pgrow_text(res, i, LC_HOLDER_REPLICA));
-	reply_kv_bool(&m, "leader", believe);
-	reply_kv_int(&m, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
-	reply_map_end(&m);
+	reply_pack(pk, &lease_status_reply, &src);
 }
 
 static void status_done(const struct db_result *r, void *arg)
@@ -234,7 +245,7 @@ static void status_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_are(req, &lease_row, r->res, 0))
+	if (!req_rows_are(req, &lease_status_reply, r->res, 0))
 		return;
 	if (PQntuples(r->res) == 0) {
 		char *name = NULL;
@@ -309,7 +320,7 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_are(req, &lease_row, r->res, 0) ||
+	if (!req_rows_are(req, &lease_status_reply, r->res, 0) ||
 	    !req_rows_fit(req, r->res, "ask for a smaller page with limit"))
 		return;
 	int n = PQntuples(r->res);

@@ -26,6 +26,9 @@ void rpc_lease_acquire(struct request *req);
 void rpc_lease_release(struct request *req);
 void rpc_lease_status(struct request *req);
 void rpc_lease_list(struct request *req);
+extern const struct reply_kind lease_release_reply, lease_status_reply;
+/* lease_campaign.c */
+extern const struct reply_kind lease_acquire_reply;
 
 /* fleet.c */
 void rpc_fleet_agents(struct request *req);
