@@ -74,18 +74,22 @@ static const struct method methods[] = {
     {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
     /* a waiting claim belongs to the session that queued it */
     {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id"},
-    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit"},
+    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit",
+     REPLIES(&record_put_reply)},
     /* update and settle also run for a session the agent declared lost, so
      * its former owner hears `fenced` (or `session_expired`): record_writes.c */
-    {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token"},
-    {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token"},
-    {"record.get", rpc_record_get, M_READ | M_DB, "kind, key"},
+    {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token",
+     REPLIES(&record_write_reply)},
+    {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token",
+     REPLIES(&record_write_reply)},
+    {"record.get", rpc_record_get, M_READ | M_DB, "kind, key", REPLIES(&record_get_reply)},
     {"record.list", rpc_record_list, M_READ | M_DB,
      "kind, owner, live_owner, terminal, limit, cursor"},
     /* a session unless dry_run; answers liveness_read: false by itself
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */
-    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run"},
+    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run",
+     REPLIES(&recovery_reply, &recovery_unread_reply)},
     /* watches belong to the caller's session; what they push carries no
      * permit intent or record data, so there is nothing to redact */
     {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key", REPLIES(&watch_reply)},

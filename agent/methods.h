@@ -63,6 +63,10 @@ void rpc_record_settle(struct request *req);
 void rpc_record_get(struct request *req);
 void rpc_record_list(struct request *req);
 void rpc_record_recover(struct request *req);
+/* records.c: put; update and settle; get */
+extern const struct reply_kind record_put_reply, record_write_reply, record_get_reply;
+/* record_recovery.c: liveness read, or not */
+extern const struct reply_kind recovery_reply, recovery_unread_reply;
 
 /* watches.c */
 void rpc_quota_watch(struct request *req);

@@ -22,6 +22,8 @@ int reply_kind_width(const struct reply_kind *kind)
 		int w = 0;
 		if (is_cell(c))
 			w = c->col + 1;
+		else if (c->type == REPLY_MAP || c->type == REPLY_ROWS)
+			w = c->col + reply_kind_width(c->sub);
 		else if (c->sub)
 			w = reply_kind_width(c->sub);
 		if (w > width)
@@ -130,6 +132,7 @@ static void pack_col(msgpack_packer *pk, const struct reply_col *c, const struct
 	case REPLY_MAP: {
 		struct reply_src sub = *src;
 		sub.c = field;
+		sub.offset += c->col;
 		reply_pack(pk, c->sub, &sub);
 		break;
 	}
@@ -144,6 +147,7 @@ static void pack_col(msgpack_packer *pk, const struct reply_col *c, const struct
 	}
 	case REPLY_ROWS: {
 		struct reply_src sub = *src;
+		sub.offset += c->col;
 		msgpack_pack_array(pk, (size_t)(src->nrows > 0 ? src->nrows : 0));
 		for (int i = 0; i < src->nrows; i++) {
 			sub.row = src->row + i;

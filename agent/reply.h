@@ -40,10 +40,12 @@ enum reply_type {
 	REPLY_FIELD_STR,  /* const char * at .off; nil when NULL */
 	REPLY_FIELD_BOOL, /* bool at .off */
 	REPLY_FN,	  /* .fn packs one value; .word is its type in PROTOCOL.md */
-	REPLY_MAP,	  /* a map of .sub, from the struct embedded at .off */
+	REPLY_MAP,	  /* a map of .sub, from the struct embedded at .off; its cells
+			     shifted by .col */
 	REPLY_MAP_OR_NIL, /* a map of .sub from the struct a pointer at .off points to;
 			     nil when it is NULL */
-	REPLY_ROWS,	  /* an array of .sub maps, one per row of the source */
+	REPLY_ROWS,	  /* an array of .sub maps, one per row of the source; cells
+			     shifted by .col */
 };
 
 struct reply_kind;
@@ -88,7 +90,7 @@ struct reply_col {
 	}
 #define REPLY_NESTED(key, kind, type_, member)                                                     \
 	{                                                                                          \
-		.name = (key), .type = REPLY_MAP, .col = -1, .sub = &(kind),                       \
+		.name = (key), .type = REPLY_MAP, .col = 0, .sub = &(kind),                        \
 		.off = offsetof(type_, member)                                                     \
 	}
 #define REPLY_NESTED_OR_NIL(key, kind, type_, member)                                              \
@@ -96,9 +98,14 @@ struct reply_col {
 		.name = (key), .type = REPLY_MAP_OR_NIL, .col = -1, .sub = &(kind),                \
 		.off = offsetof(type_, member)                                                     \
 	}
-#define REPLY_EACH_ROW(key, kind)                                                                  \
+#define REPLY_EACH_ROW(key, kind, shift)                                                           \
 	{                                                                                          \
-		.name = (key), .type = REPLY_ROWS, .col = -1, .sub = &(kind)                       \
+		.name = (key), .type = REPLY_ROWS, .col = (shift), .sub = &(kind)                  \
+	}
+/* A map of kind from the source's row, its cells shifted by shift. */
+#define REPLY_ROW_AT(key, kind, shift)                                                             \
+	{                                                                                          \
+		.name = (key), .type = REPLY_MAP, .col = (shift), .sub = &(kind)                   \
 	}
 
 /* A row kind, or a whole reply: its columns, in the order they go on the
