@@ -54,26 +54,32 @@ static const struct method methods[] = {
     {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor"},
     {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor"},
     {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor"},
-    {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s"},
+    {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s",
+     REPLIES(&quota_set_reply)},
     {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
     {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
     {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
      "id, quotas, intent, on_owner_loss, limit, wait_ms"},
-    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase"},
-    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason"},
+    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase",
+     REPLIES(&permit_update_reply)},
+    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason",
+     REPLIES(&permit_marked_reply)},
     /* resolve and release need the owner's session (or its uid, for an
      * uncertain permit), or an admin; override: true is admin only. The
      * handlers check which */
-    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override"},
-    {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason"},
+    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override",
+     REPLIES(&permit_resolved_reply)},
+    {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason",
+     REPLIES(&permit_release_reply)},
     {"permit.get", rpc_permit_get, M_READ | M_DB, "id"},
     {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor"},
     {"permit.history", rpc_permit_history, M_READ | M_DB, "id"},
     {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
     /* a waiting claim belongs to the session that queued it */
-    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id"},
+    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id",
+     REPLIES(&permit_cancel_reply)},
     {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit",
      REPLIES(&record_put_reply)},
     /* update and settle also run for a session the agent declared lost, so

@@ -27,7 +27,7 @@ static const struct reply_col quota_set_cols[] = {
     {"created", REPLY_BOOL, 5, 0},
     {"now_at", REPLY_INT, 6, 0},
 };
-static const struct reply_kind quota_set_row = REPLY_KIND(quota_set_cols);
+const struct reply_kind quota_set_reply = REPLY_KIND(quota_set_cols);
 
 /* quota.set: admin only (M_ADMIN), audited with the caller's uid. */
 static void quota_was_set(const struct db_result *r, void *arg)
@@ -43,7 +43,7 @@ static void quota_was_set(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_INTERNAL, "quota_set returned %d rows", PQntuples(res));
 		return;
 	}
-	if (!req_rows_are(req, &quota_set_row, res, 0))
+	if (!req_rows_are(req, &quota_set_reply, res, 0))
 		return;
 	char kv[4 * 200 + 128] = ""; /* room for a fully escaped key */
 	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
@@ -51,7 +51,7 @@ static void quota_was_set(const struct db_result *r, void *arg)
 	log_kv_str(kv, sizeof(kv), "limit", PQgetvalue(res, 0, 1));
 	log_kv_str(kv, sizeof(kv), "was", pgrow_null(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4));
 	log_write(&req->ag->log, LOG_LEVEL_INFO, "quotas", kv, "quota limit set");
-	reply_pack_row(req_result(req), &quota_set_row, res, 0, 0);
+	reply_pack_row(req_result(req), &quota_set_reply, res, 0, 0);
 	req_done(req);
 }
 
