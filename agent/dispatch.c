@@ -56,7 +56,7 @@ static const struct method methods[] = {
     {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor"},
     {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s",
      REPLIES(&quota_set_reply)},
-    {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
+    {"quota.get", rpc_quota_get, M_READ | M_DB, "key", REPLIES(&quota_get_reply)},
     {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
     {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
     /* a limit from a non-admin only creates a missing quota */
@@ -73,9 +73,9 @@ static const struct method methods[] = {
      REPLIES(&permit_resolved_reply)},
     {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason",
      REPLIES(&permit_release_reply)},
-    {"permit.get", rpc_permit_get, M_READ | M_DB, "id"},
+    {"permit.get", rpc_permit_get, M_READ | M_DB, "id", REPLIES(&permit_get_reply)},
     {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor"},
-    {"permit.history", rpc_permit_history, M_READ | M_DB, "id"},
+    {"permit.history", rpc_permit_history, M_READ | M_DB, "id", REPLIES(&permit_history_reply)},
     {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
     /* a waiting claim belongs to the session that queued it */
     {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id",

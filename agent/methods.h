@@ -38,7 +38,7 @@ void rpc_fleet_sessions(struct request *req);
 void rpc_quota_set(struct request *req);
 void rpc_quota_get(struct request *req);
 void rpc_quota_list(struct request *req);
-extern const struct reply_kind quota_set_reply;
+extern const struct reply_kind quota_set_reply, quota_get_reply;
 
 /* quota_why.c */
 void rpc_quota_why(struct request *req);
@@ -56,6 +56,7 @@ void rpc_permit_check(struct request *req);
 void rpc_permit_cancel(struct request *req);
 /* how claims and releases are grouped (groups.h) */
 extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
+extern const struct reply_kind permit_get_reply, permit_history_reply;
 extern const struct reply_kind permit_update_reply, permit_marked_reply, permit_resolved_reply,
     permit_release_reply;
 /* waiters.c */

@@ -95,26 +95,41 @@ void rpc_quota_set(struct request *req)
 
 enum { QS_NOW, QS_KEY, QS_LIMIT, QS_IN_FLIGHT };
 
+/* a limit lowered below in_flight leaves no room, not negative room */
+static void pack_available(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	int64_t limit = pgrow_int(src->res, src->row, src->offset + QS_LIMIT),
+		in_flight = pgrow_int(src->res, src->row, src->offset + QS_IN_FLIGHT);
+
+	(void)field;
+	msgpack_pack_int64(pk, limit > in_flight ? limit - in_flight : 0);
+}
+
+/* QUOTA, as quota.get and quota.list answer it. */
 static const struct reply_col quota_status_cols[] = {
-    {"now_at", REPLY_HIDDEN, QS_NOW, 0}, {"key", REPLY_STR, QS_KEY, 0},
-    {"limit", REPLY_INT, QS_LIMIT, 0},	 {"in_flight", REPLY_INT, QS_IN_FLIGHT, 0},
-    {"held", REPLY_INT, 4, 0},		 {"uncertain", REPLY_INT, 5, 0},
-    {"permits", REPLY_INT, 6, 0},	 {"lapse_after_s", REPLY_INT, 7, 0},
-    {"created_at", REPLY_INT, 8, 0},	 {"updated_at", REPLY_INT, 9, 0},
+    {"now_at", REPLY_HIDDEN, QS_NOW, 0},
+    {"key", REPLY_STR, QS_KEY, 0},
+    {"limit", REPLY_INT, QS_LIMIT, 0},
+    {"in_flight", REPLY_INT, QS_IN_FLIGHT, 0},
+    {"held", REPLY_INT, 4, 0},
+    {"uncertain", REPLY_INT, 5, 0},
+    {"permits", REPLY_INT, 6, 0},
+    {"lapse_after_s", REPLY_INT, 7, 0},
+    {"created_at", REPLY_INT, 8, 0},
+    {"updated_at", REPLY_INT, 9, 0},
+    REPLY_CALL("available", "int", pack_available),
 };
 static const struct reply_kind quota_status_row = REPLY_KIND(quota_status_cols);
 
+static const struct reply_col quota_get_cols[] = {
+    REPLY_ROW_AT("quota", quota_status_row, 0),
+    {"now_at", REPLY_INT, QS_NOW, 0},
+};
+const struct reply_kind quota_get_reply = REPLY_KIND(quota_get_cols);
+
 static void pack_quota(msgpack_packer *pk, const PGresult *res, int row)
 {
-	int64_t limit = pgrow_int(res, row, QS_LIMIT),
-		in_flight = pgrow_int(res, row, QS_IN_FLIGHT);
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_kv_row(&m, &quota_status_row, res, row, 0);
-	/* a limit lowered below in_flight leaves no room, not negative room */
-	reply_kv_int(&m, "available", limit > in_flight ? limit - in_flight : 0);
-	reply_map_end(&m);
+	reply_pack_row(pk, &quota_status_row, res, row, 0);
 }
 
 /* What quota.get keeps for its callback: the key, for a not_found. */
@@ -144,11 +159,7 @@ static void quota_got(const struct db_result *r, void *arg)
 			 call->key);
 		return;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	pack_quota(reply_key(&m, "quota"), res, 0);
-	reply_kv_int(&m, "now_at", pgrow_int(res, 0, QS_NOW));
-	reply_map_end(&m);
+	reply_pack_row(req_result(req), &quota_get_reply, res, 0, 0);
 	req_done(req);
 }
 
