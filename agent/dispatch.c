@@ -51,13 +51,15 @@ static const struct method methods[] = {
     {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name",
      REPLIES(&lease_release_reply)},
     {"lease.status", rpc_lease_status, M_READ | M_DB, "name, watch", REPLIES(&lease_status_reply)},
-    {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor"},
-    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor"},
-    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor"},
+    {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor", REPLIES(&lease_list_reply)},
+    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor",
+     REPLIES(&fleet_agents_reply)},
+    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor",
+     REPLIES(&fleet_sessions_reply)},
     {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s",
      REPLIES(&quota_set_reply)},
     {"quota.get", rpc_quota_get, M_READ | M_DB, "key", REPLIES(&quota_get_reply)},
-    {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
+    {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor", REPLIES(&quota_list_reply)},
     {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
@@ -74,9 +76,10 @@ static const struct method methods[] = {
     {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason",
      REPLIES(&permit_release_reply)},
     {"permit.get", rpc_permit_get, M_READ | M_DB, "id", REPLIES(&permit_get_reply)},
-    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor"},
+    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor",
+     REPLIES(&permit_list_reply)},
     {"permit.history", rpc_permit_history, M_READ | M_DB, "id", REPLIES(&permit_history_reply)},
-    {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
+    {"permit.check", rpc_permit_check, M_READ | M_DB, "", REPLIES(&permit_check_reply)},
     /* a waiting claim belongs to the session that queued it */
     {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id",
      REPLIES(&permit_cancel_reply)},
@@ -90,7 +93,7 @@ static const struct method methods[] = {
      REPLIES(&record_write_reply)},
     {"record.get", rpc_record_get, M_READ | M_DB, "kind, key", REPLIES(&record_get_reply)},
     {"record.list", rpc_record_list, M_READ | M_DB,
-     "kind, owner, live_owner, terminal, limit, cursor"},
+     "kind, owner, live_owner, terminal, limit, cursor", REPLIES(&record_list_reply)},
     /* a session unless dry_run; answers liveness_read: false by itself
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */

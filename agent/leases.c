@@ -309,6 +309,22 @@ void rpc_lease_status(struct request *req)
 	free(name);
 }
 
+/* Each lease with the caller's belief (pack_lease_row). */
+static void pack_leases(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)src->nrows);
+	for (int i = 0; i < src->nrows; i++)
+		pack_lease_row(v->req, pk, src->res, i);
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("leases", lease_status_reply, pack_leases),
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind lease_list_reply = REPLY_KIND(list_cols);
+
 /* lease.list pages by name (the leases' primary key) */
 static const struct cursor_kind lease_cursor = {'l', 1, 200, false};
 
@@ -328,14 +344,13 @@ static void list_done(const struct db_result *r, void *arg)
 	bool more = n > pg->limit;
 	if (more)
 		n = (int)pg->limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "leases");
-	msgpack_pack_array(pk, (size_t)n);
-	for (int i = 0; i < n; i++)
-		pack_lease_row(req, pk, r->res, i);
-	reply_kv_next_cursor(&m, &lease_cursor, r->res, more ? n - 1 : -1, (const int[]){LC_NAME});
-	reply_map_end(&m);
+	struct page_view v = {.req = req};
+	if (!page_view_cursor(req, &v, &lease_cursor, r->res, more ? n - 1 : -1,
+			      (const int[]){LC_NAME}))
+		return;
+	struct reply_src src = {.res = r->res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &lease_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 

@@ -26,19 +26,20 @@ void rpc_lease_acquire(struct request *req);
 void rpc_lease_release(struct request *req);
 void rpc_lease_status(struct request *req);
 void rpc_lease_list(struct request *req);
-extern const struct reply_kind lease_release_reply, lease_status_reply;
+extern const struct reply_kind lease_release_reply, lease_status_reply, lease_list_reply;
 /* lease_campaign.c */
 extern const struct reply_kind lease_acquire_reply;
 
 /* fleet.c */
 void rpc_fleet_agents(struct request *req);
 void rpc_fleet_sessions(struct request *req);
+extern const struct reply_kind fleet_agents_reply, fleet_sessions_reply;
 
 /* quotas.c */
 void rpc_quota_set(struct request *req);
 void rpc_quota_get(struct request *req);
 void rpc_quota_list(struct request *req);
-extern const struct reply_kind quota_set_reply, quota_get_reply;
+extern const struct reply_kind quota_set_reply, quota_get_reply, quota_list_reply;
 
 /* quota_why.c */
 void rpc_quota_why(struct request *req);
@@ -56,7 +57,8 @@ void rpc_permit_check(struct request *req);
 void rpc_permit_cancel(struct request *req);
 /* how claims and releases are grouped (groups.h) */
 extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
-extern const struct reply_kind permit_get_reply, permit_history_reply;
+extern const struct reply_kind permit_get_reply, permit_history_reply, permit_check_reply,
+    permit_list_reply;
 extern const struct reply_kind permit_update_reply, permit_marked_reply, permit_resolved_reply,
     permit_release_reply;
 /* waiters.c */
@@ -70,7 +72,8 @@ void rpc_record_get(struct request *req);
 void rpc_record_list(struct request *req);
 void rpc_record_recover(struct request *req);
 /* records.c: put; update and settle; get */
-extern const struct reply_kind record_put_reply, record_write_reply, record_get_reply;
+extern const struct reply_kind record_put_reply, record_write_reply, record_get_reply,
+    record_list_reply;
 /* record_recovery.c: liveness read, or not */
 extern const struct reply_kind recovery_reply, recovery_unread_reply;
 

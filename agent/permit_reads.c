@@ -171,6 +171,24 @@ void rpc_permit_get(struct request *req)
 		  3, params, got);
 }
 
+/* The page's permits, each with its rows. */
+static void pack_permits(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)v->count);
+	for (int i = 0, done = 0; i < src->nrows && done < v->count; done++)
+		i = pack_permit(pk, src->res, i, &permit_row);
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("permits", permit_row, pack_permits),
+    PAGE_TRUNCATED,
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind permit_list_reply = REPLY_KIND(list_cols);
+
 /* permit.list pages by id (the permits' primary key) */
 static const struct cursor_kind permit_cursor = {'p', 1, PERMIT_ID_MAX, false};
 
@@ -198,19 +216,21 @@ static void listed(const struct db_result *r, void *arg)
 	bool truncated = count > limit;
 	if (truncated)
 		count = (int)limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "permits");
-	msgpack_pack_array(pk, (size_t)count);
+	/* the cursor is the last permit's id: its first row will do */
 	int last = -1;
 	for (int i = 0, done = 0; i < n && done < count; done++) {
+		struct reply_src rows = permit_rows(res, i);
 		last = i;
-		i = pack_permit(pk, res, i, &permit_row);
+		i = rows.row + rows.nrows;
 	}
-	reply_kv_bool(&m, "truncated", truncated);
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
-	reply_kv_next_cursor(&m, &permit_cursor, res, truncated ? last : -1, (const int[]){PC_ID});
-	reply_map_end(&m);
+	struct page_view v = {
+	    .truncated = truncated, .now_at = n ? pgrow_int(res, 0, PC_NOW) : 0, .count = count};
+	if (!page_view_cursor(req, &v, &permit_cursor, res, truncated ? last : -1,
+			      (const int[]){PC_ID}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &permit_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 
@@ -363,6 +383,49 @@ static const struct reply_col stalled_cols[] = {
 };
 static const struct reply_kind stalled_row = REPLY_KIND(stalled_cols);
 
+/* What checked() counted of the rows. */
+struct check_view {
+	bool ok;
+	int64_t quotas, violations, stalled, now_at;
+};
+
+static void pack_violations(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct check_view *v = field;
+	const PGresult *res = src->res;
+
+	msgpack_pack_array(pk, (size_t)v->violations);
+	for (int i = 0; i < src->nrows; i++) {
+		if (pgrow_null(res, i, CK_KEY) || !pgrow_null(res, i, CK_HEAD_ID) ||
+		    PQgetlength(res, i, CK_PROBLEM) == 0)
+			continue;
+		reply_pack_row(pk, &violation_row, res, i, 0);
+	}
+}
+
+/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
+static void pack_stalled(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct check_view *v = field;
+	const PGresult *res = src->res;
+
+	msgpack_pack_array(pk, (size_t)v->stalled);
+	for (int i = 0; i < src->nrows; i++) {
+		if (pgrow_null(res, i, CK_KEY) || pgrow_null(res, i, CK_HEAD_ID))
+			continue;
+		reply_pack_row(pk, &stalled_row, res, i, 0);
+	}
+}
+
+static const struct reply_col check_cols[] = {
+    REPLY_FIELD("ok", REPLY_FIELD_BOOL, struct check_view, ok),
+    REPLY_FIELD("quotas", REPLY_FIELD_INT, struct check_view, quotas),
+    REPLY_CALL_ROWS("violations", violation_row, pack_violations),
+    REPLY_CALL_ROWS("stalled_queues", stalled_row, pack_stalled),
+    REPLY_FIELD("now_at", REPLY_FIELD_INT, struct check_view, now_at),
+};
+const struct reply_kind permit_check_reply = REPLY_KIND(check_cols);
+
 static void checked(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -394,28 +457,15 @@ static void checked(const struct db_result *r, void *arg)
 			  "%d waiting queue(s) have a head that fits but was not admitted; see "
 			  "permit.check",
 			  stalled);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "ok", bad == 0);
-	reply_kv_int(&m, "quotas", quotas);
-	msgpack_packer *pk = reply_key(&m, "violations");
-	msgpack_pack_array(pk, (size_t)bad);
-	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, CK_KEY) || !pgrow_null(res, i, CK_HEAD_ID) ||
-		    PQgetlength(res, i, CK_PROBLEM) == 0)
-			continue;
-		reply_pack_row(pk, &violation_row, res, i, 0);
-	}
-	/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
-	pk = reply_key(&m, "stalled_queues");
-	msgpack_pack_array(pk, (size_t)stalled);
-	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, CK_KEY) || pgrow_null(res, i, CK_HEAD_ID))
-			continue;
-		reply_pack_row(pk, &stalled_row, res, i, 0);
-	}
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, CK_NOW) : 0);
-	reply_map_end(&m);
+	struct check_view v = {
+	    .ok = bad == 0,
+	    .quotas = quotas,
+	    .violations = bad,
+	    .stalled = stalled,
+	    .now_at = n ? pgrow_int(res, 0, CK_NOW) : 0,
+	};
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &permit_check_reply, &src);
 	req_done(req);
 }
 

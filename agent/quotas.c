@@ -172,6 +172,27 @@ void rpc_quota_get(struct request *req)
 	req_query(req, QUOTA_STATUS_SELECT "ON q.key = $1", 1, params, quota_got);
 }
 
+/* The page's quotas: the rows with a key (an empty page has one row, for
+ * now_at). */
+static void pack_quotas(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)v->count);
+	for (int i = 0, done = 0; i < src->nrows && done < v->count; i++)
+		if (!pgrow_null(src->res, i, QS_KEY)) {
+			pack_quota(pk, src->res, i);
+			done++;
+		}
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("quotas", quota_status_row, pack_quotas),
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind quota_list_reply = REPLY_KIND(list_cols);
+
 /* quota.list pages by key (the quotas' primary key) */
 static const struct cursor_kind quota_cursor = {'q', 1, QUOTA_KEY_MAX, false};
 
@@ -196,19 +217,17 @@ static void quotas_listed(const struct db_result *r, void *arg)
 	bool more = count > pg->limit;
 	if (more)
 		count = (int)pg->limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "quotas");
-	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0, done = 0; i < n && done < count; i++)
 		if (!pgrow_null(res, i, QS_KEY)) {
-			pack_quota(pk, res, i);
 			last = i;
 			done++;
 		}
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, QS_NOW) : 0);
-	reply_kv_next_cursor(&m, &quota_cursor, res, more ? last : -1, (const int[]){QS_KEY});
-	reply_map_end(&m);
+	struct page_view v = {.now_at = n ? pgrow_int(res, 0, QS_NOW) : 0, .count = count};
+	if (!page_view_cursor(req, &v, &quota_cursor, res, more ? last : -1, (const int[]){QS_KEY}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &quota_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 

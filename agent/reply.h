@@ -102,6 +102,12 @@ struct reply_col {
 	{                                                                                          \
 		.name = (key), .type = REPLY_ROWS, .col = (shift), .sub = &(kind)                  \
 	}
+/* An array of kind's maps that fn packs (it picks the rows). */
+#define REPLY_CALL_ROWS(key, kind, fn_)                                                            \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = "array",          \
+		.sub = &(kind)                                                                     \
+	}
 /* A map of kind from the source's row, its cells shifted by shift. */
 #define REPLY_ROW_AT(key, kind, shift)                                                             \
 	{                                                                                          \
