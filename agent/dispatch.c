@@ -60,7 +60,7 @@ static const struct method methods[] = {
      REPLIES(&quota_set_reply)},
     {"quota.get", rpc_quota_get, M_READ | M_DB, "key", REPLIES(&quota_get_reply)},
     {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor", REPLIES(&quota_list_reply)},
-    {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
+    {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders", REPLIES(&quota_why_reply)},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
      "id, quotas, intent, on_owner_loss, limit, wait_ms"},

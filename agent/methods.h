@@ -43,6 +43,7 @@ extern const struct reply_kind quota_set_reply, quota_get_reply, quota_list_repl
 
 /* quota_why.c */
 void rpc_quota_why(struct request *req);
+extern const struct reply_kind quota_why_reply;
 
 /* permit_claim.c, permit_lifecycle.c, permit_release.c, permit_reads.c */
 void rpc_permit_claim(struct request *req);

@@ -108,6 +108,12 @@ struct reply_col {
 		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = "array",          \
 		.sub = &(kind)                                                                     \
 	}
+/* A map of kind, or nil, that fn packs. */
+#define REPLY_CALL_MAP(key, kind, fn_)                                                             \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = "map",            \
+		.sub = &(kind)                                                                     \
+	}
 /* A map of kind from the source's row, its cells shifted by shift. */
 #define REPLY_ROW_AT(key, kind, shift)                                                             \
 	{                                                                                          \

@@ -124,14 +124,16 @@ struct lost_note {
 	const char *reason;
 };
 
+/* session.lost's params */
+static const struct reply_col lost_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct lost_note, id),
+    REPLY_FIELD("reason", REPLY_FIELD_STR, struct lost_note, reason),
+};
+static const struct reply_kind lost_note_kind = REPLY_KIND(lost_cols);
+
 static void fill_lost(msgpack_packer *pk, void *arg)
 {
-	const struct lost_note *note = arg;
-	struct reply_map m;
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "session", note->id);
-	reply_kv_str(&m, "reason", note->reason);
-	reply_map_end(&m);
+	reply_pack_struct(pk, &lost_note_kind, arg);
 }
 
 static void lose(struct agent *ag, struct session *s, const char *reason, enum log_level level)
