@@ -100,23 +100,16 @@ bool req_param_cursor(struct request *req, const struct cursor_kind *kind, char 
 	return false;
 }
 
-void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, const PGresult *res,
-			  int row, const int *cols)
+/* The cursor of row `row`, malloc'd; NULL when out of memory. */
+static char *cursor_string(const struct cursor_kind *kind, const PGresult *res, int row,
+			   const int *cols)
 {
-	if (row < 0) {
-		reply_kv_nil(m, "next_cursor");
-		return;
-	}
 	size_t len = 1;
 	for (size_t i = 0; i < kind->nparts; i++)
 		len += 1 + 2 * (size_t)PQgetlength(res, row, cols[i]);
 	char *buf = malloc(len + 1);
-	if (!buf) {
-		/* out of memory: the map builder would fail the same way */
-		reply_kv_nil(m, "next_cursor");
-		m->failed = true;
-		return;
-	}
+	if (!buf)
+		return NULL;
 	size_t at = 0;
 	buf[at++] = kind->tag;
 	for (size_t i = 0; i < kind->nparts; i++) {
@@ -128,8 +121,30 @@ void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, c
 			buf[at++] = hex[v[j] & 15];
 		}
 	}
-	reply_kv_strn(m, "next_cursor", buf, at);
+	buf[at] = '\0';
+	return buf;
+}
+
+void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, const PGresult *res,
+			  int row, const int *cols)
+{
+	char *buf = row < 0 ? NULL : cursor_string(kind, res, row, cols);
+
+	if (row >= 0 && !buf)
+		m->failed = true; /* out of memory: the map builder would fail the same way */
+	reply_kv_str_or_nil(m, "next_cursor", buf);
 	free(buf);
+}
+
+bool page_view_cursor(struct request *req, struct page_view *v, const struct cursor_kind *kind,
+		      const PGresult *res, int row, const int *cols)
+{
+	v->next_cursor = row < 0 ? NULL : cursor_string(kind, res, row, cols);
+	if (row >= 0 && !v->next_cursor) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return false;
+	}
+	return true;
 }
 
 bool req_param_page(struct request *req, const struct cursor_kind *kind, int64_t def, int64_t max,

@@ -79,4 +79,23 @@ struct page *req_page_ctx(struct request *req, const struct cursor_kind *kind, i
 void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, const PGresult *res,
 			  int row, const int *cols);
 
+/* What a page's reply says besides its rows, for a reply table: the
+ * columns PAGE_TRUNCATED, PAGE_NOW_AT, PAGE_NEXT_CURSOR. */
+struct page_view {
+	bool truncated;
+	int64_t now_at;
+	char *next_cursor;   /* nil on the last page */
+	struct request *req; /* for rows that depend on the caller */
+	int count;	     /* items on the page, for a packer that groups rows */
+};
+#define PAGE_TRUNCATED REPLY_FIELD("truncated", REPLY_FIELD_BOOL, struct page_view, truncated)
+#define PAGE_NOW_AT REPLY_FIELD("now_at", REPLY_FIELD_INT, struct page_view, now_at)
+#define PAGE_NEXT_CURSOR REPLY_FIELD("next_cursor", REPLY_FIELD_STR, struct page_view, next_cursor)
+
+/* Sets v->next_cursor to the key of row `row` (as reply_kv_next_cursor),
+ * NULL when row < 0. False when out of memory, answered. Free it with
+ * free(v->next_cursor). */
+bool page_view_cursor(struct request *req, struct page_view *v, const struct cursor_kind *kind,
+		      const PGresult *res, int row, const int *cols);
+
 #endif

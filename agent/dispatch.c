@@ -15,6 +15,7 @@
 #include "agent/dispatch_internal.h"
 #include "agent/methods.h"
 #include "agent/metrics.h"
+#include "agent/reply.h"
 
 /*
  * Every method and its authorisation class (PROTOCOL.md, "Who may call
@@ -25,61 +26,85 @@
  * refused here to anyone but an admin. The last column lists the
  * parameter keys each accepts (PROTOCOL.md's method headings): any other
  * key is refused before the handler runs, so a misspelled option is an
- * error rather than a silent default.
+ * error rather than a silent default. REPLIES names the tables its result
+ * is packed from (unit-dispatch holds them to PROTOCOL.md).
  */
+#define REPLIES(...)                                                                               \
+	(const struct reply_kind *const[])                                                         \
+	{                                                                                          \
+		__VA_ARGS__, NULL                                                                  \
+	}
+
 static const struct method methods[] = {
-    {"agent.hello", rpc_agent_hello, M_READ, "client"},
-    {"agent.ping", rpc_agent_ping, M_READ, ""},
-    {"agent.status", rpc_agent_status, M_READ, ""},
+    {"agent.hello", rpc_agent_hello, M_READ, "client", REPLIES(&agent_hello_reply)},
+    {"agent.ping", rpc_agent_ping, M_READ, "", REPLIES(&agent_ping_reply)},
+    {"agent.status", rpc_agent_status, M_READ, "", REPLIES(&agent_status_reply)},
     /* a new session needs client_uids/client_group; a resume, the owner */
-    {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms"},
-    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, ""},
-    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION, ""},
-    {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION,
-     "name, ttl_ms, renew_ms, wait"},
-    {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name"},
-    {"lease.status", rpc_lease_status, M_READ | M_DB, "name, watch"},
-    {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor"},
-    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor"},
-    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor"},
-    {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s"},
-    {"quota.get", rpc_quota_get, M_READ | M_DB, "key"},
-    {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor"},
-    {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders"},
+    {"session.open", rpc_session_open, M_OWNER | M_DB, "name, resume, keepalive_ms",
+     REPLIES(&session_open_reply)},
+    {"session.keepalive", rpc_session_keepalive, M_OWNER | M_SESSION, "",
+     REPLIES(&session_keepalive_reply)},
+    {"session.close", rpc_session_close, M_OWNER | M_DB | M_SESSION, "",
+     REPLIES(&session_close_reply)},
+    {"lease.acquire", rpc_lease_acquire, M_OWNER | M_DB | M_SESSION, "name, ttl_ms, renew_ms, wait",
+     REPLIES(&lease_acquire_reply)},
+    {"lease.release", rpc_lease_release, M_OWNER | M_DB | M_SESSION, "name",
+     REPLIES(&lease_release_reply)},
+    {"lease.status", rpc_lease_status, M_READ | M_DB, "name, watch", REPLIES(&lease_status_reply)},
+    {"lease.list", rpc_lease_list, M_READ | M_DB, "limit, cursor", REPLIES(&lease_list_reply)},
+    {"fleet.agents", rpc_fleet_agents, M_READ | M_DB, "limit, cursor",
+     REPLIES(&fleet_agents_reply)},
+    {"fleet.sessions", rpc_fleet_sessions, M_READ | M_DB, "limit, cursor",
+     REPLIES(&fleet_sessions_reply)},
+    {"quota.set", rpc_quota_set, M_ADMIN | M_DB, "key, limit, lapse_after_s",
+     REPLIES(&quota_set_reply)},
+    {"quota.get", rpc_quota_get, M_READ | M_DB, "key", REPLIES(&quota_get_reply)},
+    {"quota.list", rpc_quota_list, M_READ | M_DB, "limit, cursor", REPLIES(&quota_list_reply)},
+    {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders", REPLIES(&quota_why_reply)},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
      "id, quotas, intent, on_owner_loss, limit, wait_ms"},
-    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase"},
-    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason"},
+    {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase",
+     REPLIES(&permit_update_reply)},
+    {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason",
+     REPLIES(&permit_marked_reply)},
     /* resolve and release need the owner's session (or its uid, for an
      * uncertain permit), or an admin; override: true is admin only. The
      * handlers check which */
-    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override"},
-    {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason"},
-    {"permit.get", rpc_permit_get, M_READ | M_DB, "id"},
-    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor"},
-    {"permit.history", rpc_permit_history, M_READ | M_DB, "id"},
-    {"permit.check", rpc_permit_check, M_READ | M_DB, ""},
+    {"permit.resolve", rpc_permit_resolve, M_OWNER | M_DB, "id, outcome, evidence, override",
+     REPLIES(&permit_resolved_reply)},
+    {"permit.release", rpc_permit_release, M_OWNER | M_DB, "id, override, reason",
+     REPLIES(&permit_release_reply)},
+    {"permit.get", rpc_permit_get, M_READ | M_DB, "id", REPLIES(&permit_get_reply)},
+    {"permit.list", rpc_permit_list, M_READ | M_DB, "quota, state, phase, owner, limit, cursor",
+     REPLIES(&permit_list_reply)},
+    {"permit.history", rpc_permit_history, M_READ | M_DB, "id", REPLIES(&permit_history_reply)},
+    {"permit.check", rpc_permit_check, M_READ | M_DB, "", REPLIES(&permit_check_reply)},
     /* a waiting claim belongs to the session that queued it */
-    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id"},
-    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit"},
+    {"permit.cancel", rpc_permit_cancel, M_OWNER | M_DB | M_SESSION, "id",
+     REPLIES(&permit_cancel_reply)},
+    {"record.put", rpc_record_put, M_OWNER | M_DB | M_SESSION, "kind, key, state, data, permit",
+     REPLIES(&record_put_reply)},
     /* update and settle also run for a session the agent declared lost, so
      * its former owner hears `fenced` (or `session_expired`): record_writes.c */
-    {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token"},
-    {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token"},
-    {"record.get", rpc_record_get, M_READ | M_DB, "kind, key"},
+    {"record.update", rpc_record_update, M_OWNER | M_DB, "kind, key, state, data, token",
+     REPLIES(&record_write_reply)},
+    {"record.settle", rpc_record_settle, M_OWNER | M_DB, "kind, key, state, token",
+     REPLIES(&record_write_reply)},
+    {"record.get", rpc_record_get, M_READ | M_DB, "kind, key", REPLIES(&record_get_reply)},
     {"record.list", rpc_record_list, M_READ | M_DB,
-     "kind, owner, live_owner, terminal, limit, cursor"},
+     "kind, owner, live_owner, terminal, limit, cursor", REPLIES(&record_list_reply)},
     /* a session unless dry_run; answers liveness_read: false by itself
      * while the database is down. Only the caller's uid's dead owners'
      * records, unless an admin */
-    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run"},
+    {"record.recover", rpc_record_recover, M_OWNER | M_DB | M_DB_DOWN_OK, "kinds, limit, dry_run",
+     REPLIES(&recovery_reply, &recovery_unread_reply)},
     /* watches belong to the caller's session; what they push carries no
      * permit intent or record data, so there is nothing to redact */
-    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key"},
-    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION, "id"},
-    {"record.watch", rpc_record_watch, M_READ | M_SESSION, "kind"},
-    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION, "watch"},
+    {"quota.watch", rpc_quota_watch, M_READ | M_SESSION, "key", REPLIES(&watch_reply)},
+    {"permit.watch", rpc_permit_watch, M_READ | M_SESSION, "id", REPLIES(&watch_reply)},
+    {"record.watch", rpc_record_watch, M_READ | M_SESSION, "kind", REPLIES(&watch_reply)},
+    {"watch.cancel", rpc_watch_cancel, M_READ | M_SESSION, "watch", REPLIES(&watch_cancel_reply)},
 };
 
 static const struct method *find_method(const char *name, size_t len)
@@ -120,6 +145,11 @@ const char *dispatch_method_class(size_t i)
 const char *dispatch_method_params(size_t i)
 {
 	return i < dispatch_method_count() ? methods[i].params : "";
+}
+
+const struct reply_kind *const *dispatch_method_results(size_t i)
+{
+	return i < dispatch_method_count() ? methods[i].results : NULL;
 }
 
 bool dispatch_key_listed(const char *list, const char *key, size_t len)

@@ -65,6 +65,9 @@ struct method {
 	 * dispatch answers `invalid_params` for any other key, except keys
 	 * starting with "x-" (ignored, for forward compatibility). */
 	const char *params;
+	/* Its reply tables (reply.h), NULL-terminated; more than one when the
+	 * result is "one of" several shapes. NULL: not declared as tables. */
+	const struct reply_kind *const *results;
 };
 
 /* Handles one complete frame of `len` bytes read from c. */
@@ -77,6 +80,8 @@ const char *dispatch_method_name(size_t i);
 const char *dispatch_method_class(size_t i);
 /* The parameter keys it accepts, ", "-separated ("" for none). */
 const char *dispatch_method_params(size_t i);
+/* Its reply tables, NULL-terminated, or NULL. */
+const struct reply_kind *const *dispatch_method_results(size_t i);
 
 /* True when key (of len bytes) is one of the ", "-separated names in list. */
 bool dispatch_key_listed(const char *list, const char *key, size_t len);

@@ -22,6 +22,13 @@ static const struct reply_col agent_cols[] = {
 };
 static const struct reply_kind agent_row = REPLY_KIND(agent_cols);
 
+static const struct reply_col agents_cols[] = {
+    REPLY_EACH_ROW("agents", agent_row, 0),
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind fleet_agents_reply = REPLY_KIND(agents_cols);
+
 /* fleet.agents pages by replica_id, fleet.sessions by session id: their
  * primary keys */
 static const struct cursor_kind agent_cursor = {'a', 1, 200, false};
@@ -30,26 +37,23 @@ static const struct cursor_kind session_cursor = {'s', 1, 20, true};
 /* A fleet list: {<key>: [rows], now_at, next_cursor}, now_at read from
  * column now_col so that a client can show ages by the database clock;
  * the key is column 0. */
-static void pack_rows(struct request *req, const char *key, const struct reply_kind *kind,
-		      const PGresult *res, int now_col)
+static void pack_rows(struct request *req, const struct reply_kind *reply, const PGresult *res,
+		      int now_col)
 {
 	const struct page *pg = req->ctx;
 	int n = PQntuples(res);
 	/* the statement asked for one row more than a page: another page follows */
 	bool more = n > pg->limit;
-	struct reply_map m;
+	struct page_view v = {.req = req};
 
 	if (more)
 		n = (int)pg->limit;
-
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, key);
-	msgpack_pack_array(pk, (size_t)n);
-	for (int i = 0; i < n; i++)
-		reply_pack_row(pk, kind, res, i, 0);
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, now_col) : 0);
-	reply_kv_next_cursor(&m, pg->kind, res, more ? n - 1 : -1, (const int[]){0});
-	reply_map_end(&m);
+	v.now_at = n ? pgrow_int(res, 0, now_col) : 0;
+	if (!page_view_cursor(req, &v, pg->kind, res, more ? n - 1 : -1, (const int[]){0}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 
@@ -61,7 +65,7 @@ static void agents_done(const struct db_result *r, void *arg)
 		return;
 	}
 	if (req_rows_are(req, &agent_row, r->res, 0))
-		pack_rows(req, "agents", &agent_row, r->res, 10);
+		pack_rows(req, &fleet_agents_reply, r->res, 10);
 }
 
 void rpc_fleet_agents(struct request *req)
@@ -91,6 +95,13 @@ static const struct reply_col session_cols[] = {
 };
 static const struct reply_kind session_row = REPLY_KIND(session_cols);
 
+static const struct reply_col sessions_cols[] = {
+    REPLY_EACH_ROW("sessions", session_row, 0),
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind fleet_sessions_reply = REPLY_KIND(sessions_cols);
+
 static void sessions_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -99,7 +110,7 @@ static void sessions_done(const struct db_result *r, void *arg)
 		return;
 	}
 	if (req_rows_are(req, &session_row, r->res, 0))
-		pack_rows(req, "sessions", &session_row, r->res, 6);
+		pack_rows(req, &fleet_sessions_reply, r->res, 6);
 }
 
 void rpc_fleet_sessions(struct request *req)

@@ -99,22 +99,28 @@ static void arm_fence(struct agent *ag, uint64_t at)
 	evtimer_add(ag->id.fence_timer, &tv);
 }
 
+/* A session event's params: its session id and safe_ms. */
+struct session_event {
+	int64_t session, safe_ms;
+};
+
+static const struct reply_col session_event_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct session_event, session),
+    REPLY_FIELD("safe_ms", REPLY_FIELD_INT, struct session_event, safe_ms),
+};
+static const struct reply_kind session_event_kind = REPLY_KIND(session_event_cols);
+
 static void fill_session_event(msgpack_packer *pk, void *arg)
 {
-	const int64_t *v = arg; /* session id, safe_ms */
-	struct reply_map m;
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "session", v[0]);
-	reply_kv_int(&m, "safe_ms", v[1]);
-	reply_map_end(&m);
+	reply_pack_struct(pk, &session_event_kind, arg);
 }
 
 static void tell_sessions(struct agent *ag, const char *method, int64_t safe_ms)
 {
 	for (struct session *s = ag->sessions; s; s = s->next) {
-		int64_t v[2] = {s->id, safe_ms};
+		struct session_event v = {s->id, safe_ms};
 		if (s->conn)
-			conn_notify(s->conn, method, fill_session_event, v);
+			conn_notify(s->conn, method, fill_session_event, &v);
 	}
 }
 

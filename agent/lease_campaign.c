@@ -15,6 +15,7 @@
 #include "agent/lease_registry.h"
 #include "agent/leases.h"
 #include "agent/pgrow.h"
+#include "agent/methods.h"
 #include "agent/reply.h"
 #include "agent/session_order.h"
 #include "agent/session_registry.h"
@@ -106,29 +107,56 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 /* The columns of the lease_acquire statement (lease_attempt). */
 enum { LA_LEADER, LA_EPOCH, LA_HOLDER_SESSION, LA_HOLDER_REPLICA, LA_EXPIRES_IN_MS, LA__COUNT };
 
+/* lease.acquire's answer: the session's belief, and the row as the
+ * database saw it. */
+struct acquire_view {
+	const char *name;
+	bool leader, campaigning;
+	int64_t epoch, valid_ms, valid_until_mono_ms, ttl_ms, expires_in_ms;
+	struct lease_holder holder;
+	const struct lease_holder *holder_or_nil;
+};
+
+#define ACQUIRE(key, t) REPLY_FIELD(#key, t, struct acquire_view, key)
+
+static const struct reply_col acquire_cols[] = {
+    ACQUIRE(name, REPLY_FIELD_STR),
+    ACQUIRE(leader, REPLY_FIELD_BOOL),
+    ACQUIRE(epoch, REPLY_FIELD_INT),
+    ACQUIRE(valid_ms, REPLY_FIELD_INT),
+    ACQUIRE(valid_until_mono_ms, REPLY_FIELD_INT),
+    ACQUIRE(campaigning, REPLY_FIELD_BOOL),
+    ACQUIRE(ttl_ms, REPLY_FIELD_INT),
+    REPLY_NESTED_OR_NIL("holder", lease_holder_reply, struct acquire_view, holder_or_nil),
+    ACQUIRE(expires_in_ms, REPLY_FIELD_INT),
+};
+const struct reply_kind lease_acquire_reply = REPLY_KIND(acquire_cols);
+
 void lease_reply_acquire(struct request *req, struct lease *l, const struct db_result *r)
 {
 	uint64_t now = mono_ms();
 	bool valid = lease_belief_holds(l->leader, l->belief_until, now);
 	bool answered = r && r->ok && PQntuples(r->res);
-	struct reply_map m;
+	struct acquire_view v = {
+	    .name = l->name,
+	    .leader = l->leader,
+	    .epoch = l->epoch,
+	    .valid_ms = valid ? (int64_t)(l->belief_until - now) : 0,
+	    .valid_until_mono_ms = valid ? (int64_t)l->belief_until : 0,
+	    .campaigning = !l->leader && l->wait,
+	    .ttl_ms = l->ttl_ms,
+	    .expires_in_ms = answered ? pgrow_int(r->res, 0, LA_EXPIRES_IN_MS) : 0,
+	};
 
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "name", l->name);
-	reply_kv_bool(&m, "leader", l->leader);
-	reply_kv_int(&m, "epoch", l->epoch);
-	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(l->belief_until - now) : 0);
-	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)l->belief_until : 0);
-	reply_kv_bool(&m, "campaigning", !l->leader && l->wait);
-	reply_kv_int(&m, "ttl_ms", l->ttl_ms);
 	if (answered && !pgrow_null(r->res, 0, LA_HOLDER_SESSION))
-		lease_pack_holder(reply_key(&m, "holder"), pgrow_int(r->res, 0, LA_HOLDER_SESSION),
-				  pgrow_text(r->res, 0, LA_HOLDER_REPLICA));
+		v.holder = (struct lease_holder){pgrow_int(r->res, 0, LA_HOLDER_SESSION),
+						 pgrow_text(r->res, 0, LA_HOLDER_REPLICA)};
 	else
-		lease_pack_holder(reply_key(&m, "holder"), l->leader ? l->session_id : 0,
-				  l->ag->cfg.replica_id);
-	reply_kv_int(&m, "expires_in_ms", answered ? pgrow_int(r->res, 0, LA_EXPIRES_IN_MS) : 0);
-	reply_map_end(&m);
+		v.holder =
+		    (struct lease_holder){l->leader ? l->session_id : 0, l->ag->cfg.replica_id};
+	/* nobody holds it: nil, as lease_pack_holder says */
+	v.holder_or_nil = v.holder.session ? &v.holder : NULL;
+	reply_pack_struct(req_result(req), &lease_acquire_reply, &v);
 	req_done(req);
 }
 

@@ -25,6 +25,7 @@
 
 struct db_result;
 struct request;
+struct reply_kind;
 
 #define LEASE_NAME_MAX 200
 
@@ -115,6 +116,11 @@ enum {
 /* lease_table.c */
 /* A lease's holder as the wire spells it: {session, replica_id}, or nil
  * when session is 0 (nobody holds it). */
+struct lease_holder {
+	int64_t session;
+	const char *replica_id;
+};
+extern const struct reply_kind lease_holder_reply;
 void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
 struct lease_registry *lease_reg(struct agent *ag);
 struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id);

@@ -83,18 +83,20 @@ void lease_fill_change(msgpack_packer *pk, void *arg)
 	reply_map_end(&m);
 }
 
+static const struct reply_col holder_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct lease_holder, session),
+    REPLY_FIELD("replica_id", REPLY_FIELD_STR, struct lease_holder, replica_id),
+};
+const struct reply_kind lease_holder_reply = REPLY_KIND(holder_cols);
+
 void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
 {
-	struct reply_map m;
+	struct lease_holder h = {session, replica};
 
-	if (!session) {
+	if (!session)
 		msgpack_pack_nil(pk);
-		return;
-	}
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "session", session);
-	reply_kv_str(&m, "replica_id", replica);
-	reply_map_end(&m);
+	else
+		reply_pack_struct(pk, &lease_holder_reply, &h);
 }
 
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)

@@ -119,6 +119,11 @@ struct release_call {
 	struct lease *tomb; /* holds the name while the release runs, or NULL */
 };
 
+static const struct reply_col release_cols[] = {
+    {"released", REPLY_BOOL, 0},
+};
+const struct reply_kind lease_release_reply = REPLY_KIND(release_cols);
+
 static void released(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -127,10 +132,7 @@ static void released(const struct db_result *r, void *arg)
 	if (!r->ok) {
 		req_fail_db(req, r);
 	} else {
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		reply_kv_bool(&m, "released", pgrow_bool(r->res, 0, 0));
-		reply_map_end(&m);
+		reply_pack_row(req_result(req), &lease_release_reply, r->res, 0, 0);
 		req_done(req);
 	}
 	if (tomb)
@@ -186,8 +188,14 @@ void rpc_lease_release(struct request *req)
 
 /* --- lease.status / lease.list --------------------------------------- */
 
-/* The cells of a lease row as they go on the wire; the holder and the
- * belief are added around them by pack_lease_row. */
+/* The caller's belief and the holder, beside the row's cells. */
+struct lease_view {
+	const struct lease_holder *holder;
+	bool leader;
+	int64_t valid_ms;
+};
+
+/* A lease as lease.status (and each of lease.list) answers it. */
 static const struct reply_col lease_cols[] = {
     {"name", REPLY_STR, LC_NAME, 0},
     {"epoch", REPLY_INT, LC_EPOCH, 0},
@@ -198,8 +206,11 @@ static const struct reply_col lease_cols[] = {
     {"acquired_at", REPLY_INT, LC_ACQUIRED_AT, 0},
     {"renewed_at", REPLY_INT, LC_RENEWED_AT, 0},
     {"held", REPLY_HIDDEN, LC_HELD, 0},
+    REPLY_NESTED_OR_NIL("holder", lease_holder_reply, struct lease_view, holder),
+    REPLY_FIELD("leader", REPLY_FIELD_BOOL, struct lease_view, leader),
+    REPLY_FIELD("valid_ms", REPLY_FIELD_INT, struct lease_view, valid_ms),
 };
-static const struct reply_kind lease_row = REPLY_KIND(lease_cols);
+const struct reply_kind lease_status_reply = REPLY_KIND(lease_cols);
 
 static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresult *res, int i)
 {
@@ -216,15 +227,15 @@ static void pack_lease_row(struct request *req, msgpack_packer *pk, const PGresu
 	struct lease *mine =
 	    believer ? lease_find(req->ag, pgrow_text(res, i, LC_NAME), believer) : NULL;
 	bool believe = mine && mine->leader && mine->belief_until > now;
-	struct reply_map m;
+	struct lease_holder h = {held ? holder : 0, pgrow_text(res, i, LC_HOLDER_REPLICA)};
+	struct lease_view v = {
+	    .holder = h.session ? &h : NULL,
+	    .leader = believe,
+	    .valid_ms = believe ? (int64_t)(mine->belief_until - now) : 0,
+	};
+	struct reply_src src = {.res = res, .row = i, .nrows = 1, .c = &v};
 
-	reply_map_begin(&m, pk);
-	reply_kv_row(&m, &lease_row, res, i, 0);
-	lease_pack_holder(reply_key(&m, "holder"), held ? holder : 0,
-			  pgrow_text(res, i, LC_HOLDER_REPLICA));
-	reply_kv_bool(&m, "leader", believe);
-	reply_kv_int(&m, "valid_ms", believe ? (int64_t)(mine->belief_until - now) : 0);
-	reply_map_end(&m);
+	reply_pack(pk, &lease_status_reply, &src);
 }
 
 static void status_done(const struct db_result *r, void *arg)
@@ -234,7 +245,7 @@ static void status_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_are(req, &lease_row, r->res, 0))
+	if (!req_rows_are(req, &lease_status_reply, r->res, 0))
 		return;
 	if (PQntuples(r->res) == 0) {
 		char *name = NULL;
@@ -298,6 +309,22 @@ void rpc_lease_status(struct request *req)
 	free(name);
 }
 
+/* Each lease with the caller's belief (pack_lease_row). */
+static void pack_leases(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)src->nrows);
+	for (int i = 0; i < src->nrows; i++)
+		pack_lease_row(v->req, pk, src->res, i);
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("leases", lease_status_reply, pack_leases),
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind lease_list_reply = REPLY_KIND(list_cols);
+
 /* lease.list pages by name (the leases' primary key) */
 static const struct cursor_kind lease_cursor = {'l', 1, 200, false};
 
@@ -309,7 +336,7 @@ static void list_done(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_are(req, &lease_row, r->res, 0) ||
+	if (!req_rows_are(req, &lease_status_reply, r->res, 0) ||
 	    !req_rows_fit(req, r->res, "ask for a smaller page with limit"))
 		return;
 	int n = PQntuples(r->res);
@@ -317,14 +344,13 @@ static void list_done(const struct db_result *r, void *arg)
 	bool more = n > pg->limit;
 	if (more)
 		n = (int)pg->limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "leases");
-	msgpack_pack_array(pk, (size_t)n);
-	for (int i = 0; i < n; i++)
-		pack_lease_row(req, pk, r->res, i);
-	reply_kv_next_cursor(&m, &lease_cursor, r->res, more ? n - 1 : -1, (const int[]){LC_NAME});
-	reply_map_end(&m);
+	struct page_view v = {.req = req};
+	if (!page_view_cursor(req, &v, &lease_cursor, r->res, more ? n - 1 : -1,
+			      (const int[]){LC_NAME}))
+		return;
+	struct reply_src src = {.res = r->res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &lease_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 

@@ -25,12 +25,9 @@ static const char *const outcome_names[] = {"running", "gone", NULL};
 static void reply_permit_row(struct request *req, const struct permit_call *call,
 			     const struct reply_kind *kind, const PGresult *res)
 {
-	struct reply_map m;
+	struct reply_src src = {.res = res, .row = 0, .nrows = 1, .c = call};
 
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_row(&m, kind, res, 0, 0);
-	reply_map_end(&m);
+	reply_pack(req_result(req), kind, &src);
 	req_done(req);
 }
 
@@ -50,7 +47,11 @@ static bool one_change(struct request *req, const struct reply_kind *kind, const
 	return req_rows_are(req, kind, res, 0);
 }
 
+/* Each reply starts with the call's id. */
+#define CALL_ID REPLY_FIELD("id", REPLY_FIELD_STR, struct permit_call, id)
+
 static const struct reply_col update_cols[] = {
+    CALL_ID,
     {"phase", REPLY_STR, CH_PHASE, 0},
     {"state", REPLY_STR, CH_STATE, 0},
     {"changed", REPLY_BOOL, CH_CHANGED, 0},
@@ -60,7 +61,7 @@ static const struct reply_col update_cols[] = {
     {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
     {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
-static const struct reply_kind update_row = REPLY_KIND(update_cols);
+const struct reply_kind permit_update_reply = REPLY_KIND(update_cols);
 
 static void updated(const struct db_result *r, void *arg)
 {
@@ -70,8 +71,8 @@ static void updated(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (one_change(req, &update_row, res))
-		reply_permit_row(req, call, &update_row, res);
+	else if (one_change(req, &permit_update_reply, res))
+		reply_permit_row(req, call, &permit_update_reply, res);
 }
 
 void rpc_permit_update(struct request *req)
@@ -95,6 +96,7 @@ void rpc_permit_update(struct request *req)
 /* --- permit.mark_uncertain ----------------------------------------------- */
 
 static const struct reply_col marked_cols[] = {
+    CALL_ID,
     {"state", REPLY_STR, CH_STATE, 0},
     {"changed", REPLY_BOOL, CH_CHANGED, 0},
     {"state_at", REPLY_INT, CH_STATE_AT, 0},
@@ -104,7 +106,7 @@ static const struct reply_col marked_cols[] = {
     {"owner_session", REPLY_HIDDEN, CH_OWNER, 0},
     {"detail", REPLY_HIDDEN, CH_DETAIL, 0},
 };
-static const struct reply_kind marked_row = REPLY_KIND(marked_cols);
+const struct reply_kind permit_marked_reply = REPLY_KIND(marked_cols);
 
 static void marked(const struct db_result *r, void *arg)
 {
@@ -114,8 +116,8 @@ static void marked(const struct db_result *r, void *arg)
 
 	if (!r->ok)
 		req_fail_db(req, r);
-	else if (one_change(req, &marked_row, res))
-		reply_permit_row(req, call, &marked_row, res);
+	else if (one_change(req, &permit_marked_reply, res))
+		reply_permit_row(req, call, &permit_marked_reply, res);
 }
 
 void rpc_permit_mark_uncertain(struct request *req)
@@ -140,12 +142,17 @@ void rpc_permit_mark_uncertain(struct request *req)
 /* --- permit.resolve ------------------------------------------------------ */
 
 static const struct reply_col resolved_cols[] = {
-    {"state", REPLY_STR, CH_STATE, 0},		{"owner_session", REPLY_INT, CH_OWNER, 0},
-    {"changed", REPLY_BOOL, CH_CHANGED, 0},	{"detail", REPLY_STR, CH_DETAIL, 0},
-    {"now_at", REPLY_INT, CH_NOW, 0},		{"phase", REPLY_HIDDEN, CH_PHASE, 0},
-    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0}, {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
+    CALL_ID,
+    {"state", REPLY_STR, CH_STATE, 0},
+    {"owner_session", REPLY_INT, CH_OWNER, 0},
+    {"changed", REPLY_BOOL, CH_CHANGED, 0},
+    {"detail", REPLY_STR, CH_DETAIL, 0},
+    {"now_at", REPLY_INT, CH_NOW, 0},
+    {"phase", REPLY_HIDDEN, CH_PHASE, 0},
+    {"phase_at", REPLY_HIDDEN, CH_PHASE_AT, 0},
+    {"state_at", REPLY_HIDDEN, CH_STATE_AT, 0},
 };
-static const struct reply_kind resolved_row = REPLY_KIND(resolved_cols);
+const struct reply_kind permit_resolved_reply = REPLY_KIND(resolved_cols);
 
 static void resolved(const struct db_result *r, void *arg)
 {
@@ -155,11 +162,11 @@ static void resolved(const struct db_result *r, void *arg)
 
 	if (!r->ok) {
 		req_fail_db(req, r);
-	} else if (one_change(req, &resolved_row, res)) {
+	} else if (one_change(req, &permit_resolved_reply, res)) {
 		if (call->override)
 			permit_log_override(req, call->id, "resolved by operator override",
 					    PQgetvalue(res, 0, CH_STATE));
-		reply_permit_row(req, call, &resolved_row, res);
+		reply_permit_row(req, call, &permit_resolved_reply, res);
 	}
 }
 

@@ -57,64 +57,76 @@ enum {
 	PC_REDACTED /* permit.get only: the intent was withheld (another uid's) */
 };
 
-/* A permit as permit.get and permit.list send it, around its quotas
- * (one row each: PC_KEY, PC_WEIGHT); permit.get adds the intent. */
-static const struct reply_col permit_cols[] = {
-    {"now_at", REPLY_HIDDEN, PC_NOW, 0},
-    {"id", REPLY_STR, PC_ID, 0},
-    {"token", REPLY_INT, PC_TOKEN, 0},
-    {"state", REPLY_STR, PC_STATE, 0},
-    {"phase", REPLY_STR, PC_PHASE, 0},
-    {"owner_session", REPLY_INT, PC_OWNER, 0},
-    {"owner_replica", REPLY_STR, PC_REPLICA, 0},
-    {"owner_live", REPLY_BOOL, PC_OWNER_LIVE, 0},
-    {"on_owner_loss", REPLY_STR, PC_ON_LOSS, 0},
-    {"uncertain_reason", REPLY_STR, PC_REASON, 0},
-    {"intent_bytes", REPLY_INT, PC_INTENT_LEN, 0},
-    {"created_at", REPLY_INT, PC_CREATED, 0},
-    {"phase_at", REPLY_INT, PC_PHASE_AT, 0},
-    {"state_at", REPLY_INT, PC_STATE_AT, 0},
-    {"released_at", REPLY_INT, PC_RELEASED, 0},
-    /* ages by the database clock, so they mean the same on every host */
-    {"age_ms", REPLY_AGE, PC_CREATED, PC_NOW},
-    {"phase_age_ms", REPLY_AGE, PC_PHASE_AT, PC_NOW},
-    {"state_age_ms", REPLY_AGE, PC_STATE_AT, PC_NOW},
-    {"key", REPLY_HIDDEN, PC_KEY, 0},
-    {"weight", REPLY_HIDDEN, PC_WEIGHT, 0},
-    /* permit.get only; the intent in whichever format bytea_output says */
-    {"intent", REPLY_BYTEA, PC_INTENT, 0},
-    {"redacted", REPLY_BOOL, PC_REDACTED, 0},
-};
-/* permit.list: the same without the last two */
-static const struct reply_kind permit_row = {permit_cols,
-					     sizeof(permit_cols) / sizeof(permit_cols[0]) - 2};
-static const struct reply_kind permit_get_row = REPLY_KIND(permit_cols);
-
+/* A permit as permit.get and permit.list send it: its cells from its
+ * first row, then its quotas (one row each: PC_KEY, PC_WEIGHT). */
 static const struct reply_col permit_quota_cols[] = {
     {"key", REPLY_STR, PC_KEY, 0},
     {"weight", REPLY_INT, PC_WEIGHT, 0},
 };
 static const struct reply_kind permit_quota_row = REPLY_KIND(permit_quota_cols);
 
+#define PERMIT_WIRE_COLS                                                                           \
+	{"now_at", REPLY_HIDDEN, PC_NOW, 0}, {"id", REPLY_STR, PC_ID, 0},                          \
+	    {"token", REPLY_INT, PC_TOKEN, 0}, {"state", REPLY_STR, PC_STATE, 0},                  \
+	    {"phase", REPLY_STR, PC_PHASE, 0}, {"owner_session", REPLY_INT, PC_OWNER, 0},          \
+	    {"owner_replica", REPLY_STR, PC_REPLICA, 0},                                           \
+	    {"owner_live", REPLY_BOOL, PC_OWNER_LIVE, 0},                                          \
+	    {"on_owner_loss", REPLY_STR, PC_ON_LOSS, 0},                                           \
+	    {"uncertain_reason", REPLY_STR, PC_REASON, 0},                                         \
+	    {"intent_bytes", REPLY_INT, PC_INTENT_LEN, 0},                                         \
+	    {"created_at", REPLY_INT, PC_CREATED, 0}, {"phase_at", REPLY_INT, PC_PHASE_AT, 0},     \
+	    {"state_at", REPLY_INT, PC_STATE_AT, 0},                                               \
+	    {"released_at", REPLY_INT, PC_RELEASED,                                                \
+	     0}, /* ages by the database clock, so they mean the same on every host */             \
+	    {"age_ms", REPLY_AGE, PC_CREATED, PC_NOW},                                             \
+	    {"phase_age_ms", REPLY_AGE, PC_PHASE_AT, PC_NOW},                                      \
+	    {"state_age_ms", REPLY_AGE, PC_STATE_AT, PC_NOW}, {"key", REPLY_HIDDEN, PC_KEY, 0},    \
+	{                                                                                          \
+		"weight", REPLY_HIDDEN, PC_WEIGHT, 0                                               \
+	}
+
+/* permit.list's */
+static const struct reply_col permit_cols[] = {
+    PERMIT_WIRE_COLS,
+    REPLY_EACH_ROW("quotas", permit_quota_row, 0),
+};
+static const struct reply_kind permit_row = REPLY_KIND(permit_cols);
+
+/* permit.get's: with the intent, in whichever format bytea_output says */
+static const struct reply_col permit_get_cols[] = {
+    PERMIT_WIRE_COLS,
+    {"intent", REPLY_BYTEA, PC_INTENT, 0},
+    {"redacted", REPLY_BOOL, PC_REDACTED, 0},
+    REPLY_EACH_ROW("quotas", permit_quota_row, 0),
+};
+static const struct reply_kind permit_get_row = REPLY_KIND(permit_get_cols);
+
+static const struct reply_col permit_get_reply_cols[] = {
+    REPLY_ROW_AT("permit", permit_get_row, 0),
+    {"now_at", REPLY_INT, PC_NOW, 0},
+};
+const struct reply_kind permit_get_reply = REPLY_KIND(permit_get_reply_cols);
+
+/* The rows of the permit whose rows start at `row`. */
+static struct reply_src permit_rows(const PGresult *res, int row)
+{
+	int n = PQntuples(res), end = row;
+	const char *id = PQgetvalue(res, row, PC_ID);
+
+	while (end < n && strcmp(PQgetvalue(res, end, PC_ID), id) == 0)
+		end++;
+	return (struct reply_src){.res = res, .row = row, .nrows = end - row};
+}
+
 /* Packs the permit whose rows start at `row`; returns the first row of the
  * next permit. */
 static int pack_permit(msgpack_packer *pk, const PGresult *res, int row,
 		       const struct reply_kind *kind)
 {
-	int n = PQntuples(res), end = row;
-	const char *id = PQgetvalue(res, row, PC_ID);
-	struct reply_map m;
+	struct reply_src src = permit_rows(res, row);
 
-	while (end < n && strcmp(PQgetvalue(res, end, PC_ID), id) == 0)
-		end++;
-	reply_map_begin(&m, pk);
-	reply_kv_row(&m, kind, res, row, 0);
-	msgpack_packer *quotas = reply_key(&m, "quotas");
-	msgpack_pack_array(quotas, (size_t)(end - row));
-	for (int i = row; i < end; i++)
-		reply_pack_row(quotas, &permit_quota_row, res, i, 0);
-	reply_map_end(&m);
-	return end;
+	reply_pack(pk, kind, &src);
+	return src.row + src.nrows;
 }
 
 static void got(const struct db_result *r, void *arg)
@@ -130,11 +142,8 @@ static void got(const struct db_result *r, void *arg)
 	} else if (PQntuples(res) < 1 || pgrow_null(res, 0, PC_ID)) {
 		req_fail(req, PGC_E_NOT_FOUND, "no permit \"%s\"", call->id);
 	} else {
-		struct reply_map m;
-		reply_map_begin(&m, req_result(req));
-		pack_permit(reply_key(&m, "permit"), res, 0, &permit_get_row);
-		reply_kv_int(&m, "now_at", pgrow_int(res, 0, PC_NOW));
-		reply_map_end(&m);
+		struct reply_src src = permit_rows(res, 0);
+		reply_pack(req_result(req), &permit_get_reply, &src);
 		req_done(req);
 	}
 }
@@ -161,6 +170,24 @@ void rpc_permit_get(struct request *req)
 		  "ORDER BY pq.key",
 		  3, params, got);
 }
+
+/* The page's permits, each with its rows. */
+static void pack_permits(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)v->count);
+	for (int i = 0, done = 0; i < src->nrows && done < v->count; done++)
+		i = pack_permit(pk, src->res, i, &permit_row);
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("permits", permit_row, pack_permits),
+    PAGE_TRUNCATED,
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind permit_list_reply = REPLY_KIND(list_cols);
 
 /* permit.list pages by id (the permits' primary key) */
 static const struct cursor_kind permit_cursor = {'p', 1, PERMIT_ID_MAX, false};
@@ -189,19 +216,21 @@ static void listed(const struct db_result *r, void *arg)
 	bool truncated = count > limit;
 	if (truncated)
 		count = (int)limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "permits");
-	msgpack_pack_array(pk, (size_t)count);
+	/* the cursor is the last permit's id: its first row will do */
 	int last = -1;
 	for (int i = 0, done = 0; i < n && done < count; done++) {
+		struct reply_src rows = permit_rows(res, i);
 		last = i;
-		i = pack_permit(pk, res, i, &permit_row);
+		i = rows.row + rows.nrows;
 	}
-	reply_kv_bool(&m, "truncated", truncated);
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, PC_NOW) : 0);
-	reply_kv_next_cursor(&m, &permit_cursor, res, truncated ? last : -1, (const int[]){PC_ID});
-	reply_map_end(&m);
+	struct page_view v = {
+	    .truncated = truncated, .now_at = n ? pgrow_int(res, 0, PC_NOW) : 0, .count = count};
+	if (!page_view_cursor(req, &v, &permit_cursor, res, truncated ? last : -1,
+			      (const int[]){PC_ID}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &permit_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 
@@ -278,6 +307,13 @@ static const struct reply_col permit_event_cols[] = {
 };
 static const struct reply_kind permit_event_row = REPLY_KIND(permit_event_cols);
 
+static const struct reply_col history_cols[] = {
+    REPLY_FIELD("id", REPLY_FIELD_STR, struct permit_call, id),
+    REPLY_EACH_ROW("events", permit_event_row, 0),
+    {"now_at", REPLY_INT, PE_NOW, 0},
+};
+const struct reply_kind permit_history_reply = REPLY_KIND(history_cols);
+
 static void history_done(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -299,15 +335,8 @@ static void history_done(const struct db_result *r, void *arg)
 	if (!req_rows_fit(req, res, "read the permit's audit rows in the database"))
 		return;
 	int count = pgrow_null(res, 0, PE_SEQ) ? 0 : n;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "id", call->id);
-	msgpack_packer *pk = reply_key(&m, "events");
-	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < count; i++)
-		reply_pack_row(pk, &permit_event_row, res, i, 0);
-	reply_kv_int(&m, "now_at", pgrow_int(res, 0, PE_NOW));
-	reply_map_end(&m);
+	struct reply_src src = {.res = res, .row = 0, .nrows = count, .c = call};
+	reply_pack(req_result(req), &permit_history_reply, &src);
 	req_done(req);
 }
 
@@ -354,6 +383,49 @@ static const struct reply_col stalled_cols[] = {
 };
 static const struct reply_kind stalled_row = REPLY_KIND(stalled_cols);
 
+/* What checked() counted of the rows. */
+struct check_view {
+	bool ok;
+	int64_t quotas, violations, stalled, now_at;
+};
+
+static void pack_violations(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct check_view *v = field;
+	const PGresult *res = src->res;
+
+	msgpack_pack_array(pk, (size_t)v->violations);
+	for (int i = 0; i < src->nrows; i++) {
+		if (pgrow_null(res, i, CK_KEY) || !pgrow_null(res, i, CK_HEAD_ID) ||
+		    PQgetlength(res, i, CK_PROBLEM) == 0)
+			continue;
+		reply_pack_row(pk, &violation_row, res, i, 0);
+	}
+}
+
+/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
+static void pack_stalled(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct check_view *v = field;
+	const PGresult *res = src->res;
+
+	msgpack_pack_array(pk, (size_t)v->stalled);
+	for (int i = 0; i < src->nrows; i++) {
+		if (pgrow_null(res, i, CK_KEY) || pgrow_null(res, i, CK_HEAD_ID))
+			continue;
+		reply_pack_row(pk, &stalled_row, res, i, 0);
+	}
+}
+
+static const struct reply_col check_cols[] = {
+    REPLY_FIELD("ok", REPLY_FIELD_BOOL, struct check_view, ok),
+    REPLY_FIELD("quotas", REPLY_FIELD_INT, struct check_view, quotas),
+    REPLY_CALL_ROWS("violations", violation_row, pack_violations),
+    REPLY_CALL_ROWS("stalled_queues", stalled_row, pack_stalled),
+    REPLY_FIELD("now_at", REPLY_FIELD_INT, struct check_view, now_at),
+};
+const struct reply_kind permit_check_reply = REPLY_KIND(check_cols);
+
 static void checked(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -385,28 +457,15 @@ static void checked(const struct db_result *r, void *arg)
 			  "%d waiting queue(s) have a head that fits but was not admitted; see "
 			  "permit.check",
 			  stalled);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "ok", bad == 0);
-	reply_kv_int(&m, "quotas", quotas);
-	msgpack_packer *pk = reply_key(&m, "violations");
-	msgpack_pack_array(pk, (size_t)bad);
-	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, CK_KEY) || !pgrow_null(res, i, CK_HEAD_ID) ||
-		    PQgetlength(res, i, CK_PROBLEM) == 0)
-			continue;
-		reply_pack_row(pk, &violation_row, res, i, 0);
-	}
-	/* a queue whose head fits was not handed its room (0006_waiting_claims.sql) */
-	pk = reply_key(&m, "stalled_queues");
-	msgpack_pack_array(pk, (size_t)stalled);
-	for (int i = 0; i < n; i++) {
-		if (pgrow_null(res, i, CK_KEY) || pgrow_null(res, i, CK_HEAD_ID))
-			continue;
-		reply_pack_row(pk, &stalled_row, res, i, 0);
-	}
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, CK_NOW) : 0);
-	reply_map_end(&m);
+	struct check_view v = {
+	    .ok = bad == 0,
+	    .quotas = quotas,
+	    .violations = bad,
+	    .stalled = stalled,
+	    .now_at = n ? pgrow_int(res, 0, CK_NOW) : 0,
+	};
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &permit_check_reply, &src);
 	req_done(req);
 }
 

@@ -22,14 +22,22 @@
  * (or, in a group, the member's) SQLSTATE instead. */
 enum { RD_STATUS, RD_STATE, RD_RELEASED_AT, RD_NOW };
 
-/* What a release sends of its row after `id` and `released`. */
+/* What a release answers: the id and whether this call released it, then
+ * its row. */
+struct release_view {
+	const char *id;
+	bool released;
+};
+
 static const struct reply_col released_cols[] = {
+    REPLY_FIELD("id", REPLY_FIELD_STR, struct release_view, id),
+    REPLY_FIELD("released", REPLY_FIELD_BOOL, struct release_view, released),
     {"status", REPLY_HIDDEN, RD_STATUS, 0},
     {"state", REPLY_STR, RD_STATE, 0},
     {"released_at", REPLY_INT, RD_RELEASED_AT, 0},
     {"now_at", REPLY_INT, RD_NOW, 0},
 };
-static const struct reply_kind released_row = REPLY_KIND(released_cols);
+const struct reply_kind permit_release_reply = REPLY_KIND(released_cols);
 
 /* released: this call released it; already_released: release is
  * idempotent, `released` false says it was before. */
@@ -38,12 +46,9 @@ static void release_done(struct request *req, struct permit_call *call, const PG
 {
 	if (call->override && released)
 		permit_log_override(req, call->id, "released by operator override", NULL);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_bool(&m, "released", released);
-	reply_kv_row(&m, &released_row, res, row, col);
-	reply_map_end(&m);
+	struct release_view v = {call->id, released};
+	struct reply_src src = {.res = res, .row = row, .nrows = 1, .offset = col, .c = &v};
+	reply_pack(req_result(req), &permit_release_reply, &src);
 	req_done(req);
 }
 
@@ -89,8 +94,8 @@ static void release_answer(struct request *req, void *ctx, const PGresult *res, 
 	struct permit_call *call = ctx;
 	const char *status = PQgetvalue(res, row, col + RD_STATUS);
 
-	if (!reply_kind_fits(&released_row, res, col)) {
-		req_rows_are(req, &released_row, res, col);
+	if (!reply_kind_fits(&permit_release_reply, res, col)) {
+		req_rows_are(req, &permit_release_reply, res, col);
 		return;
 	}
 	for (size_t i = 0; i < sizeof(release_statuses) / sizeof(release_statuses[0]); i++) {

@@ -46,6 +46,16 @@ enum {
 	QW__COUNT
 };
 
+/* a limit lowered below in_flight leaves no room, not negative room */
+static void pack_available(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	int64_t limit = pgrow_int(src->res, src->row, QW_LIMIT),
+		in_flight = pgrow_int(src->res, src->row, QW_IN_FLIGHT);
+
+	(void)field;
+	msgpack_pack_int64(pk, limit > in_flight ? limit - in_flight : 0);
+}
+
 /* The quota row's numbers (part = 'quota'). */
 static const struct reply_col why_quota_cols[] = {
     {"key", REPLY_STR, QW_KEY, 0},
@@ -55,6 +65,7 @@ static const struct reply_col why_quota_cols[] = {
     {"holders", REPLY_INT, QW_HOLDERS, 0},
     {"hidden", REPLY_INT, QW_HIDDEN, 0},
     {"uncertain_weight", REPLY_INT, QW_UNCERTAIN_WEIGHT, 0},
+    REPLY_CALL("available", "int", pack_available),
 };
 static const struct reply_kind why_quota = REPLY_KIND(why_quota_cols);
 
@@ -66,6 +77,15 @@ static const struct reply_col why_head_cols[] = {
     {"waited_ms", REPLY_INT, QW_HEAD_WAITED, 0},
 };
 static const struct reply_kind why_head = REPLY_KIND(why_head_cols);
+
+static void pack_head(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	if (pgrow_null(src->res, src->row, QW_HEAD_WEIGHT))
+		msgpack_pack_nil(pk);
+	else
+		reply_pack_row(pk, &why_head, src->res, src->row, 0);
+}
 
 /* A holder: one open permit on the quota. */
 static const struct reply_col why_holder_cols[] = {
@@ -81,8 +101,39 @@ static const struct reply_col why_holder_cols[] = {
 };
 static const struct reply_kind why_holder = REPLY_KIND(why_holder_cols);
 
-/* The lists of the reply, each the rows of one part. */
-static const char *const why_lists[] = {"largest", "oldest", "uncertain"};
+/* Each list of the reply: the rows of one part. */
+static void pack_part(msgpack_packer *pk, const char *part, const PGresult *res)
+{
+	int n = PQntuples(res), count = 0;
+
+	for (int i = 0; i < n; i++)
+		count += strcmp(PQgetvalue(res, i, QW_PART), part) == 0;
+	msgpack_pack_array(pk, (size_t)count);
+	for (int i = 0; i < n; i++)
+		if (strcmp(PQgetvalue(res, i, QW_PART), part) == 0)
+			reply_pack_row(pk, &why_holder, res, i, 0);
+}
+
+#define WHY_PART(part)                                                                             \
+	static void pack_##part(msgpack_packer *pk, const void *field,                             \
+				const struct reply_src *src)                                       \
+	{                                                                                          \
+		(void)field;                                                                       \
+		pack_part(pk, #part, src->res);                                                    \
+	}
+WHY_PART(largest)
+WHY_PART(oldest)
+WHY_PART(uncertain)
+
+static const struct reply_col why_cols[] = {
+    REPLY_ROW_AT("quota", why_quota, 0),
+    REPLY_CALL_MAP("queue_head", why_head, pack_head),
+    REPLY_CALL_ROWS("largest", why_holder, pack_largest),
+    REPLY_CALL_ROWS("oldest", why_holder, pack_oldest),
+    REPLY_CALL_ROWS("uncertain", why_holder, pack_uncertain),
+    {"now_at", REPLY_INT, QW_NOW, 0},
+};
+const struct reply_kind quota_why_reply = REPLY_KIND(why_cols);
 
 struct why_call {
 	char *key;
@@ -91,19 +142,6 @@ struct why_call {
 static void why_call_free(void *ctx)
 {
 	free(((struct why_call *)ctx)->key);
-}
-
-static void pack_list(struct reply_map *m, const char *part, const PGresult *res)
-{
-	int n = PQntuples(res), count = 0;
-
-	for (int i = 0; i < n; i++)
-		count += strcmp(PQgetvalue(res, i, QW_PART), part) == 0;
-	msgpack_packer *pk = reply_key(m, part);
-	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < n; i++)
-		if (strcmp(PQgetvalue(res, i, QW_PART), part) == 0)
-			reply_pack_row(pk, &why_holder, res, i, 0);
 }
 
 static void why_answered(const struct db_result *r, void *arg)
@@ -127,22 +165,7 @@ static void why_answered(const struct db_result *r, void *arg)
 			 call->key);
 		return;
 	}
-	int64_t limit = pgrow_int(res, 0, QW_LIMIT), in_flight = pgrow_int(res, 0, QW_IN_FLIGHT);
-	struct reply_map m, quota;
-	reply_map_begin(&m, req_result(req));
-	reply_map_begin(&quota, reply_key(&m, "quota"));
-	reply_kv_row(&quota, &why_quota, res, 0, 0);
-	/* a limit lowered below in_flight leaves no room, not negative room */
-	reply_kv_int(&quota, "available", limit > in_flight ? limit - in_flight : 0);
-	reply_map_end(&quota);
-	if (pgrow_null(res, 0, QW_HEAD_WEIGHT))
-		reply_kv_nil(&m, "queue_head");
-	else
-		reply_pack_row(reply_key(&m, "queue_head"), &why_head, res, 0, 0);
-	for (size_t i = 0; i < sizeof(why_lists) / sizeof(why_lists[0]); i++)
-		pack_list(&m, why_lists[i], res);
-	reply_kv_int(&m, "now_at", pgrow_int(res, 0, QW_NOW));
-	reply_map_end(&m);
+	reply_pack_row(req_result(req), &quota_why_reply, res, 0, 0);
 	req_done(req);
 }
 

@@ -27,7 +27,7 @@ static const struct reply_col quota_set_cols[] = {
     {"created", REPLY_BOOL, 5, 0},
     {"now_at", REPLY_INT, 6, 0},
 };
-static const struct reply_kind quota_set_row = REPLY_KIND(quota_set_cols);
+const struct reply_kind quota_set_reply = REPLY_KIND(quota_set_cols);
 
 /* quota.set: admin only (M_ADMIN), audited with the caller's uid. */
 static void quota_was_set(const struct db_result *r, void *arg)
@@ -43,7 +43,7 @@ static void quota_was_set(const struct db_result *r, void *arg)
 		req_fail(req, PGC_E_INTERNAL, "quota_set returned %d rows", PQntuples(res));
 		return;
 	}
-	if (!req_rows_are(req, &quota_set_row, res, 0))
+	if (!req_rows_are(req, &quota_set_reply, res, 0))
 		return;
 	char kv[4 * 200 + 128] = ""; /* room for a fully escaped key */
 	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
@@ -51,7 +51,7 @@ static void quota_was_set(const struct db_result *r, void *arg)
 	log_kv_str(kv, sizeof(kv), "limit", PQgetvalue(res, 0, 1));
 	log_kv_str(kv, sizeof(kv), "was", pgrow_null(res, 0, 4) ? NULL : PQgetvalue(res, 0, 4));
 	log_write(&req->ag->log, LOG_LEVEL_INFO, "quotas", kv, "quota limit set");
-	reply_pack_row(req_result(req), &quota_set_row, res, 0, 0);
+	reply_pack_row(req_result(req), &quota_set_reply, res, 0, 0);
 	req_done(req);
 }
 
@@ -95,26 +95,41 @@ void rpc_quota_set(struct request *req)
 
 enum { QS_NOW, QS_KEY, QS_LIMIT, QS_IN_FLIGHT };
 
+/* a limit lowered below in_flight leaves no room, not negative room */
+static void pack_available(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	int64_t limit = pgrow_int(src->res, src->row, src->offset + QS_LIMIT),
+		in_flight = pgrow_int(src->res, src->row, src->offset + QS_IN_FLIGHT);
+
+	(void)field;
+	msgpack_pack_int64(pk, limit > in_flight ? limit - in_flight : 0);
+}
+
+/* QUOTA, as quota.get and quota.list answer it. */
 static const struct reply_col quota_status_cols[] = {
-    {"now_at", REPLY_HIDDEN, QS_NOW, 0}, {"key", REPLY_STR, QS_KEY, 0},
-    {"limit", REPLY_INT, QS_LIMIT, 0},	 {"in_flight", REPLY_INT, QS_IN_FLIGHT, 0},
-    {"held", REPLY_INT, 4, 0},		 {"uncertain", REPLY_INT, 5, 0},
-    {"permits", REPLY_INT, 6, 0},	 {"lapse_after_s", REPLY_INT, 7, 0},
-    {"created_at", REPLY_INT, 8, 0},	 {"updated_at", REPLY_INT, 9, 0},
+    {"now_at", REPLY_HIDDEN, QS_NOW, 0},
+    {"key", REPLY_STR, QS_KEY, 0},
+    {"limit", REPLY_INT, QS_LIMIT, 0},
+    {"in_flight", REPLY_INT, QS_IN_FLIGHT, 0},
+    {"held", REPLY_INT, 4, 0},
+    {"uncertain", REPLY_INT, 5, 0},
+    {"permits", REPLY_INT, 6, 0},
+    {"lapse_after_s", REPLY_INT, 7, 0},
+    {"created_at", REPLY_INT, 8, 0},
+    {"updated_at", REPLY_INT, 9, 0},
+    REPLY_CALL("available", "int", pack_available),
 };
 static const struct reply_kind quota_status_row = REPLY_KIND(quota_status_cols);
 
+static const struct reply_col quota_get_cols[] = {
+    REPLY_ROW_AT("quota", quota_status_row, 0),
+    {"now_at", REPLY_INT, QS_NOW, 0},
+};
+const struct reply_kind quota_get_reply = REPLY_KIND(quota_get_cols);
+
 static void pack_quota(msgpack_packer *pk, const PGresult *res, int row)
 {
-	int64_t limit = pgrow_int(res, row, QS_LIMIT),
-		in_flight = pgrow_int(res, row, QS_IN_FLIGHT);
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_kv_row(&m, &quota_status_row, res, row, 0);
-	/* a limit lowered below in_flight leaves no room, not negative room */
-	reply_kv_int(&m, "available", limit > in_flight ? limit - in_flight : 0);
-	reply_map_end(&m);
+	reply_pack_row(pk, &quota_status_row, res, row, 0);
 }
 
 /* What quota.get keeps for its callback: the key, for a not_found. */
@@ -144,11 +159,7 @@ static void quota_got(const struct db_result *r, void *arg)
 			 call->key);
 		return;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	pack_quota(reply_key(&m, "quota"), res, 0);
-	reply_kv_int(&m, "now_at", pgrow_int(res, 0, QS_NOW));
-	reply_map_end(&m);
+	reply_pack_row(req_result(req), &quota_get_reply, res, 0, 0);
 	req_done(req);
 }
 
@@ -160,6 +171,27 @@ void rpc_quota_get(struct request *req)
 	const char *params[1] = {call->key};
 	req_query(req, QUOTA_STATUS_SELECT "ON q.key = $1", 1, params, quota_got);
 }
+
+/* The page's quotas: the rows with a key (an empty page has one row, for
+ * now_at). */
+static void pack_quotas(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	const struct page_view *v = field;
+
+	msgpack_pack_array(pk, (size_t)v->count);
+	for (int i = 0, done = 0; i < src->nrows && done < v->count; i++)
+		if (!pgrow_null(src->res, i, QS_KEY)) {
+			pack_quota(pk, src->res, i);
+			done++;
+		}
+}
+
+static const struct reply_col list_cols[] = {
+    REPLY_CALL_ROWS("quotas", quota_status_row, pack_quotas),
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind quota_list_reply = REPLY_KIND(list_cols);
 
 /* quota.list pages by key (the quotas' primary key) */
 static const struct cursor_kind quota_cursor = {'q', 1, QUOTA_KEY_MAX, false};
@@ -185,19 +217,17 @@ static void quotas_listed(const struct db_result *r, void *arg)
 	bool more = count > pg->limit;
 	if (more)
 		count = (int)pg->limit;
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "quotas");
-	msgpack_pack_array(pk, (size_t)count);
 	for (int i = 0, done = 0; i < n && done < count; i++)
 		if (!pgrow_null(res, i, QS_KEY)) {
-			pack_quota(pk, res, i);
 			last = i;
 			done++;
 		}
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, QS_NOW) : 0);
-	reply_kv_next_cursor(&m, &quota_cursor, res, more ? last : -1, (const int[]){QS_KEY});
-	reply_map_end(&m);
+	struct page_view v = {.now_at = n ? pgrow_int(res, 0, QS_NOW) : 0, .count = count};
+	if (!page_view_cursor(req, &v, &quota_cursor, res, more ? last : -1, (const int[]){QS_KEY}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = n, .c = &v};
+	reply_pack(req_result(req), &quota_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 

@@ -76,6 +76,15 @@ void rpc_record_get(struct request *req)
 /* record.list pages by (kind, key), the records' primary key */
 static const struct cursor_kind record_cursor = {'r', 2, RECORD_KEY_MAX, false};
 
+/* The records from column 1 (column 0 is now_at), each with `redacted`. */
+static const struct reply_col list_cols[] = {
+    REPLY_EACH_ROW("records", record_read_row, 1),
+    PAGE_TRUNCATED,
+    PAGE_NOW_AT,
+    PAGE_NEXT_CURSOR,
+};
+const struct reply_kind record_list_reply = REPLY_KIND(list_cols);
+
 static void listed(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -114,17 +123,13 @@ static void listed(const struct db_result *r, void *arg)
 			 req_reply_budget(req), fit > 0 ? fit : 1);
 		return;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	msgpack_packer *pk = reply_key(&m, "records");
-	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < count; i++)
-		reply_pack_row(pk, &record_read_row, res, i, 1);
-	reply_kv_bool(&m, "truncated", truncated);
-	reply_kv_int(&m, "now_at", n ? pgrow_int(res, 0, 0) : 0);
-	reply_kv_next_cursor(&m, &record_cursor, res, truncated ? count - 1 : -1,
-			     (const int[]){1 + RS_KIND, 1 + RS_KEY});
-	reply_map_end(&m);
+	struct page_view v = {.truncated = truncated, .now_at = n ? pgrow_int(res, 0, 0) : 0};
+	if (!page_view_cursor(req, &v, &record_cursor, res, truncated ? count - 1 : -1,
+			      (const int[]){1 + RS_KIND, 1 + RS_KEY}))
+		return;
+	struct reply_src src = {.res = res, .row = 0, .nrows = count, .c = &v};
+	reply_pack(req_result(req), &record_list_reply, &src);
+	free(v.next_cursor);
 	req_done(req);
 }
 

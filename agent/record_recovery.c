@@ -95,6 +95,40 @@ static bool param_kinds(struct request *req, char **literal)
 	return true;
 }
 
+/* What record.recover answers beside the rows: whether liveness was read,
+ * and why not. */
+struct recovery_view {
+	bool liveness_read, dry_run;
+	const char *reason;
+};
+
+static void pack_nil(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	(void)src;
+	msgpack_pack_nil(pk);
+}
+
+static void pack_no_rows(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	(void)src;
+	msgpack_pack_array(pk, 0);
+}
+
+/* Nothing read: no records, no permits, no totals. */
+static const struct reply_col unread_cols[] = {
+    REPLY_FIELD("liveness_read", REPLY_FIELD_BOOL, struct recovery_view, liveness_read),
+    REPLY_FIELD("dry_run", REPLY_FIELD_BOOL, struct recovery_view, dry_run),
+    REPLY_CALL("adopted", "array", pack_no_rows),
+    REPLY_CALL("permits", "array", pack_no_rows),
+    REPLY_CALL("left_alone", "int", pack_nil),
+    REPLY_CALL("remaining", "int", pack_nil),
+    REPLY_FIELD("reason", REPLY_FIELD_STR, struct recovery_view, reason),
+    REPLY_CALL("now_at", "int", pack_nil),
+};
+const struct reply_kind recovery_unread_reply = REPLY_KIND(unread_cols);
+
 /*
  * Liveness could not be read, so nothing was adopted: a result, not an
  * error, so that a replica's boot code handles every database failure the
@@ -104,17 +138,8 @@ static void reply_unread(struct request *req, bool dry_run, const char *why)
 {
 	log_warn(&req->ag->log, "records", "recovery adopted nothing: liveness unreadable (%s)",
 		 why);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "liveness_read", false);
-	reply_kv_bool(&m, "dry_run", dry_run);
-	msgpack_pack_array(reply_key(&m, "adopted"), 0);
-	msgpack_pack_array(reply_key(&m, "permits"), 0);
-	reply_kv_nil(&m, "left_alone");
-	reply_kv_nil(&m, "remaining");
-	reply_kv_str(&m, "reason", why);
-	reply_kv_nil(&m, "now_at");
-	reply_map_end(&m);
+	struct recovery_view v = {.liveness_read = false, .dry_run = dry_run, .reason = why};
+	reply_pack_struct(req_result(req), &recovery_unread_reply, &v);
 	req_done(req);
 }
 
@@ -142,7 +167,7 @@ static const struct reply_kind recovered_permit_row = REPLY_KIND(recovered_permi
 
 /* The distinct permits of the adopted records, as {id, state, phase, token,
  * owner_session, uncertain_reason} as they are after the recovery. */
-static bool pack_permits(msgpack_packer *pk, const PGresult *res, int nrecords)
+static bool pack_permit_rows(msgpack_packer *pk, const PGresult *res, int nrecords)
 {
 	int *rows = calloc(nrecords > 0 ? (size_t)nrecords : 1, sizeof(*rows));
 	int n = 0, distinct = 0;
@@ -165,12 +190,26 @@ static bool pack_permits(msgpack_packer *pk, const PGresult *res, int nrecords)
 	return true;
 }
 
-static const struct reply_col recovery_totals_cols[] = {
+static void pack_permits(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	if (!pack_permit_rows(pk, src->res, src->nrows))
+		msgpack_pack_array(pk, 0); /* out of memory: the records say which */
+}
+
+/* Read: the adopted records (the first rows), the permits they name, and
+ * the totals (on every row). */
+static const struct reply_col recovered_cols[] = {
+    REPLY_FIELD("liveness_read", REPLY_FIELD_BOOL, struct recovery_view, liveness_read),
+    REPLY_FIELD("dry_run", REPLY_FIELD_BOOL, struct recovery_view, dry_run),
+    REPLY_EACH_ROW("adopted", record_row, RV_RECORD),
+    REPLY_CALL_ROWS("permits", recovered_permit_row, pack_permits),
     {"left_alone", REPLY_INT, RV_LEFT_ALONE, 0},
     {"remaining", REPLY_INT, RV_REMAINING, 0},
     {"now_at", REPLY_INT, RV_NOW, 0},
+    REPLY_FIELD("reason", REPLY_FIELD_STR, struct recovery_view, reason),
 };
-static const struct reply_kind recovery_totals_row = REPLY_KIND(recovery_totals_cols);
+const struct reply_kind recovery_reply = REPLY_KIND(recovered_cols);
 
 static void recovered(const struct db_result *r, void *arg)
 {
@@ -210,20 +249,9 @@ static void recovered(const struct db_result *r, void *arg)
 			  "recovered %d record(s) of dead owners; left %s alone (live owners)",
 			  count, PQgetvalue(res, 0, RV_LEFT_ALONE));
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "liveness_read", true);
-	reply_kv_bool(&m, "dry_run", call->dry_run);
-	msgpack_packer *pk = reply_key(&m, "adopted");
-	msgpack_pack_array(pk, (size_t)count);
-	for (int i = 0; i < count; i++)
-		reply_pack_row(pk, &record_row, res, i, RV_RECORD);
-	pk = reply_key(&m, "permits");
-	if (!pack_permits(pk, res, count))
-		msgpack_pack_array(pk, 0); /* out of memory: the records say which */
-	reply_kv_row(&m, &recovery_totals_row, res, 0, 0);
-	reply_kv_nil(&m, "reason");
-	reply_map_end(&m);
+	struct recovery_view v = {.liveness_read = true, .dry_run = call->dry_run};
+	struct reply_src src = {.res = res, .row = 0, .nrows = count, .c = &v};
+	reply_pack(req_result(req), &recovery_reply, &src);
 	req_done(req);
 }
 

@@ -21,6 +21,7 @@
 #include "agent/agent.h"
 #include "agent/dispatch.h"
 #include "agent/pgrow.h"
+#include "agent/methods.h"
 #include "agent/records_internal.h"
 #include "agent/reply.h"
 
@@ -75,25 +76,39 @@ static const struct reply_col record_read_cols[] = {
 const struct reply_kind record_row = {record_read_cols, RS__COUNT};
 const struct reply_kind record_read_row = REPLY_KIND(record_read_cols);
 
-/* Replies {[created,] record, now_at} from a one-row result: now_at in
- * column 0, then `created` when has_created, then the record. */
+/* {[created,] record, now_at} from a one-row result: now_at in column 0,
+ * then `created` (record.put only), then the record. */
+static const struct reply_col put_cols[] = {
+    {"created", REPLY_BOOL, 1, 0},
+    REPLY_ROW_AT("record", record_row, 2),
+    {"now_at", REPLY_INT, 0, 0},
+};
+const struct reply_kind record_put_reply = REPLY_KIND(put_cols);
+
+static const struct reply_col write_cols[] = {
+    REPLY_ROW_AT("record", record_row, 1),
+    {"now_at", REPLY_INT, 0, 0},
+};
+const struct reply_kind record_write_reply = REPLY_KIND(write_cols);
+
+static const struct reply_col get_cols[] = {
+    REPLY_ROW_AT("record", record_read_row, 1),
+    {"now_at", REPLY_INT, 0, 0},
+};
+const struct reply_kind record_get_reply = REPLY_KIND(get_cols);
+
 void record_reply(struct request *req, const PGresult *res, bool has_created, bool with_redacted)
 {
-	int col = has_created ? 2 : 1;
-	const struct reply_kind *kind = with_redacted ? &record_read_row : &record_row;
-	if (!req_rows_are(req, kind, res, col))
+	const struct reply_kind *kind = has_created	? &record_put_reply
+					: with_redacted ? &record_get_reply
+							: &record_write_reply;
+	if (!req_rows_are(req, kind, res, 0))
 		return;
 	if (PQntuples(res) != 1) {
 		req_fail(req, PGC_E_INTERNAL, "%s returned %d rows", req->method->name,
 			 PQntuples(res));
 		return;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	if (has_created)
-		reply_kv_bool(&m, "created", pgrow_bool(res, 0, 1));
-	reply_pack_row(reply_key(&m, "record"), kind, res, 0, col);
-	reply_kv_int(&m, "now_at", pgrow_int(res, 0, 0));
-	reply_map_end(&m);
+	reply_pack_row(req_result(req), kind, res, 0, 0);
 	req_done(req);
 }

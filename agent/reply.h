@@ -8,9 +8,15 @@
  * columns the statement must have (reply_kind_fits), so a statement and
  * the code reading it cannot silently disagree.
  *
- * Replies that mix cells with computed fields use a reply_map: entries
- * go into a nested buffer and the map header is written with the count at
- * reply_map_end(), so no handler writes a map size by hand.
+ * A whole reply is a table too: besides result cells, a column can be a
+ * field of a C struct the handler fills (by offsetof), a value a callback
+ * packs, or a nested map or array of maps declared by another table.
+ * dispatch.c names each method's reply tables, and unit-dispatch checks
+ * them against the `Result:` of the method in proto/PROTOCOL.md.
+ *
+ * Replies still built in code use a reply_map: entries go into a nested
+ * buffer and the map header is written with the count at reply_map_end(),
+ * so no handler writes a map size by hand.
  */
 #ifndef PGCOORD_AGENT_REPLY_H
 #define PGCOORD_AGENT_REPLY_H
@@ -29,6 +35,30 @@ enum reply_type {
 	REPLY_HEX_BIN, /* text of hex digits (encode(…, 'hex')) as bin */
 	REPLY_AGE,     /* the cell `now_col` minus this cell, in ms; nil for NULL */
 	REPLY_HIDDEN,  /* a column the handler reads itself: counted, not sent */
+	/* not cells: from the source's C struct, or packed by code */
+	REPLY_FIELD_INT,  /* int64_t at .off */
+	REPLY_FIELD_STR,  /* const char * at .off; nil when NULL */
+	REPLY_FIELD_BOOL, /* bool at .off */
+	REPLY_FN,	  /* .fn packs one value; .word is its type in PROTOCOL.md */
+	REPLY_MAP,	  /* a map of .sub, from the struct embedded at .off; its cells
+			     shifted by .col */
+	REPLY_MAP_OR_NIL, /* a map of .sub from the struct a pointer at .off points to;
+			     nil when it is NULL */
+	REPLY_ROWS,	  /* an array of .sub maps, one per row of the source; cells
+			     shifted by .col */
+};
+
+struct reply_kind;
+
+/* What a reply table is packed from: rows of a result (row .. row +
+ * nrows - 1; cells are read from .row, their columns shifted by .offset)
+ * and a C struct for the fields. */
+struct reply_src {
+	const PGresult *res;
+	int row;
+	int nrows;
+	int offset;
+	const void *c;
 };
 
 struct reply_col {
@@ -36,9 +66,62 @@ struct reply_col {
 	enum reply_type type;
 	int col;
 	int now_col; /* REPLY_AGE only: the column of the database's now */
+	size_t off;  /* REPLY_FIELD_*, REPLY_MAP*, REPLY_FN: where in the source struct */
+	/* REPLY_MAP*, REPLY_ROWS; for REPLY_FN, the shape of what it packs */
+	const struct reply_kind *sub;
+	/* REPLY_FN: packs the value from field (the source struct + .off) */
+	void (*fn)(msgpack_packer *pk, const void *field, const struct reply_src *src);
+	const char *word; /* REPLY_FN */
 };
 
-/* A row kind: its columns, in the order they go on the wire. */
+/* Columns that are not cells, declared by their source. */
+#define REPLY_FIELD(key, t, type_, member)                                                         \
+	{                                                                                          \
+		.name = (key), .type = (t), .col = -1, .off = offsetof(type_, member)              \
+	}
+#define REPLY_CALL(key, word_, fn_)                                                                \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = (word_)           \
+	}
+#define REPLY_CALL_AT(key, word_, fn_, type_, member)                                              \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = (word_),          \
+		.off = offsetof(type_, member)                                                     \
+	}
+#define REPLY_NESTED(key, kind, type_, member)                                                     \
+	{                                                                                          \
+		.name = (key), .type = REPLY_MAP, .col = 0, .sub = &(kind),                        \
+		.off = offsetof(type_, member)                                                     \
+	}
+#define REPLY_NESTED_OR_NIL(key, kind, type_, member)                                              \
+	{                                                                                          \
+		.name = (key), .type = REPLY_MAP_OR_NIL, .col = -1, .sub = &(kind),                \
+		.off = offsetof(type_, member)                                                     \
+	}
+#define REPLY_EACH_ROW(key, kind, shift)                                                           \
+	{                                                                                          \
+		.name = (key), .type = REPLY_ROWS, .col = (shift), .sub = &(kind)                  \
+	}
+/* An array of kind's maps that fn packs (it picks the rows). */
+#define REPLY_CALL_ROWS(key, kind, fn_)                                                            \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = "array",          \
+		.sub = &(kind)                                                                     \
+	}
+/* A map of kind, or nil, that fn packs. */
+#define REPLY_CALL_MAP(key, kind, fn_)                                                             \
+	{                                                                                          \
+		.name = (key), .type = REPLY_FN, .col = -1, .fn = (fn_), .word = "map",            \
+		.sub = &(kind)                                                                     \
+	}
+/* A map of kind from the source's row, its cells shifted by shift. */
+#define REPLY_ROW_AT(key, kind, shift)                                                             \
+	{                                                                                          \
+		.name = (key), .type = REPLY_MAP, .col = (shift), .sub = &(kind)                   \
+	}
+
+/* A row kind, or a whole reply: its columns, in the order they go on the
+ * wire. */
 struct reply_kind {
 	const struct reply_col *cols;
 	size_t n;
@@ -48,6 +131,16 @@ struct reply_kind {
 	{                                                                                          \
 		(table), sizeof(table) / sizeof((table)[0])                                        \
 	}
+
+/* The type a column shows on the wire, as PROTOCOL.md writes it ("int",
+ * "str", "bool", "bin", "map", "array"); NULL for REPLY_HIDDEN. */
+const char *reply_col_word(const struct reply_col *c);
+
+/* One reply of a table as a map, from src. */
+void reply_pack(msgpack_packer *pk, const struct reply_kind *kind, const struct reply_src *src);
+
+/* A reply of a table whose columns are all fields of the struct c. */
+void reply_pack_struct(msgpack_packer *pk, const struct reply_kind *kind, const void *c);
 
 /* How many columns a statement of this kind has: one past the highest
  * column the table names (every column must be named, REPLY_HIDDEN for

@@ -124,14 +124,16 @@ struct lost_note {
 	const char *reason;
 };
 
+/* session.lost's params */
+static const struct reply_col lost_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct lost_note, id),
+    REPLY_FIELD("reason", REPLY_FIELD_STR, struct lost_note, reason),
+};
+static const struct reply_kind lost_note_kind = REPLY_KIND(lost_cols);
+
 static void fill_lost(msgpack_packer *pk, void *arg)
 {
-	const struct lost_note *note = arg;
-	struct reply_map m;
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "session", note->id);
-	reply_kv_str(&m, "reason", note->reason);
-	reply_map_end(&m);
+	reply_pack_struct(pk, &lost_note_kind, arg);
 }
 
 static void lose(struct agent *ag, struct session *s, const char *reason, enum log_level level)
@@ -240,6 +242,33 @@ static bool read_keepalive_ms(struct request *req, int64_t *out)
 	return true;
 }
 
+/* A new or resumed session's answer. */
+struct open_view {
+	int64_t session, ttl_ms, grace_ms, keepalive_ms;
+	bool resumed;
+};
+
+static const struct reply_col open_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct open_view, session),
+    REPLY_FIELD("resumed", REPLY_FIELD_BOOL, struct open_view, resumed),
+    REPLY_FIELD("ttl_ms", REPLY_FIELD_INT, struct open_view, ttl_ms),
+    REPLY_FIELD("grace_ms", REPLY_FIELD_INT, struct open_view, grace_ms),
+    REPLY_FIELD("keepalive_ms", REPLY_FIELD_INT, struct open_view, keepalive_ms),
+};
+const struct reply_kind session_open_reply = REPLY_KIND(open_cols);
+
+static void answer_open(struct request *req, const struct session *s, bool resumed)
+{
+	struct open_view v = {
+	    .session = s->id,
+	    .resumed = resumed,
+	    .ttl_ms = req->ag->cfg.session_ttl_ms,
+	    .grace_ms = req->ag->cfg.session_grace_ms,
+	    .keepalive_ms = s->keepalive_ms,
+	};
+	reply_pack_struct(req_result(req), &session_open_reply, &v);
+}
+
 static void opened(const struct db_result *r, void *arg)
 {
 	struct request *req = arg;
@@ -277,19 +306,12 @@ static void opened(const struct db_result *r, void *arg)
 	} else {
 		attach(s, c);
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_int(&m, "session", id);
-	reply_kv_bool(&m, "resumed", false);
-	reply_kv_int(&m, "ttl_ms", ag->cfg.session_ttl_ms);
-	reply_kv_int(&m, "grace_ms", ag->cfg.session_grace_ms);
-	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
+	answer_open(req, s, false);
 	char kv[96] = "";
 	log_kv_int(kv, sizeof(kv), "session", id);
 	log_kv_int(kv, sizeof(kv), "pid", c->pid);
 	log_kv_int(kv, sizeof(kv), "uid", c->uid);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "opened");
-	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -356,19 +378,12 @@ static void resumed(const struct db_result *r, void *arg)
 		return;
 	}
 	attach(s, req->conn);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_int(&m, "session", id);
-	reply_kv_bool(&m, "resumed", true);
-	reply_kv_int(&m, "ttl_ms", ag->cfg.session_ttl_ms);
-	reply_kv_int(&m, "grace_ms", ag->cfg.session_grace_ms);
-	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
+	answer_open(req, s, true);
 	char kv[96] = "";
 	log_kv_int(kv, sizeof(kv), "session", id);
 	log_kv_int(kv, sizeof(kv), "pid", req->conn->pid);
 	log_kv_int(kv, sizeof(kv), "uid", req->conn->uid);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "resumed");
-	reply_map_end(&m);
 	req_done(req);
 }
 
@@ -455,6 +470,21 @@ void rpc_session_open(struct request *req)
 
 /* --- session.keepalive ----------------------------------------------- */
 
+struct keepalive_view {
+	int64_t session, last_heartbeat_ms_ago, keepalive_ms, next_due_ms;
+	bool live;
+};
+
+static const struct reply_col keepalive_cols[] = {
+    REPLY_FIELD("session", REPLY_FIELD_INT, struct keepalive_view, session),
+    REPLY_FIELD("live", REPLY_FIELD_BOOL, struct keepalive_view, live),
+    REPLY_FIELD("last_heartbeat_ms_ago", REPLY_FIELD_INT, struct keepalive_view,
+		last_heartbeat_ms_ago),
+    REPLY_FIELD("keepalive_ms", REPLY_FIELD_INT, struct keepalive_view, keepalive_ms),
+    REPLY_FIELD("next_due_ms", REPLY_FIELD_INT, struct keepalive_view, next_due_ms),
+};
+const struct reply_kind session_keepalive_reply = REPLY_KIND(keepalive_cols);
+
 void rpc_session_keepalive(struct request *req)
 {
 	struct agent *ag = req->ag;
@@ -469,19 +499,28 @@ void rpc_session_keepalive(struct request *req)
 			 id);
 		return;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_int(&m, "session", id);
-	reply_kv_bool(&m, "live", true);
-	reply_kv_int(&m, "last_heartbeat_ms_ago",
-		     ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1);
-	reply_kv_int(&m, "keepalive_ms", s->keepalive_ms);
-	reply_kv_int(&m, "next_due_ms", keepalive_due_in_ms(s));
-	reply_map_end(&m);
+	struct keepalive_view v = {
+	    .session = id,
+	    .live = true,
+	    .last_heartbeat_ms_ago =
+		ag->id.hb_last_ok_ms ? (int64_t)(now - ag->id.hb_last_ok_ms) : -1,
+	    .keepalive_ms = s->keepalive_ms,
+	    .next_due_ms = keepalive_due_in_ms(s),
+	};
+	reply_pack_struct(req_result(req), &session_keepalive_reply, &v);
 	req_done(req);
 }
 
 /* --- session.close --------------------------------------------------- */
+
+struct close_view {
+	bool closed;
+};
+
+static const struct reply_col close_cols[] = {
+    REPLY_FIELD("closed", REPLY_FIELD_BOOL, struct close_view, closed),
+};
+const struct reply_kind session_close_reply = REPLY_KIND(close_cols);
 
 static void closed(const struct db_result *r, void *arg)
 {
@@ -502,10 +541,8 @@ static void closed(const struct db_result *r, void *arg)
 	char kv[48];
 	snprintf(kv, sizeof(kv), "session=%" PRId64, id);
 	log_write(&ag->log, LOG_LEVEL_INFO, "sessions", kv, "closed by its client");
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "closed", true);
-	reply_map_end(&m);
+	struct close_view v = {.closed = true};
+	reply_pack_struct(req_result(req), &session_close_reply, &v);
 	req_done(req);
 }
 

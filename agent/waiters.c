@@ -94,12 +94,20 @@ void waiters_track(struct agent *ag, const char *id, int64_t session_id)
 /* The columns of pgcoord.cancel_decision (0006_waiting_claims.sql); a
  * refusal arrives as the statement's SQLSTATE instead. */
 enum { CD_STATUS, CD_NOW };
-/* What a cancel sends after `id` and `cancelled`. */
+/* What a cancel answers: the id and whether it left the queue, then the
+ * row. */
+struct cancel_view {
+	const char *id;
+	bool cancelled;
+};
+
 static const struct reply_col cancel_cols[] = {
+    REPLY_FIELD("id", REPLY_FIELD_STR, struct cancel_view, id),
+    REPLY_FIELD("cancelled", REPLY_FIELD_BOOL, struct cancel_view, cancelled),
     {"status", REPLY_STR, CD_STATUS, 0},
     {"now_at", REPLY_INT, CD_NOW, 0},
 };
-static const struct reply_kind cancel_row = REPLY_KIND(cancel_cols);
+const struct reply_kind permit_cancel_reply = REPLY_KIND(cancel_cols);
 
 /* pgcoord.cancel_status: whether this call took the claim out of the
  * queue (the others name the permit's state: it was not queued). */
@@ -129,7 +137,7 @@ static void cancelled(const struct db_result *r, void *arg)
 		req_fail_db(req, r);
 		return;
 	}
-	if (!req_rows_are(req, &cancel_row, res, 0))
+	if (!req_rows_are(req, &permit_cancel_reply, res, 0))
 		return;
 	if (PQntuples(res) == 1)
 		while (i < n && strcmp(PQgetvalue(res, 0, CD_STATUS), cancel_statuses[i].status))
@@ -140,12 +148,9 @@ static void cancelled(const struct db_result *r, void *arg)
 	}
 	if (cancel_statuses[i].cancelled && waiter_reg(req->ag))
 		forget(waiter_reg(req->ag), call->id, call->session_id);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_bool(&m, "cancelled", cancel_statuses[i].cancelled);
-	reply_kv_row(&m, &cancel_row, res, 0, 0);
-	reply_map_end(&m);
+	struct cancel_view v = {call->id, cancel_statuses[i].cancelled};
+	struct reply_src src = {.res = res, .row = 0, .nrows = 1, .c = &v};
+	reply_pack(req_result(req), &permit_cancel_reply, &src);
 	req_done(req);
 }
 

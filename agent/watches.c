@@ -92,6 +92,17 @@ uint64_t watches_polls(const struct agent *ag)
 	return watch_reg(ag) ? watch_reg(ag)->polls : 0;
 }
 
+/* Every watch method's answer: the watch, and how often it is read. */
+struct watch_view {
+	int64_t watch, poll_ms;
+};
+
+static const struct reply_col watch_cols[] = {
+    REPLY_FIELD("watch", REPLY_FIELD_INT, struct watch_view, watch),
+    REPLY_FIELD("poll_ms", REPLY_FIELD_INT, struct watch_view, poll_ms),
+};
+const struct reply_kind watch_reply = REPLY_KIND(watch_cols);
+
 /* --- the methods ------------------------------------------------------ */
 
 static void watch_method(struct request *req, enum watch_kind kind, const char *param)
@@ -145,13 +156,19 @@ static void watch_method(struct request *req, enum watch_kind kind, const char *
 		rg->list = found;
 		rg->count++;
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_int(&m, "watch", found->id);
-	reply_kv_int(&m, "poll_ms", ag->cfg.watch_poll_ms);
-	reply_map_end(&m);
+	struct watch_view v = {.watch = found->id, .poll_ms = ag->cfg.watch_poll_ms};
+	reply_pack_struct(req_result(req), &watch_reply, &v);
 	req_done(req);
 }
+
+struct cancel_view {
+	bool cancelled;
+};
+
+static const struct reply_col cancel_cols[] = {
+    REPLY_FIELD("cancelled", REPLY_FIELD_BOOL, struct cancel_view, cancelled),
+};
+const struct reply_kind watch_cancel_reply = REPLY_KIND(cancel_cols);
 
 void rpc_quota_watch(struct request *req)
 {
@@ -191,10 +208,8 @@ void rpc_watch_cancel(struct request *req)
 			break;
 		}
 	}
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_bool(&m, "cancelled", cancelled);
-	reply_map_end(&m);
+	struct cancel_view v = {.cancelled = cancelled};
+	reply_pack_struct(req_result(req), &watch_cancel_reply, &v);
 	req_done(req);
 }
 
