@@ -88,7 +88,9 @@ const struct option_def config_options[] = {
     {"lease_ttl_ms", OPT_INT, OFF(lease_ttl_ms), "15000", 1000, 600000, false, true,
      "Default ttl of a leadership lease; a lease.acquire may ask for another."},
     {"lease_retry_ms", OPT_INT, OFF(lease_retry_ms), "1000", 50, 60000, false, false,
-     "How often a waiting campaign retries, and how often watched leases are polled."},
+     "How often a waiting campaign retries at most (it tries at the holder's expiry, plus a "
+     "jitter of up to a quarter of this, when that comes first; the janitor lease's "
+     "candidates try at the expiry only), and how often watched leases are polled."},
     {"janitor_interval_ms", OPT_INT, OFF(janitor_interval_ms), "1000", 100, 600000, false, false,
      "How often the elected janitor sweeps expired sessions and lapsed permits."},
     {"retention_s", OPT_INT, OFF(retention_s), "0", 0, 315360000, false, true,

@@ -25,3 +25,15 @@ uint64_t lease_belief_next_renewal_in(uint64_t sent_ms, int renew_ms, uint64_t n
 	uint64_t next = sent_ms + (uint64_t)(renew_ms > 0 ? renew_ms : 0);
 	return next > now_ms ? next - now_ms : 0;
 }
+
+uint64_t lease_campaign_wait_ms(int64_t expires_in_ms, int jitter_ms, int poll_ms, int fallback_ms,
+				uint32_t rnd)
+{
+	uint64_t wait;
+	if (expires_in_ms <= 0)
+		return fallback_ms > 0 ? (uint64_t)fallback_ms : 0;
+	wait = (uint64_t)expires_in_ms + (jitter_ms > 0 ? rnd % ((uint32_t)jitter_ms + 1) : 0);
+	if (poll_ms > 0 && wait > (uint64_t)poll_ms)
+		wait = (uint64_t)poll_ms;
+	return wait;
+}

@@ -30,4 +30,17 @@ uint64_t lease_belief_left(bool leader, uint64_t until_ms, uint64_t now_ms);
  * due; 0 when it is due already. */
 uint64_t lease_belief_next_renewal_in(uint64_t sent_ms, int renew_ms, uint64_t now_ms);
 
+/*
+ * When a campaign that lost should try again. The database told it how
+ * long the holder's row has left (expires_in_ms, by the database clock);
+ * the row cannot be taken before then, so trying earlier only costs a
+ * statement. It tries at expiry plus a jitter (rnd % (jitter_ms + 1)), so
+ * a fleet of candidates does not arrive in one instant. A row that has
+ * lapsed already (or could not be read, < 0) is tried after fallback_ms.
+ * poll_ms > 0 caps the wait: a candidate that must also notice a hand-back
+ * before the expiry looks again that often; 0 waits for the expiry alone.
+ */
+uint64_t lease_campaign_wait_ms(int64_t expires_in_ms, int jitter_ms, int poll_ms, int fallback_ms,
+				uint32_t rnd);
+
 #endif

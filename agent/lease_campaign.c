@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/conn.h"
 #include "agent/db.h"
@@ -160,6 +161,21 @@ void lease_reply_acquire(struct request *req, struct lease *l, const struct db_r
 	req_done(req);
 }
 
+/* A lost campaign waits for the holder's expiry as the database measured
+ * it, plus a jitter of up to a quarter of lease_retry_ms: failover after a
+ * holder dies stays within its ttl and that jitter, and a candidate costs
+ * one statement per expiry instead of one per lease_retry_ms. */
+static uint64_t campaign_wait(struct lease *l, const PGresult *res)
+{
+	struct lease_registry *rg = lease_reg(l->ag);
+	int retry = l->ag->cfg.lease_retry_ms;
+	int64_t left = -1;
+	if (!pgrow_null(res, 0, LA_HOLDER_SESSION) && !pgrow_null(res, 0, LA_EXPIRES_IN_MS))
+		left = pgrow_int(res, 0, LA_EXPIRES_IN_MS);
+	rg->rng = rg->rng * 1103515245u + 12345u;
+	return lease_campaign_wait_ms(left, retry / 4, l->hand_back_poll_ms, retry, rg->rng >> 8);
+}
+
 static void attempt_done(const struct db_result *r, void *arg)
 {
 	struct lease *l = arg;
@@ -224,7 +240,7 @@ static void attempt_done(const struct db_result *r, void *arg)
 					 holder, holder_replica);
 		l->epoch = epoch;
 		if (l->wait)
-			after_ms(l->timer, (uint64_t)ag->cfg.lease_retry_ms);
+			after_ms(l->timer, campaign_wait(l, r->res));
 	}
 	if (req)
 		lease_reply_acquire(req, l, r);
@@ -277,6 +293,7 @@ struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, 
 	l->session_id = session_id;
 	l->ttl_ms = ttl_ms;
 	l->renew_ms = renew_ms;
+	l->hand_back_poll_ms = ag->cfg.lease_retry_ms;
 	l->timer = evtimer_new(ag->base, timer_cb, l);
 	l->belief_timer = evtimer_new(ag->base, belief_timer_cb, l);
 	if (!l->name || !l->timer || !l->belief_timer) {
@@ -298,6 +315,8 @@ bool leases_campaign_internal(struct agent *ag, const char *name, int64_t sessio
 		return false;
 	l->wait = true;
 	l->on_change = on_change;
+	/* the janitor's duties can wait out a hand-back: no polling for one */
+	l->hand_back_poll_ms = 0;
 	lease_attempt(l);
 	return true;
 }
@@ -361,6 +380,7 @@ bool leases_start(struct agent *ag)
 		free(rg);
 		return false;
 	}
+	rg->rng = (uint32_t)mono_ms() ^ ((uint32_t)getpid() << 12);
 	ag->leases = rg;
 	struct timeval tv = {ag->cfg.lease_retry_ms / 1000, (ag->cfg.lease_retry_ms % 1000) * 1000};
 	event_add(rg->poll_timer, &tv);

@@ -46,6 +46,9 @@ struct lease {
 	struct event *belief_timer; /* belief deadline */
 	struct request *pending;    /* a lease.acquire waiting for this attempt */
 	void (*on_change)(struct agent *ag, bool leader); /* internal leases */
+	/* a losing campaign looks again at least this often, to see a
+	 * hand-back before the holder's expiry; 0: at the expiry only */
+	int hand_back_poll_ms;
 	struct parked *parked; /* dead: requests to run once its statement returns */
 };
 
@@ -82,6 +85,7 @@ struct lease_registry {
 	struct lease_watch *watches;
 	struct event *poll_timer;
 	bool poll_in_flight;
+	uint32_t rng; /* campaign jitter */
 };
 
 struct change_note {

@@ -888,6 +888,84 @@ Test(leases, janitor_is_one_agent_and_survives_its_death)
 	hdb_drop(db);
 }
 
+/* Calls of pgcoord.lease_acquire the server has counted, by every backend
+ * (the database has track_functions on). */
+static long acquire_calls(struct harness_db *db)
+{
+	return hdb_query_long(db, "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+				  "WHERE schemaname = 'pgcoord' AND funcname = 'lease_acquire'");
+}
+
+/*
+ * Candidates for the janitor lease learn from each lost campaign when the
+ * holder's row expires (by the database clock) and try again then, not every
+ * lease_retry_ms: with a retry of 100 ms two candidates would call
+ * lease_acquire 20 times a second; here they call it about once per expiry.
+ * When the janitor is killed, its successor still leads within the lease's
+ * ttl and the jitter (a quarter of lease_retry_ms).
+ */
+Test(leases, janitor_candidates_campaign_at_the_holders_expiry_not_every_retry)
+{
+	const char *const args[] = {"--lease-ttl-ms",
+				    "3000",
+				    "--lease-retry-ms",
+				    "100",
+				    "--janitor-interval-ms",
+				    "200",
+				    NULL};
+	struct harness_db *db = lease_db();
+	struct hagent *agents[3];
+	const char *ids[3] = {"expiry-a", "expiry-b", "expiry-c"};
+	int j = -1;
+
+	hdb_exec(db, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %%I SET track_functions = "
+		     "''all''', current_database()); END $$");
+	for (int i = 0; i < 3; i++)
+		agents[i] = hagent_start(db, ids[i], args);
+	int64_t until = hnow_ms() + 3000 + 2000;
+	while (janitors(agents, 3, &j) != 1 && hnow_ms() < until)
+		hsleep_ms(50);
+	cr_assert_eq(janitors(agents, 3, &j), 1, "no single janitor");
+
+	hsleep_ms(1500); /* the server's function counts lag by up to a second */
+	long before = acquire_calls(db);
+	hsleep_ms(6000);
+	long calls = acquire_calls(db) - before;
+	fprintf(stderr, "lease_acquire calls in 6 s, 1 holder + 2 candidates: %ld\n", calls);
+	/* the holder renews every second; each candidate tries about once per
+	 * expiry (2 s to 3 s apart). Every 100 ms would be 120. */
+	cr_assert_leq(calls, 6 + 2 * 4 + 2, "%ld lease_acquire calls in 6 s", calls);
+	cr_assert_geq(calls, 5, "the holder did not renew (%ld calls in 6 s)", calls);
+
+	int64_t killed = hnow_ms();
+	hagent_kill(agents[j], SIGKILL);
+	hagent_wait(agents[j], -1);
+	hagent_destroy(agents[j]);
+	agents[j] = NULL;
+	int dead = j, successor = -1;
+	until = killed + 3000 + 3000;
+	while (janitors(agents, 3, &successor) != 1 && hnow_ms() < until)
+		hsleep_ms(20);
+	int64_t took = hnow_ms() - killed;
+	fprintf(stderr, "janitor failover after kill -9: %lld ms (lease ttl 3000 + jitter 25)\n",
+		(long long)took);
+	cr_assert_eq(janitors(agents, 3, &successor), 1, "no successor janitor");
+	cr_assert_neq(successor, dead);
+	/* ttl and jitter, plus the status polls' own step and latency */
+	cr_assert_leq(took, 3000 + 25 + 400, "janitor failover took %lld ms", (long long)took);
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.leases WHERE name = "
+			   "'pgcoord.janitor' AND holder_replica = '%s' AND expires_at > now()",
+			   ids[successor]),
+	    1, "the database does not name the successor as the janitor");
+	assert_events_consistent(db, "pgcoord.janitor");
+
+	for (int i = 0; i < 3; i++)
+		hagent_destroy(agents[i]);
+	hdb_drop(db);
+}
+
 /* --- contention under crashes ------------------------------------------- */
 
 /*

@@ -98,3 +98,23 @@ Test(lease_belief, large_monotonic_times_do_not_overflow)
 	cr_assert_eq(lease_belief_left(true, until, sent), (uint64_t)(TTL - RENEW));
 	cr_assert_eq(lease_belief_next_renewal_in(sent, RENEW, sent + 1), (uint64_t)RENEW - 1);
 }
+
+Test(lease_belief, a_lost_campaign_waits_for_the_holders_expiry_and_a_jitter)
+{
+	cr_assert_eq(lease_campaign_wait_ms(9000, 250, 0, 1000, 0), 9000);
+	cr_assert_eq(lease_campaign_wait_ms(9000, 250, 0, 1000, 250), 9250);
+	cr_assert_eq(lease_campaign_wait_ms(9000, 250, 0, 1000, 251), 9000, "jitter wraps");
+	cr_assert_eq(lease_campaign_wait_ms(9000, 0, 0, 1000, 77), 9000, "no jitter");
+}
+
+Test(lease_belief, a_poll_for_hand_backs_caps_the_wait)
+{
+	cr_assert_eq(lease_campaign_wait_ms(9000, 250, 1000, 1000, 100), 1000);
+	cr_assert_eq(lease_campaign_wait_ms(300, 250, 1000, 1000, 100), 400, "expiry first");
+}
+
+Test(lease_belief, a_lapsed_or_unknown_expiry_retries_after_the_fallback)
+{
+	cr_assert_eq(lease_campaign_wait_ms(0, 250, 0, 1000, 100), 1000);
+	cr_assert_eq(lease_campaign_wait_ms(-1, 250, 0, 1000, 100), 1000);
+}
