@@ -40,6 +40,24 @@ bool migrate_error_means_old_series(const char *sqlstate)
 	return sqlstate && strcmp(sqlstate, "42703") == 0;
 }
 
+/* The binary's migration of that version, or NULL: versions rise but may
+ * skip a number, so they are not the array's subscripts. */
+static const struct migration *migration_of(int version)
+{
+	for (int i = 0; i < migrations_count; i++)
+		if (migrations[i].version == version)
+			return &migrations[i];
+	return NULL;
+}
+
+static bool recorded_in(const PGresult *res, int version)
+{
+	for (int row = 0; row < PQntuples(res); row++)
+		if (atoi(PQgetvalue(res, row, 0)) == version)
+			return true;
+	return false;
+}
+
 bool migrate_check_applied(const PGresult *res, int *version, char *err, size_t errlen)
 {
 	*version = 0;
@@ -47,8 +65,9 @@ bool migrate_check_applied(const PGresult *res, int *version, char *err, size_t 
 		int v = atoi(PQgetvalue(res, row, 0));
 		const char *name = PQgetvalue(res, row, 1);
 		const char *sum = PQgetisnull(res, row, 2) ? "(none)" : PQgetvalue(res, row, 2);
+		const struct migration *m = migration_of(v);
 
-		if (v < 1 || v > migrations_count || strcmp(migrations[v - 1].name, name) != 0) {
+		if (!m || strcmp(m->name, name) != 0) {
 			snprintf(err, errlen,
 				 "the database records migration %04d_%s, which this binary does "
 				 "not have (its latest is %04d_%s): it was made by another "
@@ -57,16 +76,21 @@ bool migrate_check_applied(const PGresult *res, int *version, char *err, size_t 
 				 migrations[migrations_count - 1].name);
 			return false;
 		}
-		if (strcmp(migrations[v - 1].checksum, sum) != 0) {
+		if (strcmp(m->checksum, sum) != 0) {
 			snprintf(err, errlen,
 				 "migration %04d_%s was applied with checksum %s but this binary's "
 				 "text of it has checksum %s: the schema is not what this binary "
 				 "knows; nothing was applied",
-				 v, name, sum, migrations[v - 1].checksum);
+				 v, name, sum, m->checksum);
 			return false;
 		}
-		*version = v > *version ? v : *version;
 	}
+	/* the schema's version is the last of the binary's migrations applied
+	 * with every one before it: a database that recorded a later version
+	 * but not an earlier one (added to the series after it was applied)
+	 * is behind, and migrate applies the one it lacks */
+	for (int i = 0; i < migrations_count && recorded_in(res, migrations[i].version); i++)
+		*version = migrations[i].version;
 	return true;
 }
 
