@@ -1,13 +1,13 @@
 /*
- * test_upgrade.c — a database in use upgrades to 0014_ledger.sql: its held,
+ * test_upgrade.c — a database in use upgrades to 0013_ledger.sql: its held,
  * uncertain and queued permits and their history come through the
  * migration as they were, the new agent takes the killed one's sessions
  * over, the queue is handed over on release, and the check is clean.
  *
  * The live ledger is made by a real agent, which is then killed (an agent
  * refuses a schema behind its own, so it runs on the whole series). The
- * schema is then put back to 0012's where 0014 changes it (the BEFORE
- * trigger quotas_no_overtaking) with version 14 unrecorded, a cycle runs on
+ * schema is then put back to 0012's where 0013 changes it (the BEFORE
+ * trigger quotas_no_overtaking) with version 13 unrecorded, a cycle runs on
  * it through the functions the agent calls, and `pgcoord-agent migrate`
  * upgrades it as it stands.
  */
@@ -22,14 +22,14 @@
 
 TestSuite(upgrade, .timeout = 120);
 
-/* What 0012 left of what 0014 changes, and 0014 not recorded. */
+/* What 0012 left of what 0013 changes, and 0013 not recorded. */
 static const char back_to_0012[] =
     "DROP TRIGGER quotas_no_overtaking ON pgcoord.quotas; "
     "DROP FUNCTION pgcoord.quotas_no_overtaking_check(); "
     "CREATE TRIGGER quotas_no_overtaking BEFORE UPDATE OF in_flight ON pgcoord.quotas "
     "FOR EACH ROW WHEN (NEW.in_flight > OLD.in_flight AND OLD.waiting > 0) "
     "EXECUTE FUNCTION pgcoord.quotas_no_overtaking(); "
-    "DELETE FROM pgcoord.schema_migrations WHERE version = 14";
+    "DELETE FROM pgcoord.schema_migrations WHERE version = 13";
 
 /* The ledger, whole: every permit, share, waiter, quota counter and audit
  * row, as text in a fixed order. Equal strings: nothing changed. */
@@ -100,7 +100,7 @@ static void resume(int fd, int64_t session)
 	iparams_destroy(&p);
 }
 
-Test(upgrade, held_uncertain_and_queued_permits_and_history_survive_0014_and_the_takeover)
+Test(upgrade, held_uncertain_and_queued_permits_and_history_survive_0013_and_the_takeover)
 {
 	struct harness_db *db = idb_migrated();
 	const char *const args[] = {"--session-ttl-ms",
@@ -139,7 +139,7 @@ Test(upgrade, held_uncertain_and_queued_permits_and_history_survive_0014_and_the
 	close(fd2);
 	close(fd3);
 
-	/* the schema goes back to 0012's: the BEFORE trigger, 0014 unrecorded */
+	/* the schema goes back to 0012's: the BEFORE trigger, 0013 unrecorded */
 	hdb_exec(db, "%s", back_to_0012);
 	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"), 12);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_trigger WHERE tgname = "
@@ -168,10 +168,10 @@ Test(upgrade, held_uncertain_and_queued_permits_and_history_survive_0014_and_the
 
 	/* the new schema, on the database as it is */
 	hdb_migrate(db);
-	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"), 14);
+	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"), 13);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_trigger WHERE tgname = "
 					"'quotas_no_overtaking' AND tgtype & 2 = 0"),
-		     1, "not the AFTER trigger of 0014");
+		     1, "not the AFTER trigger of 0013");
 	char *after = ledger(db);
 	cr_assert_str_eq(after, before, "the migration changed the ledger");
 	free(after);

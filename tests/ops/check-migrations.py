@@ -24,7 +24,7 @@ REPLACES = {
 # begins (whitespace collapsed, lowercase); what it creates again in their
 # place is checked as any creation is
 DROPS = {
-    '0014_ledger.sql': {'drop trigger quotas_no_overtaking on pgcoord.quotas'},
+    '0013_ledger.sql': {'drop trigger quotas_no_overtaking on pgcoord.quotas'},
 }
 
 
