@@ -292,3 +292,145 @@ Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
 	hagent_destroy(ag);
 	hdb_drop(db);
 }
+
+#define UID_C 65532u
+
+/* The holders a denied or queued answer names: ids, comma-separated. */
+static void assert_holders(const msgpack_object *res, const char *want)
+{
+	assert_ids(res, "holders", want);
+}
+
+Test(why, a_denied_or_queued_claim_names_who_holds_the_room)
+{
+	const char *const args[] = {"--socket-mode", "0666", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-3", args);
+	struct iparams p;
+	struct ireply r;
+
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
+	int fb = iconnect_as(hagent_socket(ag), UID_B);
+	int fc = iconnect_as(hagent_socket(ag), UID_C);
+	int fr = iconnect_as(hagent_socket(ag), 0);
+	int64_t sa = isession_open(fa, "tenant-a");
+	int64_t sb = isession_open(fb, "tenant-b");
+	isession_open(fc, "tenant-c");
+	isession_open(fr, "operator");
+	iquota_set(fr, "q", 6);
+	iquota_set(fr, "aaa", 10);
+	claim(fa, "a-1", "q", 4, 0, "admitted");
+	claim(fb, "b-1", "q", 2, 0, "admitted");
+
+	/* A, denied: the numbers as the ledger has them, and A's own holder */
+	iclaim_call(fa, "a-2", "q", 1, 0, &r);
+	const msgpack_object *res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "limit"), 6);
+	cr_assert_eq(iint(res, "in_flight"),
+		     hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"));
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "waiting"), 0);
+	cr_assert_eq(iint(res, "hidden"), 1, "B's permit is not A's to see");
+	assert_holders(res, "a-1");
+	const msgpack_object *h = holder(res, "holders", 0);
+	cr_assert_eq(iint(h, "weight"), 4);
+	cr_assert(istr_is(h, "state", "held"));
+	cr_assert(istr_is(h, "owner_replica", "why-3"));
+	cr_assert_eq(iint(h, "owner_session"), sa);
+	cr_assert_eq(
+	    iint(h, "owner_session"),
+	    hdb_query_long(db, "SELECT owner_session FROM pgcoord.permits WHERE id = 'a-1'"));
+	cr_assert_geq(iint(h, "age_ms"), 0);
+	cr_assert(iis_nil(h, "reason"));
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'a-2'"), 0,
+		     "the denied claim left a permit");
+
+	/* C owns nothing there: the counts, no holder at all */
+	iclaim_call(fc, "c-1", "q", 1, 0, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "hidden"), 2);
+	assert_holders(res, "");
+	ireply_destroy(&r);
+
+	/* the operator sees both, largest first; an uncertain one says why */
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "b-1");
+	pgc_pack_kv_str(&p.pk, "reason", "worker went quiet");
+	icall_ok(fb, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	iclaim_call(fr, "r-1", "q", 1, 0, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert_eq(iint(res, "hidden"), 0);
+	assert_holders(res, "a-1,b-1");
+	h = holder(res, "holders", 1);
+	cr_assert(istr_is(h, "state", "uncertain"));
+	cr_assert(istr_is(h, "reason", "worker went quiet"));
+	cr_assert_eq(iint(h, "owner_session"), sb);
+	ireply_destroy(&r);
+
+	/* B, queued: the quota that keeps it out, with its numbers */
+	iclaim_call(fb, "b-2", "q", 1, 30000, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "queued"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "limit"), 6);
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "waiting"), 1);
+	cr_assert_eq(iint(res, "waiting"),
+		     hdb_query_long(db, "SELECT waiting FROM pgcoord.quotas WHERE key = 'q'"));
+	cr_assert_eq(iint(res, "position"), 1);
+	assert_holders(res, "b-1");
+	cr_assert_eq(iint(res, "hidden"), 1);
+	ireply_destroy(&r);
+
+	/* a claim of two quotas waits for the one without room, not the
+	 * first in key order */
+	iparams_begin(&p, 3);
+	pgc_pack_kv_str(&p.pk, "id", "r-2");
+	pgc_pack_cstr(&p.pk, "quotas");
+	msgpack_pack_array(&p.pk, 2);
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "key", "aaa");
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "key", "q");
+	pgc_pack_kv_int(&p.pk, "wait_ms", 30000);
+	res = icall_ok(fr, "permit.claim", &p, &r);
+	iparams_destroy(&p);
+	cr_assert(istr_is(res, "status", "queued"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "waiting"), 2);
+	cr_assert_eq(iint(res, "position"), 2);
+	assert_holders(res, "a-1,b-1");
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.waiters "
+					"WHERE state = 'queued' AND id IN ('b-2', 'r-2')"),
+		     2);
+
+	/* the queued claim is still told when it gets in, after its answer */
+	iparams_begin(&p, 1);
+	pgc_pack_kv_str(&p.pk, "id", "a-1");
+	icall_ok(fa, "permit.release", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	ihear(fb, "permit.admitted", 10000, &r);
+	cr_assert(istr_is(r.m.params, "id", "b-2"));
+	ireply_destroy(&r);
+	cr_assert(iwait_sql(db, 10000,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'b-2' "
+			    "AND state = 'held'"));
+
+	close(fa);
+	close(fb);
+	close(fc);
+	close(fr);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
