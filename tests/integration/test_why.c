@@ -375,6 +375,41 @@ Test(why, a_denied_or_queued_claim_names_who_holds_the_room)
 	cr_assert_eq(iint(h, "owner_session"), sb);
 	ireply_destroy(&r);
 
+	/* libpgcoord hands the same to a C caller */
+	pgcoord *c = NULL;
+	pgcoord_claim *cl = NULL;
+	const char *const ckeys[] = {"q"};
+	struct pgcoord_claim_opts opts = PGCOORD_CLAIM_OPTS_INIT;
+	const char *quota = NULL;
+	int64_t limit = 0, in_flight = 0, waiting = -1, hidden = -1;
+	opts.keys = ckeys;
+	opts.nquotas = 1;
+	cr_assert_eq(pgcoord_connect(hagent_socket(ag), 5000, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "libpgcoord", 5000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_claim(c, "lib-1", &opts, 5000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_DENIED);
+	cr_assert(pgcoord_claim_room(cl, &quota, &limit, &in_flight, &waiting, &hidden));
+	cr_assert_str_eq(quota, "q");
+	cr_assert_eq(limit, 6);
+	cr_assert_eq(in_flight, 6);
+	cr_assert_eq(waiting, 0);
+	cr_assert_eq(hidden, 0);
+	cr_assert_eq(pgcoord_claim_holder_count(cl), 2);
+	const pgcoord_holder *ch = pgcoord_claim_holder_at(cl, 0);
+	cr_assert_str_eq(ch->id, "a-1");
+	cr_assert_eq(ch->weight, 4);
+	cr_assert_str_eq(ch->state, "held");
+	cr_assert_str_eq(ch->owner_replica, "why-3");
+	cr_assert_eq(ch->owner_session, sa);
+	cr_assert_null(ch->reason);
+	ch = pgcoord_claim_holder_at(cl, 1);
+	cr_assert_str_eq(ch->id, "b-1");
+	cr_assert_str_eq(ch->reason, "worker went quiet");
+	cr_assert_null(pgcoord_claim_holder_at(cl, 2));
+	pgcoord_claim_free(cl);
+	pgcoord_close(c);
+
 	/* B, queued: the quota that keeps it out, with its numbers */
 	iclaim_call(fb, "b-2", "q", 1, 30000, &r);
 	res = iok(&r, "permit.claim");
