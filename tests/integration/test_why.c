@@ -469,3 +469,98 @@ Test(why, a_denied_or_queued_claim_names_who_holds_the_room)
 	hagent_destroy(ag);
 	hdb_drop(db);
 }
+
+/* The status code of an HTTP response. */
+static int code_of(const char *resp)
+{
+	const char *sp = strchr(resp, ' ');
+	return sp ? atoi(sp + 1) : 0;
+}
+
+/* The body of an HTTP response (after the empty line), or "". */
+static const char *body_of(const char *resp)
+{
+	const char *b = strstr(resp, "\r\n\r\n");
+	return b ? b + 4 : "";
+}
+
+Test(why, the_why_page_shows_a_quota_from_status_escaped)
+{
+	const char *const args[] = {"--socket-mode", "0666", "--metrics-listen", "127.0.0.1:0",
+				    NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-http", args);
+	struct iparams p;
+	struct ireply r;
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
+	int fr = iconnect_as(hagent_socket(ag), 0);
+	int64_t sa = isession_open(fa, "tenant-a");
+	isession_open(fr, "operator");
+	/* a key that would break out of HTML and of a query string */
+	const char *key = "q<&\"x y/%";
+	iquota_set(fr, key, 5);
+	claim(fa, "w-big", key, 3, 0, "admitted");
+	claim(fa, "w-odd<i>", key, 1, 0, "admitted");
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "w-odd<i>");
+	pgc_pack_kv_str(&p.pk, "reason", "lost <b>sight</b>");
+	icall_ok(fa, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	/* /status links the quota, its key percent-encoded and escaped */
+	char *page = ihttp_get(ag, "/status");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	cr_assert(strstr(page, "<a href=\"/why?key=q%3C%26%22x%20y%2F%25\">q&lt;&amp;&quot;x "
+			       "y/%</a>"),
+		  "%s", page);
+	free(page);
+
+	/* the link's page: the numbers and holders the ledger has */
+	page = ihttp_get(ag, "/why?key=q%3C%26%22x%20y%2F%25");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	cr_assert(strstr(page, "Content-Type: text/html; charset=utf-8"), "%s", page);
+	const char *body = body_of(page);
+	cr_assert(strstr(body, "Who holds quota &quot;q&lt;&amp;&quot;x y/%&quot;"), "%s", body);
+	cr_assert(!strstr(body, "<i>") && !strstr(body, "<b>"), "unescaped: %s", body);
+	char want[160];
+	snprintf(
+	    want, sizeof(want), "<tr><th>in flight</th><td>%ld</td></tr>",
+	    hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q<&\"x y/%%'"));
+	cr_assert(strstr(body, want), "no %s in %s", want, body);
+	cr_assert(strstr(body, "<tr><th>in flight</th><td>4</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>limit</th><td>5</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>available</th><td>1</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>open permits</th><td>2</td></tr>"), "%s", body);
+	/* the operator's view: every holder, with its owner */
+	snprintf(want, sizeof(want), "<td>w-big</td><td>3</td><td>held</td>");
+	cr_assert(strstr(body, want), "%s", body);
+	snprintf(want, sizeof(want), "<td>why-http</td><td>%ld</td>", (long)sa);
+	cr_assert(strstr(body, want), "%s", body);
+	cr_assert(strstr(body, "<td>w-odd&lt;i&gt;</td><td>1</td><td>uncertain</td>"), "%s", body);
+	cr_assert(strstr(body, "<td>lost &lt;b&gt;sight&lt;/b&gt;</td>"), "%s", body);
+	free(page);
+
+	/* '+' is a space; an unknown quota is 404; a bad key 400 */
+	page = ihttp_get(ag, "/why?key=no+such");
+	cr_assert_eq(code_of(page), 404, "%s", page);
+	cr_assert(strstr(body_of(page), "Who holds quota &quot;no such&quot;"), "%s", page);
+	free(page);
+	page = ihttp_get(ag, "/why?key=%00");
+	cr_assert_eq(code_of(page), 400, "%s", page);
+	free(page);
+	page = ihttp_get(ag, "/why");
+	cr_assert_eq(code_of(page), 400, "%s", page);
+	cr_assert(strstr(page, "/why?key=QUOTA"), "%s", page);
+	free(page);
+
+	/* the agent served them all and still answers */
+	page = ihttp_get(ag, "/healthz");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	free(page);
+	close(fa);
+	close(fr);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
