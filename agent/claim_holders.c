@@ -22,6 +22,61 @@
 
 /* The holders an answer names at most (PROTOCOL.md: permit.claim). */
 #define CLAIM_HOLDERS_MAX 5
+/* A denied quota's read serves the denials of the same quota and caller
+ * class (uid, admin) for this long: quota_why reads every open permit, so
+ * a storm of denials costs at most one read per quota and caller a second. */
+#define HOLDERS_CACHE_MS 1000
+#define HOLDERS_CACHE_SLOTS 64
+
+/* One read, kept (one agent per process: the cache is the agent's). */
+static struct holders_cached {
+	char key[PERMIT_KEY_MAX + 1];
+	unsigned uid;
+	bool admin;
+	uint64_t at_ms;
+	PGresult *res; /* NULL: a free slot */
+} holders_cache[HOLDERS_CACHE_SLOTS];
+
+static struct holders_cached *cache_find(const char *key, unsigned uid, bool admin)
+{
+	uint64_t now = mono_ms();
+
+	for (size_t i = 0; i < HOLDERS_CACHE_SLOTS; i++) {
+		struct holders_cached *c = &holders_cache[i];
+		if (c->res && c->uid == uid && c->admin == admin && strcmp(c->key, key) == 0 &&
+		    now - c->at_ms < HOLDERS_CACHE_MS)
+			return c;
+	}
+	return NULL;
+}
+
+/* Keeps a copy of res for key, in a free or expired slot, else the oldest. */
+static void cache_store(const char *key, unsigned uid, bool admin, const PGresult *res)
+{
+	struct holders_cached *slot = &holders_cache[0];
+	uint64_t now = mono_ms();
+
+	if (strlen(key) > PERMIT_KEY_MAX)
+		return;
+	for (size_t i = 0; i < HOLDERS_CACHE_SLOTS; i++) {
+		struct holders_cached *c = &holders_cache[i];
+		if (!c->res || now - c->at_ms >= HOLDERS_CACHE_MS) {
+			slot = c;
+			break;
+		}
+		if (c->at_ms < slot->at_ms)
+			slot = c;
+	}
+	PGresult *copy = PQcopyResult(res, PG_COPYRES_ATTRS | PG_COPYRES_TUPLES);
+	if (!copy)
+		return; /* out of memory: the next denial reads again */
+	PQclear(slot->res);
+	slot->res = copy;
+	snprintf(slot->key, sizeof(slot->key), "%s", key);
+	slot->uid = uid;
+	slot->admin = admin;
+	slot->at_ms = now;
+}
 
 /* The quota that keeps the claim out: the denied one, or for a queued
  * claim the one claim_blocking_key picks (0013_claim_holders.sql). Then
@@ -98,6 +153,8 @@ static void holders_read(const struct db_result *r, void *arg)
 		log_write(&req->ag->log, LOG_LEVEL_WARN, "permit", kv,
 			  "permit %s: answered without its quota's holders: %s", call->id,
 			  r->ok ? "quota_why returned no quota row" : r->message);
+	} else if (!p->queued) {
+		cache_store(p->key, (unsigned)req->conn->uid, req_is_admin(req), res);
 	}
 	finish(req, p, res);
 }
@@ -106,11 +163,21 @@ void claim_holders_send(struct request *req, struct permit_call *call, struct cl
 			const char *key)
 {
 	char uid[24], cap[8];
+	bool admin = req_is_admin(req);
 
+	if (key) {
+		/* a denial: its quota's read of the last second, if any */
+		const struct holders_cached *c = cache_find(key, (unsigned)req->conn->uid, admin);
+		if (c) {
+			finish(req, p, c->res);
+			return;
+		}
+		snprintf(p->key, sizeof(p->key), "%s", key);
+	}
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	snprintf(cap, sizeof(cap), "%d", CLAIM_HOLDERS_MAX);
-	const char *params[6] = {
-	    key, call->keys_lit, call->weights_lit, uid, req_is_admin(req) ? "true" : "false", cap};
+	const char *params[6] = {key, call->keys_lit,		call->weights_lit,
+				 uid, admin ? "true" : "false", cap};
 	call->pending = p;
 	if (!db_query_unless(req->ag->db, DB_LANE_REQUESTS, holders_sql, 6, params, holders_read,
 			     req, &req->conn->closed)) {

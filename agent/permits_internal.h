@@ -47,6 +47,7 @@ struct claim_pending {
 	bool track;  /* queued by this session: waiters_track before the answer */
 	const char *id;
 	int64_t owner;
+	char key[PERMIT_KEY_MAX + 1]; /* denied: the quota, for the holders' cache */
 };
 
 /* Sends p (malloc'd; taken over) after one read of the holders of the
