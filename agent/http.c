@@ -90,6 +90,9 @@ static void route(struct evhttp_request *req, void *arg)
 	case HTTP_PAGE_STATUS:
 		http_serve_status(h, req);
 		return;
+	case HTTP_PAGE_WHY:
+		http_serve_why(h, req, v.key);
+		return;
 	case HTTP_PAGE_NONE:
 		break;
 	}

@@ -7,6 +7,7 @@
  *   http_reply.c   jobs, replies and HTML escaping, called by both sides
  *   http_probes.c  /healthz and /metrics, what monitoring polls
  *   http_status.c  the /status page
+ *   http_why.c     the /why?key=QUOTA page
  */
 #ifndef PGCOORD_AGENT_HTTP_INTERNAL_H
 #define PGCOORD_AGENT_HTTP_INTERNAL_H
@@ -42,7 +43,7 @@ struct http {
 	int nstatus_waiters;
 };
 
-enum job_kind { JOB_STATUS, JOB_METRICS };
+enum job_kind { JOB_STATUS, JOB_METRICS, JOB_WHY };
 
 struct job {
 	struct job *next, *prev;
@@ -51,6 +52,7 @@ struct job {
 	enum job_kind kind;
 	struct evbuffer *body;
 	int step;
+	char *arg; /* JOB_WHY: the quota key */
 };
 
 /* http_reply.c */
@@ -68,5 +70,12 @@ void http_serve_metrics(struct http *h, struct evhttp_request *req);
 
 /* http_status.c */
 void http_serve_status(struct http *h, struct evhttp_request *req);
+
+/* http_why.c */
+void http_serve_why(struct http *h, struct evhttp_request *req, const char *key);
+
+/* http_reply.c: s percent-encoded for a query string (every byte but
+ * A-Z a-z 0-9 - . _ ~), which is also safe in an HTML attribute. */
+void http_add_query_escaped(struct evbuffer *out, const char *s);
 
 #endif

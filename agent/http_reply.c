@@ -33,6 +33,7 @@ void http_job_free(struct job *j)
 	http_job_unlink(j);
 	if (j->body)
 		evbuffer_free(j->body);
+	free(j->arg);
 	free(j);
 }
 
@@ -107,4 +108,16 @@ void http_add_escaped(struct evbuffer *out, const char *s)
 		}
 	}
 	evbuffer_add(out, run, (size_t)(s - run));
+}
+
+void http_add_query_escaped(struct evbuffer *out, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		    c == '-' || c == '.' || c == '_' || c == '~')
+			evbuffer_add(out, s, 1);
+		else
+			evbuffer_add_printf(out, "%%%02X", c);
+	}
 }

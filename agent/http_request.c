@@ -82,11 +82,14 @@ static bool next_line(const char *head, size_t len, size_t *at, size_t *line_len
 
 /* The path of an origin-form target, percent-decoded into out (cap bytes),
  * and a well-formed query after it. False with the refusal in *v. */
-static bool decode_target(const char *t, size_t n, char *out, size_t cap, struct http_verdict *v)
+static bool decode_target(const char *t, size_t n, char *out, size_t cap, const char **q,
+			  size_t *qlen, struct http_verdict *v)
 {
 	size_t i = 0, o = 0;
 	bool query = false;
 
+	*q = NULL;
+	*qlen = 0;
 	if (n == 0 || t[0] != '/') {
 		refuse(v, 400, "Bad Request",
 		       "the request target must be a path starting with /: try /status, /metrics "
@@ -97,6 +100,8 @@ static bool decode_target(const char *t, size_t n, char *out, size_t cap, struct
 		unsigned char c = (unsigned char)t[i];
 		if (c == '?' && !query) {
 			query = true;
+			*q = t + i + 1;
+			*qlen = n - i - 1;
 			continue;
 		}
 		if (c == '%') {
@@ -161,9 +166,100 @@ bool http_host_allowed(const char *listen_host, const char *host, size_t len)
 	return inet_pton(AF_INET, name, &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
 }
 
+/* Well-formed UTF-8 without control bytes: what a quota key may be. */
+static bool key_text_ok(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned char c = s[i];
+		size_t more;
+		uint32_t cp;
+		if (c < 0x80) {
+			if (c < 0x20 || c == 0x7f)
+				return false;
+			i++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf)
+			more = 1, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			more = 2, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			more = 3, cp = c & 0x07;
+		else
+			return false;
+		if (n - i <= more)
+			return false;
+		for (size_t k = 1; k <= more; k++) {
+			if ((s[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (s[i + k] & 0x3f);
+		}
+		/* no overlong form, surrogate or code point past U+10FFFF */
+		if ((more == 2 && cp < 0x800) || (more == 3 && cp < 0x10000) || cp > 0x10ffff ||
+		    (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += more + 1;
+	}
+	return true;
+}
+
+/* /why's `key` from the query string (already checked by decode_target),
+ * decoded into v->key; false after a 400 naming what is wrong. */
+static bool why_key(const char *q, size_t n, struct http_verdict *v)
+{
+	bool found = false;
+	size_t at = 0;
+
+	while (q && at <= n) {
+		const char *amp = memchr(q + at, '&', n - at);
+		size_t end = amp ? (size_t)(amp - q) : n;
+		if (end - at >= 4 && memcmp(q + at, "key=", 4) == 0) {
+			size_t o = 0;
+			if (found) {
+				refuse(v, 400, "Bad Request", "/why takes one key=, not several");
+				return false;
+			}
+			found = true;
+			for (size_t i = at + 4; i < end; i++) {
+				unsigned char c = (unsigned char)q[i];
+				if (c == '%') {
+					c = (unsigned char)(hex((unsigned char)q[i + 1]) * 16 +
+							    hex((unsigned char)q[i + 2]));
+					i += 2;
+				} else if (c == '+') {
+					c = ' ';
+				}
+				if (o == HTTP_WHY_KEY_MAX) {
+					refuse(v, 400, "Bad Request",
+					       "the quota key is longer than %d bytes",
+					       HTTP_WHY_KEY_MAX);
+					return false;
+				}
+				v->key[o++] = (char)c;
+			}
+			v->key[o] = '\0';
+			if (o == 0 || !key_text_ok((const unsigned char *)v->key, o)) {
+				refuse(v, 400, "Bad Request",
+				       "the quota key must be 1..%d bytes of UTF-8 without control "
+				       "bytes",
+				       HTTP_WHY_KEY_MAX);
+				return false;
+			}
+		}
+		if (!amp)
+			break;
+		at = end + 1;
+	}
+	if (!found) {
+		refuse(v, 400, "Bad Request", "/why needs the quota: /why?key=QUOTA");
+		return false;
+	}
+	return true;
+}
+
 /* The request line: method SP target SP version. */
 static bool judge_request_line(const char *line, size_t n, struct http_verdict *v, char *path,
-			       size_t cap)
+			       size_t cap, const char **q, size_t *qlen)
 {
 	const char *sp1 = memchr(line, ' ', n);
 	const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', n - (size_t)(sp1 + 1 - line)) : NULL;
@@ -202,7 +298,7 @@ static bool judge_request_line(const char *line, size_t n, struct http_verdict *
 		       (int)(mlen > 32 ? 32 : mlen), line);
 		return false;
 	}
-	return decode_target(sp1 + 1, tlen, path, cap, v);
+	return decode_target(sp1 + 1, tlen, path, cap, q, qlen, v);
 }
 
 void http_request_judge(const char *listen_host, const char *head, size_t len,
@@ -211,8 +307,8 @@ void http_request_judge(const char *listen_host, const char *head, size_t len,
 	char path[64];
 	size_t at = 0, n;
 	bool bare_cr, have_host = false, host_ok = true;
-	const char *host = NULL;
-	size_t host_len = 0;
+	const char *host = NULL, *query;
+	size_t host_len = 0, query_len;
 
 	memset(v, 0, sizeof(*v));
 	if (len > HTTP_REQUEST_HEAD_MAX) {
@@ -225,7 +321,7 @@ void http_request_judge(const char *listen_host, const char *head, size_t len,
 		       bare_cr ? "a CR not followed by LF" : "the request line does not end");
 		return;
 	}
-	if (!judge_request_line(head, n, v, path, sizeof(path)))
+	if (!judge_request_line(head, n, v, path, sizeof(path), &query, &query_len))
 		return;
 	for (;;) {
 		size_t start = at;
@@ -299,6 +395,9 @@ void http_request_judge(const char *listen_host, const char *head, size_t len,
 		v->page = HTTP_PAGE_HEALTHZ;
 	} else if (strcmp(path, "/status") == 0) {
 		v->page = HTTP_PAGE_STATUS;
+	} else if (strcmp(path, "/why") == 0) {
+		if (why_key(query, query_len, v))
+			v->page = HTTP_PAGE_WHY;
 	} else if (strcmp(path, "/") == 0) {
 		v->location = "/status";
 		refuse(v, 302, "Found", "see /status");

@@ -9,7 +9,9 @@
  * (or a lone LF), then an empty line; nothing may follow it (GET and HEAD
  * carry no body). Served: GET and HEAD of /metrics, /healthz and /status
  * (and / as a redirect to /status), in origin form, with any well-formed
- * query string (ignored), over HTTP/1.0 or 1.1, with at most one Host that
+ * query string (ignored), and /why?key=QUOTA (the key percent-decoded, '+'
+ * a space: 1..HTTP_WHY_KEY_MAX bytes of UTF-8 without control bytes, given
+ * once; 400 otherwise), over HTTP/1.0 or 1.1, with at most one Host that
  * names this host (see http_host_allowed).
  */
 #ifndef PGCOORD_AGENT_HTTP_REQUEST_H
@@ -24,12 +26,15 @@
 #define HTTP_REQUEST_HEAD_MAX 16384
 /* A refusal's text, which names at most 200 bytes of what was sent. */
 #define HTTP_VERDICT_TEXT_MAX 400
+/* The longest quota key /why takes (a quota key's bound, PROTOCOL.md). */
+#define HTTP_WHY_KEY_MAX 200
 
 enum http_page {
 	HTTP_PAGE_NONE, /* refused: code, reason, text */
 	HTTP_PAGE_METRICS,
 	HTTP_PAGE_HEALTHZ,
 	HTTP_PAGE_STATUS,
+	HTTP_PAGE_WHY, /* key: the quota */
 };
 
 struct http_verdict {
@@ -40,6 +45,7 @@ struct http_verdict {
 	const char *location;		  /* a Location header (static), or NULL */
 	const char *allow;		  /* an Allow header (static), or NULL */
 	char text[HTTP_VERDICT_TEXT_MAX]; /* a refusal's one-line body */
+	char key[HTTP_WHY_KEY_MAX + 1];	  /* HTTP_PAGE_WHY: the quota key */
 };
 
 /* Judges the head of len bytes (not NUL-terminated; may hold NULs) for a

@@ -147,7 +147,12 @@ static void quota_row(struct evbuffer *out, const PGresult *res, int i)
 {
 	int64_t limit = pgrow_int(res, i, 1), inflight = pgrow_int(res, i, 2);
 	char pct[32];
-	td(out, pgrow_text(res, i, 0));
+	/* the key links to who holds its room (http_why.c) */
+	evbuffer_add(out, "<td><a href=\"/why?key=", 22);
+	http_add_query_escaped(out, pgrow_text(res, i, 0));
+	evbuffer_add(out, "\">", 2);
+	http_add_escaped(out, pgrow_text(res, i, 0));
+	evbuffer_add(out, "</a></td>", 9);
 	td(out, pgrow_text(res, i, 1));
 	td(out, pgrow_text(res, i, 2));
 	td(out, pgrow_text(res, i, 3));

@@ -224,30 +224,39 @@ static void claim_queued(struct request *req, struct permit_call *call, const PG
 {
 	int64_t owner = pgrow_int(res, row, col + CL_OWNER);
 	bool mine = req->conn->session && owner == req->conn->session->id;
-	if (mine)
-		waiters_track(req->ag, call->id, owner);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "status", "queued");
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_row(&m, &claim_queued_row, res, row, col);
-	reply_kv_bool(&m, "mine", mine);
-	reply_map_end(&m);
-	req_done(req);
+	struct claim_pending *p = calloc(1, sizeof(*p));
+	if (!p) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory (the claim is queued: retry it)");
+		return;
+	}
+	p->queued = true;
+	p->track = mine;
+	p->id = call->id;
+	p->owner = owner;
+	reply_map_begin(&p->m, req_result(req));
+	reply_kv_str(&p->m, "status", "queued");
+	reply_kv_str(&p->m, "id", call->id);
+	reply_kv_row(&p->m, &claim_queued_row, res, row, col);
+	reply_kv_bool(&p->m, "mine", mine);
+	claim_holders_send(req, call, p, NULL);
 }
 
 static void claim_denied(struct request *req, struct permit_call *call, const PGresult *res,
 			 int row, int col)
 {
 	const char *key = PQgetvalue(res, row, col + CL_DKEY);
-	struct reply_map m;
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "status", "denied");
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_row(&m, &claim_denied_row, res, row, col);
-	reply_kv_int(&m, "weight", claimed_weight(call, key));
-	reply_map_end(&m);
-	req_done(req);
+	struct claim_pending *p = calloc(1, sizeof(*p));
+	if (!p) {
+		req_fail(req, PGC_E_INTERNAL, "out of memory");
+		return;
+	}
+	p->id = call->id;
+	reply_map_begin(&p->m, req_result(req));
+	reply_kv_str(&p->m, "status", "denied");
+	reply_kv_str(&p->m, "id", call->id);
+	reply_kv_row(&p->m, &claim_denied_row, res, row, col);
+	reply_kv_int(&p->m, "weight", claimed_weight(call, key));
+	claim_holders_send(req, call, p, key);
 }
 
 /* The claim drew its token before it found the key has no quota, so the
@@ -365,8 +374,8 @@ void rpc_permit_claim(struct request *req)
 			 call->nquotas);
 		goto fail;
 	}
-	keys = keys_literal(call->quotas, call->nquotas);
-	weights = weights_literal(call->quotas, call->nquotas);
+	keys = call->keys_lit = keys_literal(call->quotas, call->nquotas);
+	weights = call->weights_lit = weights_literal(call->quotas, call->nquotas);
 	if (has_intent)
 		intent_hex = pgrow_bytea_param(intent, intent_len);
 	if (!keys || !weights || (has_intent && !intent_hex)) {
@@ -412,7 +421,7 @@ void rpc_permit_claim(struct request *req)
 		group_keys_add(&claim_keys, call->quotas[i].key, call->quotas[i].len);
 	group_add(ag->claim_group, req, call, params, &claim_keys);
 fail:
-	free(keys);
-	free(weights);
+	/* keys and weights stay with the call: a denied or queued answer
+	 * reads its holders with them */
 	free(intent_hex);
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "agent/cursor.h"
+#include "agent/reply.h"
 
 struct request;
 
@@ -27,7 +28,9 @@ struct permit_call {
 	/* permit.claim: the requested quotas, sorted by key */
 	struct claim_quota *quotas;
 	size_t nquotas;
-	struct page page; /* permit.list */
+	char *keys_lit, *weights_lit;  /* the quotas as Postgres array literals */
+	struct claim_pending *pending; /* a denied or queued answer, while it waits */
+	struct page page;	       /* permit.list */
 };
 
 struct claim_quota {
@@ -35,6 +38,24 @@ struct claim_quota {
 	size_t len;
 	int64_t weight;
 };
+
+/* A denied or queued claim's answer, its row's entries already in m,
+ * waiting for who holds the room (claim_holders.c). */
+struct claim_pending {
+	struct reply_map m;
+	bool queued; /* the quota and its numbers come from the read too */
+	bool track;  /* queued by this session: waiters_track before the answer */
+	const char *id;
+	int64_t owner;
+	char key[PERMIT_KEY_MAX + 1]; /* denied: the quota, for the holders' cache */
+};
+
+/* Sends p (malloc'd; taken over) after one read of the holders of the
+ * quota that keeps the claim out: key (the denied one), or for NULL the
+ * first of the claim's quotas without room. The answer leaves without
+ * the holders when the read fails: the claim's outcome stands. */
+void claim_holders_send(struct request *req, struct permit_call *call, struct claim_pending *p,
+			const char *key);
 
 /* Frees what a call points to; the request frees the call. */
 void permit_call_free(void *ctx);

@@ -14,37 +14,12 @@
 #include "agent/dispatch.h"
 #include "agent/methods.h"
 #include "agent/pgrow.h"
+#include "agent/quota_why.h"
 #include "agent/reply.h"
 
 #define QUOTA_KEY_MAX 200
 #define WHY_HOLDERS_DEFAULT 5
 #define WHY_HOLDERS_MAX 50
-
-/* Columns of pgcoord.quota_why, in order. */
-enum {
-	QW_PART,
-	QW_KEY,
-	QW_LIMIT,
-	QW_IN_FLIGHT,
-	QW_WAITING,
-	QW_HOLDERS,
-	QW_HIDDEN,
-	QW_UNCERTAIN_WEIGHT,
-	QW_HEAD_ID,
-	QW_HEAD_WEIGHT,
-	QW_HEAD_WAITED,
-	QW_ID,
-	QW_WEIGHT,
-	QW_STATE,
-	QW_PHASE,
-	QW_OWNER_REPLICA,
-	QW_OWNER_SESSION,
-	QW_HELD_MS,
-	QW_STATE_MS,
-	QW_REASON,
-	QW_NOW,
-	QW__COUNT
-};
 
 /* a limit lowered below in_flight leaves no room, not negative room */
 static void pack_available(msgpack_packer *pk, const void *field, const struct reply_src *src)

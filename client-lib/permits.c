@@ -10,6 +10,7 @@
 #include <msgpack.h>
 
 #include "proto/codec.h"
+#include "claim_room.h"
 #include "handle.h"
 #include "pages.h"
 
@@ -21,8 +22,9 @@ struct pgcoord_claim {
 	char *denied_quota;
 	int64_t denied_limit;
 	int64_t denied_in_flight;
-	int64_t position;    /* queued: 1 = next in line */
-	int64_t deadline_at; /* queued: when the wait ends, database clock ms */
+	int64_t position;	   /* queued: 1 = next in line */
+	int64_t deadline_at;	   /* queued: when the wait ends, database clock ms */
+	struct pgcoord__room room; /* denied or queued: who holds the room */
 };
 
 static bool check_id(pgcoord *c, const char *what, const char *id)
@@ -154,6 +156,13 @@ pgcoord_err pgcoord_permit_claim(pgcoord *c, const char *id, const struct pgcoor
 	} else {
 		goto bad;
 	}
+	if (cl->status == PGCOORD_CLAIM_QUEUED || cl->status == PGCOORD_CLAIM_DENIED) {
+		if (!pgcoord__room_read(&cl->room, &u.data)) {
+			pgcoord__set_message(c, "the permit.claim result's holders are malformed");
+			err = PGCOORD_E_PROTOCOL;
+			goto out;
+		}
+	}
 	*out = cl;
 	cl = NULL;
 	goto out;
@@ -212,10 +221,39 @@ int64_t pgcoord_claim_queue_deadline_at(const pgcoord_claim *cl)
 	return cl && cl->status == PGCOORD_CLAIM_QUEUED ? cl->deadline_at : 0;
 }
 
+bool pgcoord_claim_room(const pgcoord_claim *cl, const char **quota, int64_t *limit,
+			int64_t *in_flight, int64_t *waiting, int64_t *hidden)
+{
+	if (!cl || !cl->room.known)
+		return false;
+	if (quota)
+		*quota = cl->room.quota;
+	if (limit)
+		*limit = cl->room.limit;
+	if (in_flight)
+		*in_flight = cl->room.in_flight;
+	if (waiting)
+		*waiting = cl->room.waiting;
+	if (hidden)
+		*hidden = cl->room.hidden;
+	return true;
+}
+
+size_t pgcoord_claim_holder_count(const pgcoord_claim *cl)
+{
+	return cl && cl->room.known ? cl->room.nholders : 0;
+}
+
+const pgcoord_holder *pgcoord_claim_holder_at(const pgcoord_claim *cl, size_t i)
+{
+	return i < pgcoord_claim_holder_count(cl) ? &cl->room.holders[i] : NULL;
+}
+
 void pgcoord_claim_free(pgcoord_claim *cl)
 {
 	if (!cl)
 		return;
+	pgcoord__room_free(&cl->room);
 	free(cl->denied_quota);
 	free(cl);
 }

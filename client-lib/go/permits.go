@@ -50,8 +50,25 @@ type Claim struct {
 	DeadlineAt   int64  `msgpack:"deadline_at"` // queued: ms, database clock
 	QueuedMs     int64  `msgpack:"queued_ms"`   // admitted from the queue: how long it waited
 	NowAt        int64  `msgpack:"now_at"`
-	Retired      bool   `msgpack:"-"` // denied after an unseen attempt: the id was released
-	Attempts     int    `msgpack:"-"`
+	// Denied or queued: who holds the room (PROTOCOL.md, "Who holds the
+	// room"); a queued answer has Quota, Limit and InFlight too. Hidden:
+	// open permits on Quota the caller may not see (another uid's).
+	Hidden   int64         `msgpack:"hidden"`
+	Holders  []QuotaHolder `msgpack:"holders"` // largest first, at most 5
+	Retired  bool          `msgpack:"-"`       // denied after an unseen attempt: the id was released
+	Attempts int           `msgpack:"-"`
+}
+
+// QuotaHolder is one open permit holding a quota's room, in a denied or
+// queued Claim.
+type QuotaHolder struct {
+	ID           string `msgpack:"id"`
+	Weight       int64  `msgpack:"weight"`
+	State        string `msgpack:"state"` // "held" or "uncertain"
+	OwnerReplica string `msgpack:"owner_replica"`
+	OwnerSession int64  `msgpack:"owner_session"`
+	AgeMs        int64  `msgpack:"age_ms"` // since its claim
+	Reason       string `msgpack:"reason"` // an uncertain one's
 }
 
 // Admitted says the caller holds the permit (this attempt or an earlier

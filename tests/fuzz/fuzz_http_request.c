@@ -175,6 +175,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(ends_in_empty_line(head, n), "a page served to a head that does not end");
 		check(n <= HTTP_REQUEST_HEAD_MAX, "a page served to a head over its bound");
 	}
+	if (v.page == HTTP_PAGE_WHY) {
+		/* the key goes to the database and into HTML: bounded, no NUL
+		 * inside, no control byte */
+		size_t klen = strnlen(v.key, sizeof(v.key));
+		check(klen >= 1 && klen <= HTTP_WHY_KEY_MAX, "a /why key empty or over its bound");
+		for (size_t k = 0; k < klen; k++)
+			check((unsigned char)v.key[k] >= 0x20 && v.key[k] != 0x7f,
+			      "a /why key with a control byte");
+	}
 
 	size_t rlen = write_response(&v, response, sizeof(response));
 	check_response(response, rlen);

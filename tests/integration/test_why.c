@@ -292,3 +292,275 @@ Test(why, pgcoordctl_why_shows_a_quota_or_a_permits_quotas_and_fails_clearly)
 	hagent_destroy(ag);
 	hdb_drop(db);
 }
+
+#define UID_C 65532u
+
+/* The holders a denied or queued answer names: ids, comma-separated. */
+static void assert_holders(const msgpack_object *res, const char *want)
+{
+	assert_ids(res, "holders", want);
+}
+
+Test(why, a_denied_or_queued_claim_names_who_holds_the_room)
+{
+	const char *const args[] = {"--socket-mode", "0666", NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-3", args);
+	struct iparams p;
+	struct ireply r;
+
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
+	int fb = iconnect_as(hagent_socket(ag), UID_B);
+	int fc = iconnect_as(hagent_socket(ag), UID_C);
+	int fr = iconnect_as(hagent_socket(ag), 0);
+	int64_t sa = isession_open(fa, "tenant-a");
+	int64_t sb = isession_open(fb, "tenant-b");
+	isession_open(fc, "tenant-c");
+	isession_open(fr, "operator");
+	iquota_set(fr, "q", 6);
+	iquota_set(fr, "aaa", 10);
+	claim(fa, "a-1", "q", 4, 0, "admitted");
+	claim(fb, "b-1", "q", 2, 0, "admitted");
+
+	/* A, denied: the numbers as the ledger has them, and A's own holder */
+	iclaim_call(fa, "a-2", "q", 1, 0, &r);
+	const msgpack_object *res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "limit"), 6);
+	cr_assert_eq(iint(res, "in_flight"),
+		     hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q'"));
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "waiting"), 0);
+	cr_assert_eq(iint(res, "hidden"), 1, "B's permit is not A's to see");
+	assert_holders(res, "a-1");
+	const msgpack_object *h = holder(res, "holders", 0);
+	cr_assert_eq(iint(h, "weight"), 4);
+	cr_assert(istr_is(h, "state", "held"));
+	cr_assert(istr_is(h, "owner_replica", "why-3"));
+	cr_assert_eq(iint(h, "owner_session"), sa);
+	cr_assert_eq(
+	    iint(h, "owner_session"),
+	    hdb_query_long(db, "SELECT owner_session FROM pgcoord.permits WHERE id = 'a-1'"));
+	cr_assert_geq(iint(h, "age_ms"), 0);
+	cr_assert(iis_nil(h, "reason"));
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'a-2'"), 0,
+		     "the denied claim left a permit");
+
+	/* C owns nothing there: the counts, no holder at all */
+	iclaim_call(fc, "c-1", "q", 1, 0, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "hidden"), 2);
+	assert_holders(res, "");
+	ireply_destroy(&r);
+
+	/* the operator sees both, largest first; an uncertain one says why */
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "b-1");
+	pgc_pack_kv_str(&p.pk, "reason", "worker went quiet");
+	icall_ok(fb, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	iclaim_call(fr, "r-1", "q", 1, 0, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "denied"));
+	cr_assert_eq(iint(res, "hidden"), 0);
+	assert_holders(res, "a-1,b-1");
+	h = holder(res, "holders", 1);
+	cr_assert(istr_is(h, "state", "uncertain"));
+	cr_assert(istr_is(h, "reason", "worker went quiet"));
+	cr_assert_eq(iint(h, "owner_session"), sb);
+	ireply_destroy(&r);
+
+	/* libpgcoord hands the same to a C caller */
+	pgcoord *c = NULL;
+	pgcoord_claim *cl = NULL;
+	const char *const ckeys[] = {"q"};
+	struct pgcoord_claim_opts opts = PGCOORD_CLAIM_OPTS_INIT;
+	const char *quota = NULL;
+	int64_t limit = 0, in_flight = 0, waiting = -1, hidden = -1;
+	opts.keys = ckeys;
+	opts.nquotas = 1;
+	cr_assert_eq(pgcoord_connect(hagent_socket(ag), 5000, &c), PGCOORD_OK);
+	cr_assert_eq(pgcoord_session_open(c, "libpgcoord", 5000, NULL), PGCOORD_OK);
+	cr_assert_eq(pgcoord_permit_claim(c, "lib-1", &opts, 5000, &cl), PGCOORD_OK, "%s",
+		     pgcoord_last_message(c));
+	cr_assert_eq(pgcoord_claim_get_status(cl), PGCOORD_CLAIM_DENIED);
+	cr_assert(pgcoord_claim_room(cl, &quota, &limit, &in_flight, &waiting, &hidden));
+	cr_assert_str_eq(quota, "q");
+	cr_assert_eq(limit, 6);
+	cr_assert_eq(in_flight, 6);
+	cr_assert_eq(waiting, 0);
+	cr_assert_eq(hidden, 0);
+	cr_assert_eq(pgcoord_claim_holder_count(cl), 2);
+	const pgcoord_holder *ch = pgcoord_claim_holder_at(cl, 0);
+	cr_assert_str_eq(ch->id, "a-1");
+	cr_assert_eq(ch->weight, 4);
+	cr_assert_str_eq(ch->state, "held");
+	cr_assert_str_eq(ch->owner_replica, "why-3");
+	cr_assert_eq(ch->owner_session, sa);
+	cr_assert_null(ch->reason);
+	ch = pgcoord_claim_holder_at(cl, 1);
+	cr_assert_str_eq(ch->id, "b-1");
+	cr_assert_str_eq(ch->reason, "worker went quiet");
+	cr_assert_null(pgcoord_claim_holder_at(cl, 2));
+	pgcoord_claim_free(cl);
+	pgcoord_close(c);
+
+	/* B, queued: the quota that keeps it out, with its numbers */
+	iclaim_call(fb, "b-2", "q", 1, 30000, &r);
+	res = iok(&r, "permit.claim");
+	cr_assert(istr_is(res, "status", "queued"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "limit"), 6);
+	cr_assert_eq(iint(res, "in_flight"), 6);
+	cr_assert_eq(iint(res, "waiting"), 1);
+	cr_assert_eq(iint(res, "waiting"),
+		     hdb_query_long(db, "SELECT waiting FROM pgcoord.quotas WHERE key = 'q'"));
+	cr_assert_eq(iint(res, "position"), 1);
+	assert_holders(res, "b-1");
+	cr_assert_eq(iint(res, "hidden"), 1);
+	ireply_destroy(&r);
+
+	/* a claim of two quotas waits for the one without room, not the
+	 * first in key order */
+	iparams_begin(&p, 3);
+	pgc_pack_kv_str(&p.pk, "id", "r-2");
+	pgc_pack_cstr(&p.pk, "quotas");
+	msgpack_pack_array(&p.pk, 2);
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "key", "aaa");
+	msgpack_pack_map(&p.pk, 1);
+	pgc_pack_kv_str(&p.pk, "key", "q");
+	pgc_pack_kv_int(&p.pk, "wait_ms", 30000);
+	res = icall_ok(fr, "permit.claim", &p, &r);
+	iparams_destroy(&p);
+	cr_assert(istr_is(res, "status", "queued"));
+	cr_assert(istr_is(res, "quota", "q"));
+	cr_assert_eq(iint(res, "waiting"), 2);
+	cr_assert_eq(iint(res, "position"), 2);
+	assert_holders(res, "a-1,b-1");
+	ireply_destroy(&r);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.waiters "
+					"WHERE state = 'queued' AND id IN ('b-2', 'r-2')"),
+		     2);
+
+	/* the queued claim is still told when it gets in, after its answer */
+	iparams_begin(&p, 1);
+	pgc_pack_kv_str(&p.pk, "id", "a-1");
+	icall_ok(fa, "permit.release", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+	ihear(fb, "permit.admitted", 10000, &r);
+	cr_assert(istr_is(r.m.params, "id", "b-2"));
+	ireply_destroy(&r);
+	cr_assert(iwait_sql(db, 10000,
+			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'b-2' "
+			    "AND state = 'held'"));
+
+	close(fa);
+	close(fb);
+	close(fc);
+	close(fr);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}
+
+/* The status code of an HTTP response. */
+static int code_of(const char *resp)
+{
+	const char *sp = strchr(resp, ' ');
+	return sp ? atoi(sp + 1) : 0;
+}
+
+/* The body of an HTTP response (after the empty line), or "". */
+static const char *body_of(const char *resp)
+{
+	const char *b = strstr(resp, "\r\n\r\n");
+	return b ? b + 4 : "";
+}
+
+Test(why, the_why_page_shows_a_quota_from_status_escaped)
+{
+	const char *const args[] = {"--socket-mode", "0666", "--metrics-listen", "127.0.0.1:0",
+				    NULL};
+	struct harness_db *db = idb_migrated();
+	struct hagent *ag = hagent_start(db, "why-http", args);
+	struct iparams p;
+	struct ireply r;
+	int fa = iconnect_as(hagent_socket(ag), UID_A);
+	int fr = iconnect_as(hagent_socket(ag), 0);
+	int64_t sa = isession_open(fa, "tenant-a");
+	isession_open(fr, "operator");
+	/* a key that would break out of HTML and of a query string */
+	const char *key = "q<&\"x y/%";
+	iquota_set(fr, key, 5);
+	claim(fa, "w-big", key, 3, 0, "admitted");
+	claim(fa, "w-odd<i>", key, 1, 0, "admitted");
+	iparams_begin(&p, 2);
+	pgc_pack_kv_str(&p.pk, "id", "w-odd<i>");
+	pgc_pack_kv_str(&p.pk, "reason", "lost <b>sight</b>");
+	icall_ok(fa, "permit.mark_uncertain", &p, &r);
+	ireply_destroy(&r);
+	iparams_destroy(&p);
+
+	/* /status links the quota, its key percent-encoded and escaped */
+	char *page = ihttp_get(ag, "/status");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	cr_assert(strstr(page, "<a href=\"/why?key=q%3C%26%22x%20y%2F%25\">q&lt;&amp;&quot;x "
+			       "y/%</a>"),
+		  "%s", page);
+	free(page);
+
+	/* the link's page: the numbers and holders the ledger has */
+	page = ihttp_get(ag, "/why?key=q%3C%26%22x%20y%2F%25");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	cr_assert(strstr(page, "Content-Type: text/html; charset=utf-8"), "%s", page);
+	const char *body = body_of(page);
+	cr_assert(strstr(body, "Who holds quota &quot;q&lt;&amp;&quot;x y/%&quot;"), "%s", body);
+	cr_assert(!strstr(body, "<i>") && !strstr(body, "<b>"), "unescaped: %s", body);
+	char want[160];
+	snprintf(
+	    want, sizeof(want), "<tr><th>in flight</th><td>%ld</td></tr>",
+	    hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'q<&\"x y/%%'"));
+	cr_assert(strstr(body, want), "no %s in %s", want, body);
+	cr_assert(strstr(body, "<tr><th>in flight</th><td>4</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>limit</th><td>5</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>available</th><td>1</td></tr>"), "%s", body);
+	cr_assert(strstr(body, "<tr><th>open permits</th><td>2</td></tr>"), "%s", body);
+	/* the operator's view: every holder, with its owner */
+	snprintf(want, sizeof(want), "<td>w-big</td><td>3</td><td>held</td>");
+	cr_assert(strstr(body, want), "%s", body);
+	snprintf(want, sizeof(want), "<td>why-http</td><td>%ld</td>", (long)sa);
+	cr_assert(strstr(body, want), "%s", body);
+	cr_assert(strstr(body, "<td>w-odd&lt;i&gt;</td><td>1</td><td>uncertain</td>"), "%s", body);
+	cr_assert(strstr(body, "<td>lost &lt;b&gt;sight&lt;/b&gt;</td>"), "%s", body);
+	free(page);
+
+	/* '+' is a space; an unknown quota is 404; a bad key 400 */
+	page = ihttp_get(ag, "/why?key=no+such");
+	cr_assert_eq(code_of(page), 404, "%s", page);
+	cr_assert(strstr(body_of(page), "Who holds quota &quot;no such&quot;"), "%s", page);
+	free(page);
+	page = ihttp_get(ag, "/why?key=%00");
+	cr_assert_eq(code_of(page), 400, "%s", page);
+	free(page);
+	page = ihttp_get(ag, "/why");
+	cr_assert_eq(code_of(page), 400, "%s", page);
+	cr_assert(strstr(page, "/why?key=QUOTA"), "%s", page);
+	free(page);
+
+	/* the agent served them all and still answers */
+	page = ihttp_get(ag, "/healthz");
+	cr_assert_eq(code_of(page), 200, "%s", page);
+	free(page);
+	close(fa);
+	close(fr);
+	cr_assert_eq(hagent_stop(ag), 0, "%s", hagent_log(ag));
+	hagent_destroy(ag);
+	hdb_drop(db);
+}

@@ -102,3 +102,50 @@ Test(http_request, only_this_agents_host_names_are_served)
 	cr_assert_eq(judge("", "GET /status HTTP/1.1\r\nHost: a\r\nhost: localhost\r\n\r\n").code,
 		     400);
 }
+
+Test(http_request, why_takes_one_quota_key_from_the_query)
+{
+	struct http_verdict v = judge("", "GET /why?key=gpu HTTP/1.1" H);
+	cr_assert_eq(v.page, HTTP_PAGE_WHY);
+	cr_assert_str_eq(v.key, "gpu");
+	v = judge("", "GET /why?x=1&key=a%2Fb+c%22%3C&y=2 HTTP/1.1" H);
+	cr_assert_eq(v.page, HTTP_PAGE_WHY);
+	cr_assert_str_eq(v.key, "a/b c\"<");
+	v = judge("", "HEAD /why?key=caf%C3%A9 HTTP/1.1" H);
+	cr_assert_eq(v.page, HTTP_PAGE_WHY);
+	cr_assert(v.head_only);
+	cr_assert_str_eq(v.key, "caf\xc3\xa9");
+
+	/* a key of 200 bytes is taken, one of 201 is not */
+	char head[512], key[202];
+	memset(key, 'k', 201);
+	key[201] = '\0';
+	snprintf(head, sizeof(head), "GET /why?key=%.200s HTTP/1.1" H, key);
+	v = judge("", head);
+	cr_assert_eq(v.page, HTTP_PAGE_WHY);
+	cr_assert_eq(strlen(v.key), 200);
+	snprintf(head, sizeof(head), "GET /why?key=%s HTTP/1.1" H, key);
+	cr_assert_eq(judge("", head).code, 400);
+
+	static const char *const bad[] = {
+	    "GET /why HTTP/1.1" H,		    /* no key */
+	    "GET /why?keys=gpu HTTP/1.1" H,	    /* not key */
+	    "GET /why?key= HTTP/1.1" H,		    /* empty */
+	    "GET /why?key=a&key=b HTTP/1.1" H,	    /* twice */
+	    "GET /why?key=a%00b HTTP/1.1" H,	    /* NUL */
+	    "GET /why?key=a%0Ab HTTP/1.1" H,	    /* a control byte */
+	    "GET /why?key=%C3 HTTP/1.1" H,	    /* cut UTF-8 */
+	    "GET /why?key=%C0%AF HTTP/1.1" H,	    /* overlong */
+	    "GET /why?key=%ED%A0%80 HTTP/1.1" H,    /* a surrogate */
+	    "GET /why?key=%F4%90%80%80 HTTP/1.1" H, /* past U+10FFFF */
+	    "GET /why?key=%4 HTTP/1.1" H,	    /* a bad escape */
+	    "GET /why?key=<b> HTTP/1.1" H,	    /* bytes a target may not carry */
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v = judge("", bad[i]);
+		cr_assert_eq(v.page, HTTP_PAGE_NONE, "%s", bad[i]);
+		cr_assert_eq(v.code, 400, "%s: %d", bad[i], v.code);
+	}
+	/* the path is exact, as for the other pages */
+	cr_assert_eq(judge("", "GET /why/?key=gpu HTTP/1.1" H).code, 404);
+}

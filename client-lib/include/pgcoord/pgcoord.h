@@ -463,6 +463,33 @@ int64_t pgcoord_claim_denied_in_flight(const pgcoord_claim *cl);
  * otherwise. */
 int64_t pgcoord_claim_queue_position(const pgcoord_claim *cl);
 int64_t pgcoord_claim_queue_deadline_at(const pgcoord_claim *cl);
+
+/* Who holds the room a denied or queued claim did not get (PROTOCOL.md,
+ * permit.claim: "Who holds the room"): the quota (for a queued claim, the
+ * one it waits for), its limit, in_flight, waiting claims, and how many of
+ * its open permits the caller may not see (another uid's, unless the
+ * caller is an admin). False, the outputs untouched, for a grant, or when
+ * the answer did not carry them (an older agent, or its read of them
+ * failed). Any output may be NULL; *quota lives as long as cl. */
+bool pgcoord_claim_room(const pgcoord_claim *cl, const char **quota, int64_t *limit,
+			int64_t *in_flight, int64_t *waiting, int64_t *hidden);
+
+/* One of the quota's largest open permits the caller may see. */
+typedef struct pgcoord_holder {
+	const char *id;
+	int64_t weight;		   /* on this quota */
+	const char *state;	   /* "held" or "uncertain" */
+	const char *owner_replica; /* NULL when no session owns it */
+	int64_t owner_session;	   /* -1 when no session owns it */
+	int64_t age_ms;		   /* since its claim */
+	const char *reason;	   /* an uncertain one's; NULL otherwise */
+} pgcoord_holder;
+
+/* The holders of pgcoord_claim_room, largest first, at most 5: how many
+ * (0 when not told, or none the caller may see), and the i-th (NULL past
+ * the end). Each lives as long as cl. */
+size_t pgcoord_claim_holder_count(const pgcoord_claim *cl);
+const pgcoord_holder *pgcoord_claim_holder_at(const pgcoord_claim *cl, size_t i);
 /* Accepts NULL. */
 void pgcoord_claim_free(pgcoord_claim *cl);
 

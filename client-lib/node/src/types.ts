@@ -144,7 +144,7 @@ export interface ClaimResult {
   owner_replica?: string | null;
   mine?: boolean;
   created_at?: Int;
-  // denied
+  // denied (and queued: the quota it waits for)
   quota?: string;
   limit?: Int;
   in_flight?: Int;
@@ -157,6 +157,25 @@ export interface ClaimResult {
   deadline_at?: Int;
   /** admitted from the queue (claimWait): how long it waited */
   queued_ms?: Int;
+  // denied or queued: who holds the room (PROTOCOL.md, "Who holds the
+  // room"); a queued answer has quota, limit and in_flight too
+  /** open permits on the quota the caller may not see (another uid's) */
+  hidden?: Int;
+  /** the largest open permits the caller may see, at most 5 */
+  holders?: QuotaHolder[];
+}
+
+/** One open permit holding a quota's room, in a denied or queued claim. */
+export interface QuotaHolder {
+  id: string;
+  weight: Int;
+  state: PermitState;
+  owner_replica: string | null;
+  owner_session: Int | null;
+  /** since its claim */
+  age_ms: Int;
+  /** an uncertain one's reason */
+  reason: string | null;
 }
 
 /** permit.cancel's result: `cancelled` when it left the queue; `admitted`

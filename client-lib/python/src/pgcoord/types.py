@@ -145,6 +145,21 @@ class Quota:
 
 
 @dataclass
+class QuotaHolder:
+    """One open permit holding a quota's room, in a denied or queued
+    claim's answer: age_ms since its claim, reason an uncertain one's."""
+
+    id: str
+    weight: int
+    state: str
+    owner_replica: Optional[str] = None
+    owner_session: Optional[int] = None
+    age_ms: Optional[int] = None
+    reason: Optional[str] = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
 class Claim:
     """A permit.claim result: status is "admitted", "held", "denied" or
     "queued" (with wait_ms: position, 1 is next; queued_at and deadline_at
@@ -173,6 +188,11 @@ class Claim:
     deadline_at: Optional[int] = None
     queued_ms: Optional[int] = None
     now_at: Optional[int] = None
+    # denied or queued: who holds the room (PROTOCOL.md, "Who holds the
+    # room"): the largest open permits the caller may see, at most 5, and
+    # how many it may not; None when the agent did not say
+    hidden: Optional[int] = None
+    holders: Optional[list[QuotaHolder]] = None
     earlier_outcome_unknown: bool = False
     attempts: int = 1
     raw: dict = field(default_factory=dict, repr=False)
@@ -378,4 +398,5 @@ _NESTED = {
     ("RecordPut", "record"): lambda v: from_map(Record, v),
     ("Recovery", "adopted"): _list_of(Record),
     ("Check", "violations"): _list_of(Violation),
+    ("Claim", "holders"): _list_of(QuotaHolder),
 }
