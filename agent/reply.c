@@ -80,7 +80,8 @@ static void pack_col(msgpack_packer *pk, const struct reply_col *c, const struct
 {
 	const PGresult *res = src->res;
 	int row = src->row, col = src->offset + c->col;
-	const char *field = (const char *)src->c + c->off;
+	/* a reply from a result alone has no struct: no pointer arithmetic on NULL */
+	const char *field = src->c ? (const char *)src->c + c->off : NULL;
 
 	switch (c->type) {
 	case REPLY_INT:
