@@ -520,9 +520,13 @@ Test(ops, status_page_shows_agents_sessions_leases_quotas_and_uncertain_permits_
 	cr_assert(!strstr(body, "<b>"), "unescaped markup from the database:\n%s", body);
 	cr_assert(strstr(body, "<td>billing.leader</td><td class=\"ok\">status-&lt;1&gt;</td>"),
 		  "%s", body);
-	cr_assert(strstr(body, "<td>gpu-pool</td><td>2</td><td>1</td><td>0</td>"
-			       "<td class=\"warn\">1</td>"),
+	/* each quota links to its /why page, which names the holder */
+	cr_assert(strstr(body, "<td><a href=\"/why?key=gpu-pool\">gpu-pool</a></td><td>2</td>"
+			       "<td>1</td><td>0</td><td class=\"warn\">1</td>"),
 		  "%s", body);
+	char *why = http_get(port, "/why?key=gpu-pool", 200);
+	cr_assert(strstr(why, "vm-&lt;42&gt;"), "the linked /why page lacks the holder:\n%s", why);
+	free(why);
 	cr_assert(strstr(body, "<td>vm-&lt;42&gt;</td><td class=\"warn\">connector lost "
 			       "&quot;mid-flight&quot;</td>"),
 		  "%s", body);
@@ -617,7 +621,7 @@ Test(ops, status_page_renders_its_tables_in_headless_chromium)
 	    "<table id=\"leases\">",
 	    "<td>billing.leader</td><td class=\"ok\">browser-1</td>",
 	    "<table id=\"quotas\">",
-	    "<td>gpu-pool</td>",
+	    "<td><a href=\"/why?key=gpu-pool\">gpu-pool</a></td>",
 	    "<table id=\"permits\">",
 	    "<td>vm-&lt;42&gt;</td>",
 	};
