@@ -1297,7 +1297,12 @@ Test(permits, killed_owners_permit_stays_counted_and_uncertain_until_resolved)
 	cr_assert(wait_for(db, 15000,
 			   "SELECT count(*) FROM pgcoord.permits WHERE id = 'k-remote' "
 			   "AND state = 'uncertain'"),
-		  "the dead owner's permit was never recorded uncertain");
+		  "the dead owner's permit was never recorded uncertain; leases: %s; "
+		  "the janitor's log:\n%s",
+		  hdb_query_value(db, "SELECT string_agg(name || '=' || holder_replica || ' "
+				      "expires in ' || (expires_at - now())::text, ', ') "
+				      "FROM pgcoord.leases"),
+		  hagent_log(b));
 	cr_assert(wait_for(db, 15000,
 			   "SELECT count(*) FROM pgcoord.permits WHERE id = 'k-inproc' "
 			   "AND state = 'released'"));
