@@ -70,8 +70,10 @@ struct window {
 	double seconds;
 	double calls[KIND_COUNT];   /* statements of the runtime role by kind */
 	double exec_ms[KIND_COUNT]; /* their execution time */
-	double pg_cpu_ms;	    /* every postmaster child, from /proc */
-	double agent_cpu_ms;	    /* every agent */
+	/* lease_acquire calls by outcome: won (acquired or renewed), lost */
+	double lease_won, lease_lost;
+	double pg_cpu_ms;    /* every postmaster child, from /proc */
+	double agent_cpu_ms; /* every agent */
 	int64_t wal_bytes;
 	struct pg_cpu_snap *cpu_start; /* while the window is open */
 };

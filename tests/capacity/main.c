@@ -296,6 +296,32 @@ static void print_kinds(const struct point *pts, int n)
 	}
 }
 
+/*
+ * What the lease statements were: wins (each agent's first session renews
+ * its lease, the janitor renews the janitor lease, every lease_ttl_ms / 3
+ * at the default renew interval) and lost campaigns (every other agent
+ * campaigning for the janitor lease at its holder's expiry).
+ */
+static void print_lease_split(const struct point *pts, int n)
+{
+	printf("\nIdle lease statements by outcome (pg_stat_statements, statements inside "
+	       "lease_acquire):\n\n"
+	       "| agents | sessions/agent | lease/s | won (renewals)/s | held leases | "
+	       "lost campaigns/s | janitor candidates | s between a candidate's campaigns |\n"
+	       "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+	for (int i = 0; i < n; i++) {
+		const struct window *w = &pts[i].idle;
+		int candidates = pts[i].agents - 1;
+		double lost = per_s(w->lease_lost, w->seconds);
+
+		printf("| %d | %d | %.1f | %.1f | %d | %.1f | %d | %s%.1f |\n", pts[i].agents,
+		       pts[i].sessions, per_s(w->calls[KIND_LEASE], w->seconds),
+		       per_s(w->lease_won, w->seconds), pts[i].agents + 1, lost, candidates,
+		       candidates > 0 && lost > 0 ? "" : "- ",
+		       candidates > 0 && lost > 0 ? candidates / lost : 0.0);
+	}
+}
+
 static void progress(const struct point *p)
 {
 	double all = 0;
@@ -422,6 +448,7 @@ int main(int argc, char **argv)
 	}
 	print_table(pts, npts);
 	print_kinds(pts, npts);
+	print_lease_split(pts, npts);
 	cap_model_print(pts, npts, &cfg);
 	load_average(load, sizeof(load));
 	printf("\npgcoord-capacity: load average after the last point %s\n", load);
