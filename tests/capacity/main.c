@@ -45,6 +45,8 @@ static void usage(FILE *f)
 	    "                        [--idle S] [--load S] [--settle S] [--pool-size N]\n"
 	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--bouncer-pool N]\n"
 	    "                        [--closed-sessions N] [--direct] [--agent-bin PATH]\n"
+	    "       pgcoord-capacity --failure [--failure-runs N] [--agents M] [--sessions S]\n"
+	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--agent-bin PATH]\n"
 	    "Runs beside tests/harness/with-postgres --pgbouncer; scripts/capacity does all "
 	    "of it.\n"
 	    "  --quick          4 agents x 10 sessions, 3 s windows: the smoke run\n"
@@ -61,7 +63,11 @@ static void usage(FILE *f)
 	    "  --closed-sessions N\n"
 	    "                   preload N closed sessions, a long past (default 0)\n"
 	    "  --direct         agents connect to the server, not through PgBouncer\n"
-	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n",
+	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n"
+	    "  --failure        measure failure detection instead: kill -9, SIGSTOP and kill -9\n"
+	    "                   of the janitor, each --failure-runs times, on M agents x S\n"
+	    "                   sessions (the last of --agents and --sessions; default 11 x 10)\n"
+	    "  --failure-runs N runs of each failure scenario (default 3, at most 16)\n",
 	    CAP_MAX_AGENTS, CAP_MAX_SESSIONS);
 }
 
@@ -127,9 +133,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	    {"closed-sessions", required_argument, NULL, 'C'},
 	    {"direct", no_argument, NULL, 'D'},
 	    {"agent-bin", required_argument, NULL, 'A'},
+	    {"failure", no_argument, NULL, 'F'},
+	    {"failure-runs", required_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	bool agents_given = false, sessions_given = false;
 	int opt;
 
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -144,10 +153,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 			break;
 		case 'a':
 			cfg->nagents = parse_list("--agents", optarg, cfg->agents, CAP_MAX_AGENTS);
+			agents_given = true;
 			break;
 		case 's':
 			cfg->nsessions =
 			    parse_list("--sessions", optarg, cfg->sessions, CAP_MAX_SESSIONS);
+			sessions_given = true;
 			break;
 		case 'i':
 			cfg->idle_s = parse_seconds("--idle", optarg, 0.5);
@@ -182,6 +193,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 		case 'A':
 			cfg->agent_bin = optarg;
 			break;
+		case 'F':
+			cfg->failure = true;
+			break;
+		case 'R':
+			cfg->failure_runs = (int)parse_long("--failure-runs", optarg, 1, 16);
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -192,6 +209,15 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	}
 	if (optind != argc)
 		usage_error("unexpected argument \"%s\"", argv[optind]);
+	/* a survivor, a janitor and one victim per run: 11 for 3 runs */
+	if (cfg->failure && !agents_given) {
+		cfg->agents[0] = 3 * cfg->failure_runs + 2;
+		cfg->nagents = 1;
+	}
+	if (cfg->failure && !sessions_given) {
+		cfg->sessions[0] = 10;
+		cfg->nsessions = 1;
+	}
 	if (!cfg->agent_bin)
 		cfg->agent_bin = getenv("PGCOORD_CAPACITY_AGENT_BIN");
 	if (!cfg->agent_bin || access(cfg->agent_bin, X_OK) != 0)
@@ -366,6 +392,7 @@ int main(int argc, char **argv)
 	    .sessions = {1, 10, 100},
 	    .nsessions = 3,
 	    .call_timeout_ms = 30000,
+	    .failure_runs = 3,
 	};
 	static struct point pts[CAP_MAX_COUNTS * CAP_MAX_COUNTS];
 	char load[128], settings[512];
@@ -384,6 +411,8 @@ int main(int argc, char **argv)
 			    "--pgbouncer (scripts/capacity does)");
 	snprintf(cfg.tmp_dir, sizeof(cfg.tmp_dir), "%s", tmp);
 	signal(SIGPIPE, SIG_IGN);
+	if (cfg.failure)
+		return cap_failure_run(&cfg);
 
 	cap_db_setup(&cfg);
 	monitor = cap_db_connect(&cfg, "pgcoord-capacity-monitor");
