@@ -7,7 +7,8 @@
  * The tool runs beside a private cluster and a PgBouncer in transaction
  * mode (tests/harness/with-postgres --pgbouncer) and measures what a fleet
  * of agents costs the one Postgres: connections, statements and CPU at idle
- * by kind, and the claim throughput left for work (docs/CAPACITY.md).
+ * by kind, and the claim throughput left for work (docs/CAPACITY.md); or,
+ * with --failure, how fast a dead or frozen agent is noticed.
  */
 #ifndef PGCOORD_TESTS_CAPACITY_H
 #define PGCOORD_TESTS_CAPACITY_H

@@ -9,7 +9,8 @@
  * previous ones), it measures an idle window — statements by kind,
  * Postgres CPU and WAL, connections — and then a load window of claim and
  * release cycles. Then it fits the model, checks conservation and exits 0
- * only when every cycle succeeded and every check holds.
+ * only when every cycle succeeded and every check holds. With --failure it
+ * measures failure detection instead (failure.c).
  */
 #include "capacity.h"
 
