@@ -62,7 +62,7 @@ struct fd_run {
 	int victim;
 	double not_live_ms, recovered_ms, owner_loss_ms;
 	double poll_max_ms;  /* the longest poll cycle: the resolution of (a), (b) */
-	bool early_recovery; /* a record adopted while its owner was live */
+	bool early_recovery; /* a record recoverable while its owner was live */
 	char why[300];
 };
 
@@ -102,7 +102,7 @@ static int pick_victim(PGconn *c, int agents, bool janitor)
 	double end = cap_now() + RUN_TIMEOUT_S;
 
 	/* after the janitor's death its successor needs the lease's ttl */
-	while ((j = janitor_agent(c)) < 0 && cap_now() < end)
+	while (((j = janitor_agent(c)) < 0 || dead[j]) && cap_now() < end)
 		cap_sleep(0.2);
 	if (janitor)
 		return j >= 0 && !dead[j] ? j : -1;
