@@ -7,7 +7,8 @@
  * The tool runs beside a private cluster and a PgBouncer in transaction
  * mode (tests/harness/with-postgres --pgbouncer) and measures what a fleet
  * of agents costs the one Postgres: connections, statements and CPU at idle
- * by kind, and the claim throughput left for work (docs/CAPACITY.md).
+ * by kind, and the claim throughput left for work (docs/CAPACITY.md); or,
+ * with --failure, how fast a dead or frozen agent is noticed.
  */
 #ifndef PGCOORD_TESTS_CAPACITY_H
 #define PGCOORD_TESTS_CAPACITY_H
@@ -41,6 +42,8 @@ struct cap_cfg {
 	long closed_sessions;	   /* closed sessions preloaded: a long past */
 	int call_timeout_ms;
 	bool direct;		   /* agents connect to the server, not through PgBouncer */
+	bool failure;		   /* measure failure detection instead (failure.c) */
+	int failure_runs;	   /* runs of each failure scenario */
 	char owner_conninfo[1024]; /* the server, as the owner: setup and observation */
 	char agent_conninfo[1024]; /* what agents use: PgBouncer, the runtime role */
 	char bouncer_admin[1024];  /* PgBouncer's console; "" with direct */
@@ -70,8 +73,10 @@ struct window {
 	double seconds;
 	double calls[KIND_COUNT];   /* statements of the runtime role by kind */
 	double exec_ms[KIND_COUNT]; /* their execution time */
-	double pg_cpu_ms;	    /* every postmaster child, from /proc */
-	double agent_cpu_ms;	    /* every agent */
+	/* lease_acquire calls by outcome: won (acquired or renewed), lost */
+	double lease_won, lease_lost;
+	double pg_cpu_ms;    /* every postmaster child, from /proc */
+	double agent_cpu_ms; /* every agent */
 	int64_t wal_bytes;
 	struct pg_cpu_snap *cpu_start; /* while the window is open */
 };
@@ -122,6 +127,8 @@ double pg_cpu_since_ms(const struct pg_cpu_snap *s, pid_t postmaster);
 void cap_agents_start(const struct cap_cfg *cfg, int n);
 void cap_agents_stop(void);
 pid_t cap_agent_pid(int i);
+/* SIGKILLs agent i (stopped or not) and waits for it. */
+void cap_agent_reap(int i);
 const char *cap_agent_socket(int i);
 double cap_agents_cpu_ms(int n);
 long cap_agents_max_rss_kb(int n);
@@ -133,6 +140,9 @@ bool cap_sessions_grow(const struct cap_cfg *cfg, int agents, int per_agent, cha
 		       size_t whylen);
 /* Closes them all (session.close, then the connection). */
 void cap_sessions_close(int agents);
+/* Drops agent a's client connections without a word to the agent (it is
+ * dead or frozen). */
+void cap_sessions_abandon(int a);
 /* The client of session s of agent a (owned by the fleet). */
 pgcoord *cap_session_client(int a, int s);
 
@@ -146,6 +156,12 @@ void cap_load_run(const struct cap_cfg *cfg, int agents, int point_index, PGconn
 
 double cap_now(void);
 void cap_sleep(double seconds);
+
+/* --- failure.c ------------------------------------------------------------ */
+
+/* The failure-detection measurement (--failure): sets up the database and
+ * the fleet itself, prints its tables; the exit status. */
+int cap_failure_run(struct cap_cfg *cfg);
 
 /* --- model.c -------------------------------------------------------------- */
 

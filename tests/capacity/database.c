@@ -33,9 +33,22 @@ static const char kind_sql[] =
     "WHEN query LIKE 'SELECT set_config(%%' THEN 6 "
     "ELSE 7 END, sum(calls), sum(total_exec_time) "
     "FROM pg_stat_statements "
-    "WHERE userid = %s::regrole "
+    "WHERE userid = %s::regrole AND toplevel "
     "  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "GROUP BY 1";
+
+/* lease_acquire's two outcomes, told apart by the statements it runs inside
+ * (pg_stat_statements.track = all): a win (an acquisition or a renewal)
+ * writes the row; a lost campaign reads the holder's expiry instead. The
+ * functions run as their owner (SECURITY DEFINER), so the statements inside
+ * are the owner's, not the runtime role's; only the agents call it. */
+static const char lease_split_sql[] =
+    "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO pgcoord.leases %'), 0), "
+    "       coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT l.epoch, l.holder_session, "
+    "l.holder_replica,%greatest%'), 0) "
+    "FROM pg_stat_statements "
+    "WHERE NOT toplevel "
+    "  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
 
 /* The runtime role as an SQL literal: only its statements are the agents'. */
 static char runtime_role_literal[160];
@@ -64,7 +77,9 @@ static bool run(const char *const *argv)
 }
 
 /* pg_stat_statements needs shared_preload_libraries, which takes a restart
- * of the throwaway server; PgBouncer reconnects by itself. */
+ * of the throwaway server; PgBouncer reconnects by itself. track = all
+ * also counts the statements inside functions (toplevel false), which
+ * split the lease kind; every kind counts top-level statements only. */
 static void load_pg_stat_statements(PGconn **admin, const char *admin_info)
 {
 	const char *cluster = getenv("PGCOORD_TEST_CLUSTER");
@@ -79,6 +94,9 @@ static void load_pg_stat_statements(PGconn **admin, const char *admin_info)
 	if (!run(argv))
 		pgq_die("restarting the server with pg_stat_statements failed");
 	*admin = pgq_connect(admin_info, "pgcoord-capacity-setup");
+	/* known only once the library is loaded; a reload applies it */
+	pgq_exec_or_die(*admin, "ALTER SYSTEM SET pg_stat_statements.track = 'all'");
+	pgq_exec_or_die(*admin, "SELECT pg_reload_conf()");
 }
 
 static void conninfo(char *buf, size_t size, const char *host, const char *port, const char *user,
@@ -293,6 +311,15 @@ void cap_window_close(PGconn *c, pid_t postmaster, struct window *w)
 			w->calls[k] += strtod(PQgetvalue(r, i, 1), NULL);
 			w->exec_ms[k] += strtod(PQgetvalue(r, i, 2), NULL);
 		}
+	}
+	PQclear(r);
+	r = PQexec(c, lease_split_sql);
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+		w->lease_won = strtod(PQgetvalue(r, 0, 0), NULL);
+		w->lease_lost = strtod(PQgetvalue(r, 0, 1), NULL);
+	} else {
+		fprintf(stderr, "pgcoord-capacity: reading lease outcomes: %s",
+			PQresultErrorMessage(r));
 	}
 	PQclear(r);
 }

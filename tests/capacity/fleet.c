@@ -45,6 +45,18 @@ pid_t cap_agent_pid(int i)
 	return agent_pids[i];
 }
 
+void cap_agent_reap(int i)
+{
+	int status;
+
+	if (agent_pids[i] <= 0)
+		return;
+	kill(agent_pids[i], SIGKILL);
+	while (waitpid(agent_pids[i], &status, 0) < 0 && errno == EINTR)
+		;
+	agent_pids[i] = 0;
+}
+
 const char *cap_agent_socket(int i)
 {
 	return agent_sockets[i];
@@ -357,6 +369,17 @@ void cap_sessions_close(int agents)
 		else
 			close_all(&fleet_sessions[a]);
 	}
+}
+
+void cap_sessions_abandon(int a)
+{
+	struct agent_sessions *as = &fleet_sessions[a];
+
+	for (int s = 0; s < as->n; s++)
+		pgcoord_close(as->clients[s]);
+	as->n = 0;
+	free(as->clients);
+	as->clients = NULL;
 }
 
 pgcoord *cap_session_client(int a, int s)

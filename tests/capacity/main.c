@@ -9,7 +9,8 @@
  * previous ones), it measures an idle window — statements by kind,
  * Postgres CPU and WAL, connections — and then a load window of claim and
  * release cycles. Then it fits the model, checks conservation and exits 0
- * only when every cycle succeeded and every check holds.
+ * only when every cycle succeeded and every check holds. With --failure it
+ * measures failure detection instead (failure.c).
  */
 #include "capacity.h"
 
@@ -45,6 +46,8 @@ static void usage(FILE *f)
 	    "                        [--idle S] [--load S] [--settle S] [--pool-size N]\n"
 	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--bouncer-pool N]\n"
 	    "                        [--closed-sessions N] [--direct] [--agent-bin PATH]\n"
+	    "       pgcoord-capacity --failure [--failure-runs N] [--agents M] [--sessions S]\n"
+	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--agent-bin PATH]\n"
 	    "Runs beside tests/harness/with-postgres --pgbouncer; scripts/capacity does all "
 	    "of it.\n"
 	    "  --quick          4 agents x 10 sessions, 3 s windows: the smoke run\n"
@@ -61,7 +64,11 @@ static void usage(FILE *f)
 	    "  --closed-sessions N\n"
 	    "                   preload N closed sessions, a long past (default 0)\n"
 	    "  --direct         agents connect to the server, not through PgBouncer\n"
-	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n",
+	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n"
+	    "  --failure        measure failure detection instead: kill -9, SIGSTOP and kill -9\n"
+	    "                   of the janitor, each --failure-runs times, on M agents x S\n"
+	    "                   sessions (the last of --agents and --sessions; default 11 x 10)\n"
+	    "  --failure-runs N runs of each failure scenario (default 3, at most 16)\n",
 	    CAP_MAX_AGENTS, CAP_MAX_SESSIONS);
 }
 
@@ -127,9 +134,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	    {"closed-sessions", required_argument, NULL, 'C'},
 	    {"direct", no_argument, NULL, 'D'},
 	    {"agent-bin", required_argument, NULL, 'A'},
+	    {"failure", no_argument, NULL, 'F'},
+	    {"failure-runs", required_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	bool agents_given = false, sessions_given = false;
 	int opt;
 
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -144,10 +154,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 			break;
 		case 'a':
 			cfg->nagents = parse_list("--agents", optarg, cfg->agents, CAP_MAX_AGENTS);
+			agents_given = true;
 			break;
 		case 's':
 			cfg->nsessions =
 			    parse_list("--sessions", optarg, cfg->sessions, CAP_MAX_SESSIONS);
+			sessions_given = true;
 			break;
 		case 'i':
 			cfg->idle_s = parse_seconds("--idle", optarg, 0.5);
@@ -182,6 +194,12 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 		case 'A':
 			cfg->agent_bin = optarg;
 			break;
+		case 'F':
+			cfg->failure = true;
+			break;
+		case 'R':
+			cfg->failure_runs = (int)parse_long("--failure-runs", optarg, 1, 16);
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -192,6 +210,15 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	}
 	if (optind != argc)
 		usage_error("unexpected argument \"%s\"", argv[optind]);
+	/* a survivor, a janitor and one victim per run: 11 for 3 runs */
+	if (cfg->failure && !agents_given) {
+		cfg->agents[0] = 3 * cfg->failure_runs + 2;
+		cfg->nagents = 1;
+	}
+	if (cfg->failure && !sessions_given) {
+		cfg->sessions[0] = 10;
+		cfg->nsessions = 1;
+	}
 	if (!cfg->agent_bin)
 		cfg->agent_bin = getenv("PGCOORD_CAPACITY_AGENT_BIN");
 	if (!cfg->agent_bin || access(cfg->agent_bin, X_OK) != 0)
@@ -296,6 +323,32 @@ static void print_kinds(const struct point *pts, int n)
 	}
 }
 
+/*
+ * What the lease statements were: wins (each agent's first session renews
+ * its lease, the janitor renews the janitor lease, every lease_ttl_ms / 3
+ * at the default renew interval) and lost campaigns (every other agent
+ * campaigning for the janitor lease at its holder's expiry).
+ */
+static void print_lease_split(const struct point *pts, int n)
+{
+	printf("\nIdle lease statements by outcome (pg_stat_statements, statements inside "
+	       "lease_acquire):\n\n"
+	       "| agents | sessions/agent | lease/s | won (renewals)/s | held leases | "
+	       "lost campaigns/s | janitor candidates | s between a candidate's campaigns |\n"
+	       "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+	for (int i = 0; i < n; i++) {
+		const struct window *w = &pts[i].idle;
+		int candidates = pts[i].agents - 1;
+		double lost = per_s(w->lease_lost, w->seconds);
+
+		printf("| %d | %d | %.1f | %.1f | %d | %.1f | %d | %s%.1f |\n", pts[i].agents,
+		       pts[i].sessions, per_s(w->calls[KIND_LEASE], w->seconds),
+		       per_s(w->lease_won, w->seconds), pts[i].agents + 1, lost, candidates,
+		       candidates > 0 && lost > 0 ? "" : "- ",
+		       candidates > 0 && lost > 0 ? candidates / lost : 0.0);
+	}
+}
+
 static void progress(const struct point *p)
 {
 	double all = 0;
@@ -340,6 +393,7 @@ int main(int argc, char **argv)
 	    .sessions = {1, 10, 100},
 	    .nsessions = 3,
 	    .call_timeout_ms = 30000,
+	    .failure_runs = 3,
 	};
 	static struct point pts[CAP_MAX_COUNTS * CAP_MAX_COUNTS];
 	char load[128], settings[512];
@@ -358,6 +412,8 @@ int main(int argc, char **argv)
 			    "--pgbouncer (scripts/capacity does)");
 	snprintf(cfg.tmp_dir, sizeof(cfg.tmp_dir), "%s", tmp);
 	signal(SIGPIPE, SIG_IGN);
+	if (cfg.failure)
+		return cap_failure_run(&cfg);
 
 	cap_db_setup(&cfg);
 	monitor = cap_db_connect(&cfg, "pgcoord-capacity-monitor");
@@ -422,6 +478,7 @@ int main(int argc, char **argv)
 	}
 	print_table(pts, npts);
 	print_kinds(pts, npts);
+	print_lease_split(pts, npts);
 	cap_model_print(pts, npts, &cfg);
 	load_average(load, sizeof(load));
 	printf("\npgcoord-capacity: load average after the last point %s\n", load);
