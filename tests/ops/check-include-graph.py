@@ -129,21 +129,26 @@ def one_path(deps, comp):
     return " <-> ".join(comp)
 
 
-def object_symbols(obj):
-    """(defined functions, undefined symbols) of one object file."""
-    out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
-                         text=True).stdout
-    defined, undefined = set(), set()
+def object_symbols(objs):
+    """{object: (defined functions, undefined symbols)} of the object files,
+    read by one nm for all of them: a process per object made the test
+    slow on a busy machine."""
+    out = subprocess.run(["nm", "-P", "-A"] + list(objs), check=True,
+                         capture_output=True, text=True).stdout
+    symbols = {obj: (set(), set()) for obj in objs}
     for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 2:
+        # -A prefixes each line with "OBJECT: "
+        obj, sep, rest = line.partition(": ")
+        fields = rest.split()
+        if not sep or obj not in symbols or len(fields) < 2:
             continue
         name, kind = fields[0], fields[1]
+        defined, undefined = symbols[obj]
         if kind in DEFINED_TEXT:
             defined.add(name)
         elif kind == "U":
             undefined.add(name)
-    return defined, undefined
+    return symbols
 
 
 def call_graph(src_root, build_root, src_dir, obj_globs):
@@ -161,8 +166,9 @@ def call_graph(src_root, build_root, src_dir, obj_globs):
                 if os.path.exists(os.path.join(src_root, src)):
                     objects[src] = obj
     defined_in, wants = {}, {}
+    symbols = object_symbols(sorted(objects.values()))
     for src, obj in sorted(objects.items()):
-        defined, undefined = object_symbols(obj)
+        defined, undefined = symbols[obj]
         for name in defined:
             defined_in[name] = src
         wants[src] = undefined
