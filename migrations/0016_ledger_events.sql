@@ -78,21 +78,20 @@ CREATE VIEW pgcoord.permit_events AS
 	       NULL::text, 'released'::text, p.phase::text, p.released_at
 	FROM pgcoord.permits p WHERE p.release_event IS NOT NULL;
 
-ALTER VIEW pgcoord.permit_events ALTER COLUMN id
-	SET DEFAULT nextval('pgcoord.permit_events_id_seq');
-ALTER VIEW pgcoord.permit_events ALTER COLUMN delta SET DEFAULT 0;
-ALTER VIEW pgcoord.permit_events ALTER COLUMN at SET DEFAULT now();
-
 -- An audit row written to the view (the functions that write the rarer
--- events, tests, repairs) goes to the log, as it went to the table.
+-- events, tests, repairs) goes to the log, as it went to the table, with
+-- the table's defaults for what it leaves out.
 CREATE FUNCTION pgcoord.permit_events_insert()
 RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+	NEW.id := coalesce(NEW.id, nextval('pgcoord.permit_events_id_seq'));
+	NEW.delta := coalesce(NEW.delta, 0);
+	NEW.at := coalesce(NEW.at, now());
 	INSERT INTO pgcoord.permit_events_log (id, permit_id, key, delta, event, actor, reason,
 		state, phase, at)
-	VALUES (NEW.id, NEW.permit_id, NEW.key, coalesce(NEW.delta, 0), NEW.event, NEW.actor,
-		NEW.reason, NEW.state, NEW.phase, coalesce(NEW.at, now()));
+	VALUES (NEW.id, NEW.permit_id, NEW.key, NEW.delta, NEW.event, NEW.actor, NEW.reason,
+		NEW.state, NEW.phase, NEW.at);
 	RETURN NEW;
 END $$;
 
