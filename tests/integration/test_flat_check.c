@@ -67,7 +67,7 @@ static long rows_read(struct harness_db *db)
 				  "coalesce(idx_tup_fetch, 0)), 0) FROM pg_stat_xact_user_tables "
 				  "WHERE relid IN ('pgcoord.permits'::regclass, "
 				  "'pgcoord.permit_quotas'::regclass, "
-				  "'pgcoord.permit_events'::regclass)");
+				  "'pgcoord.permit_events_log'::regclass)");
 }
 
 /* Waits until the janitor has folded every audit row written so far. */
