@@ -283,10 +283,13 @@ BEGIN
 				SELECT q."limit", q.in_flight INTO v_denied_limit, v_denied_in_flight
 				FROM pgcoord.quotas q WHERE q.key = p_keys[1];
 			ELSIF p_actor IS NULL THEN
-				-- an audit row names its actor (permit_events.actor)
-				RAISE EXCEPTION 'null value in column "actor" of relation '
-					'"permit_events" violates not-null constraint'
-					USING ERRCODE = 'not_null_violation';
+				-- every event names its actor: the log refuses a row
+				-- without one (not_null_violation), as it refused the
+				-- audit row before
+				INSERT INTO pgcoord.permit_events_log (permit_id, key, delta, event,
+					actor, state, phase)
+				VALUES (p_id, p_keys[1], p_weights[1], 'admitted', p_actor, 'held',
+					'reserved');
 			END IF;
 		ELSE
 			FOR j IN 1 .. v_n LOOP
