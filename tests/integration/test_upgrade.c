@@ -417,14 +417,53 @@ Test(upgrade, explicit_audit_rows_of_old_cycles_count_once_after_0016)
 	cr_assert_null(unconserved(db));
 	cr_assert_eq(check_problems(db), 0);
 
+	/* a permit with its admission in its row released by an override: its
+	 * release is a row of the log, which counts zero beside its row */
+	claim(fd, "p-ovr", "fresh", 0, "admitted");
+	CALL(db, "released", "permit_release_one(%ld, 'p-ovr', NULL, true, 'operator', 'test')",
+	     uid);
+	assert_value(db, "admitted override_released",
+		     "SELECT string_agg(event, ' ' ORDER BY id) FROM pgcoord.permit_events "
+		     "WHERE permit_id = 'p-ovr'");
+	cr_assert_null(unconserved(db));
+	cr_assert_eq(check_problems(db), 0);
+
+	/* in_flight over a lowered limit is no violation; an admission after
+	 * that limit was set is, also once that permit is released */
+	hdb_exec(db, "SELECT pgcoord.quota_set('over', 2, NULL, 'test')");
+	CLAIM("o-1", "{over}", "{1}", s1);
+	CLAIM("o-2", "{over}", "{1}", s1);
+	hdb_exec(db, "SELECT pgcoord.quota_set('over', 1, NULL, 'test')");
+	cr_assert_eq(check_problems(db), 0);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_session, owner_replica, state, "
+		 "phase, on_owner_loss, quota_key, quota_weight, admit_event, admit_actor) "
+		 "VALUES ('o-forged', nextval('pgcoord.token_seq'), %ld, 'old', 'held', "
+		 "'reserved', 'uncertain', 'over', 1, nextval('pgcoord.permit_events_id_seq'), "
+		 "'forger'); UPDATE pgcoord.quotas SET in_flight = in_flight + 1 "
+		 "WHERE key = 'over'",
+		 s1);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	RELEASE("o-forged", s1);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	fold_all(db);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	RELEASE("o-1", s1);
+	RELEASE("o-2", s1);
+	cr_assert_eq(check_problems(db), 0);
+
 	/* the whole audit folded, and then the finished permits purged: still
 	 * one count per cycle */
 	fold_all(db);
 	cr_assert_eq(check_problems(db), 0);
 	assert_value(db, "2", "SELECT audit_sum FROM pgcoord.permits_check() WHERE key = 'slot'");
 	assert_value(db, "1", "SELECT audit_sum FROM pgcoord.permits_check() WHERE key = 'fresh'");
-	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_purge_permits(100, 0)"), 4,
-		     "p-done, p-over, p-held and p-new are not all purged");
+	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_purge_permits(100, 0)"), 8,
+		     "p-done, p-over, p-held, p-new, p-ovr and the three on 'over' are not all "
+		     "purged");
 	cr_assert_eq(check_problems(db), 0);
 	cr_assert_null(unconserved(db));
 	const char *check[] = {"check", NULL};
