@@ -80,6 +80,9 @@ struct cell_result {
  * workload's quotas (in pgcoord and in the direct table). Exits on failure. */
 void bench_db_setup(struct bench_cfg *cfg);
 
+/* The table of the audit rows: permit_events, or since 0016 its log. */
+const char *bench_audit_table(PGconn *c);
+
 /* A connection to the bench database (exits on failure). */
 PGconn *bench_db_connect(const struct bench_cfg *cfg, const char *appname);
 

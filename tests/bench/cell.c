@@ -321,8 +321,11 @@ static void take(const struct cell_spec *spec, PGconn *monitor, pid_t postmaster
  */
 static void settle(PGconn *monitor)
 {
-	PGresult *r = PQexec(monitor, "VACUUM pgcoord.quotas, pgcoord.permits, "
-				      "pgcoord.permit_quotas, pgcoord.permit_events, bench.quotas");
+	char sql[256];
+	snprintf(sql, sizeof(sql),
+		 "VACUUM pgcoord.quotas, pgcoord.permits, pgcoord.permit_quotas, %s, bench.quotas",
+		 bench_audit_table(monitor));
+	PGresult *r = PQexec(monitor, sql);
 
 	if (PQresultStatus(r) != PGRES_COMMAND_OK)
 		fprintf(stderr, "pgcoord-bench: vacuum before the cell: %s",

@@ -98,6 +98,21 @@ static bool inline_shares(PGconn *c)
 			       "AND NOT attisdropped") > 0;
 }
 
+/* Whether this schema keeps the 'admitted' and 'released' events of a
+ * one-quota cycle in the permit row (migrations/0016_ledger_events.sql);
+ * its audit table is then permit_events_log, and permit_events a view. */
+static bool events_in_rows(PGconn *c)
+{
+	return pgq_query_ll(c, "SELECT count(*) FROM pg_attribute WHERE attrelid = "
+			       "'pgcoord.permits'::regclass AND attname = 'admit_event' "
+			       "AND NOT attisdropped") > 0;
+}
+
+const char *bench_audit_table(PGconn *c)
+{
+	return events_in_rows(c) ? "pgcoord.permit_events_log" : "pgcoord.permit_events";
+}
+
 /*
  * History as the agent leaves it: released permits (tombstones) on quota
  * keys of their own, each with its share, its 'admitted' and 'released'
@@ -121,11 +136,26 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 	    cfg->history_keys - 1);
 	pgq_exec_or_die(
 	    c,
-	    "INSERT INTO pgcoord.permit_events (key, event, actor, reason) "
+	    "INSERT INTO %s (key, event, actor, reason) "
 	    "SELECT 'history-' || lpad(i::text, 7, '0'), 'limit_set', 'bench-history', "
 	    "'limit none -> 1, lapse_after_s off -> off' FROM generate_series(0, %ld) i",
-	    cfg->history_keys - 1);
-	if (cfg->history_permits > 0 && inline_shares(c)) {
+	    bench_audit_table(c), cfg->history_keys - 1);
+	if (cfg->history_permits > 0 && events_in_rows(c)) {
+		/* and its two events in that row too, as a cycle leaves them */
+		pgq_exec_or_die(
+		    c,
+		    "INSERT INTO pgcoord.permits (id, token, owner_replica, state, phase, "
+		    "on_owner_loss, created_at, phase_at, state_at, released_at, quota_key, "
+		    "quota_weight, admit_event, admit_actor, release_event) "
+		    "SELECT 'history-' || i, nextval('pgcoord.token_seq'), 'bench-history', "
+		    "'released', 'reserved', 'uncertain', t, t, t, t, "
+		    "'history-' || lpad((i %% %ld)::text, 7, '0'), 1, "
+		    "nextval('pgcoord.permit_events_id_seq'), 'agent@bench-history', "
+		    "nextval('pgcoord.permit_events_id_seq') "
+		    "FROM generate_series(1, %ld) i, LATERAL (SELECT now() - interval "
+		    "'1 day' + i * interval '1 ms' AS t) ts",
+		    cfg->history_keys, cfg->history_permits);
+	} else if (cfg->history_permits > 0 && inline_shares(c)) {
 		/* a one-quota permit's share in its own row, as a claim writes it */
 		pgq_exec_or_die(
 		    c,
@@ -155,7 +185,7 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		    "FROM generate_series(1, %ld) i",
 		    cfg->history_keys, cfg->history_permits);
 	}
-	if (cfg->history_permits > 0) {
+	if (cfg->history_permits > 0 && !events_in_rows(c)) {
 		pgq_exec_or_die(
 		    c, "INSERT INTO pgcoord.permit_events (permit_id, key, delta, event, actor, "
 		       "state, phase) SELECT permit_id, key, 1, 'admitted', 'agent@bench-history', "
@@ -169,7 +199,8 @@ static void preload_history(const struct bench_cfg *cfg, PGconn *c)
 		    "WHERE permit_id LIKE 'history-%%' ORDER BY permit_id");
 	}
 	pgq_exec_or_die(c, "COMMIT");
-	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, pgcoord.permit_events");
+	pgq_exec_or_die(c, "VACUUM ANALYZE pgcoord.quotas, pgcoord.permits, %s",
+			bench_audit_table(c));
 	pgq_exec_or_die(c, inline_shares(c) ? "VACUUM ANALYZE pgcoord.permit_quotas_multi"
 					    : "VACUUM ANALYZE pgcoord.permit_quotas");
 	/* folded for permit.check as the janitor would long since have folded

@@ -127,7 +127,8 @@ Test(db_roles, the_runtime_role_can_only_execute_the_functions_and_read)
 	assert_denied(db, "INSERT INTO pgcoord.quotas (key, \"limit\") VALUES ('x', 1)");
 	assert_denied(db, "UPDATE pgcoord.quotas SET in_flight = 0");
 	assert_denied(db, "DELETE FROM pgcoord.permits");
-	assert_denied(db, "TRUNCATE pgcoord.permit_events");
+	assert_denied(db, "TRUNCATE pgcoord.permit_events_log");
+	assert_denied(db, "INSERT INTO pgcoord.permit_events (event, actor) VALUES ('phase', 'x')");
 	assert_denied(db, "SELECT * FROM pgcoord.sessions");
 	assert_denied(db, "CREATE TABLE pgcoord.mine (x int)");
 	assert_denied(db, "CREATE FUNCTION pgcoord.now() RETURNS int LANGUAGE sql AS 'SELECT 1'");

@@ -11,6 +11,11 @@
  * it through the functions the agent calls, and `pgcoord-agent migrate`
  * upgrades it as it stands. Later migrations stay recorded, so the runner
  * also meets a series with a hole and must fill it.
+ *
+ * And a database the series before 0016_ledger_events.sql built and wrote
+ * upgrades to it: every cycle of its explicit audit rows counts once, in
+ * the check, the fold and retention, beside the cycles that keep their
+ * events in their permit rows (the second test).
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -238,5 +243,241 @@ Test(upgrade, held_uncertain_and_queued_permits_and_history_survive_0013_and_the
 	free(sql);
 	hagent_destroy(a);
 	hagent_destroy(b);
+	hdb_drop(db);
+}
+
+/*
+ * 0016_ledger_events.sql on a ledger the series before it wrote: the
+ * database is built from the migration texts up to 0014 (recorded as the
+ * runner records them), and its ledger by the functions the agent of that
+ * schema called. Its audit rows are explicit; after the upgrade each of
+ * its cycles still counts exactly once (no admission read both from its
+ * audit row and from its permit row), its history reads the same, and the
+ * cycles of the new schema keep their events in the permit rows.
+ */
+
+/* Applies and records every migration below version `below`, as
+ * `pgcoord-agent migrate` would. */
+static void migrate_below(struct harness_db *db, int below)
+{
+	const char *dir = henv("PGCOORD_TEST_MIGRATIONS_DIR");
+	hdb_exec(db, "CREATE SCHEMA IF NOT EXISTS pgcoord; "
+		     "CREATE TABLE IF NOT EXISTS pgcoord.schema_migrations ("
+		     " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+		     " applied_at timestamptz NOT NULL DEFAULT now())");
+	for (int v = 1; v < below; v++) {
+		char cmd[512];
+		snprintf(cmd, sizeof(cmd), "ls '%s' | grep '^%04d_.*\\.sql$'", dir, v);
+		char *name = NULL;
+		const char *const sh[] = {"/bin/sh", "-c", cmd, NULL};
+		if (hrun(sh, &name) != 0) {
+			free(name);
+			continue; /* a gap in the series */
+		}
+		name[strcspn(name, "\n")] = '\0';
+		char path[1024];
+		snprintf(path, sizeof(path), "%s/%s", dir, name);
+		char *sql = hread_file(path);
+		cr_assert(sql, "cannot read %s", path);
+		cr_assert_null(strstr(sql, "$mig$"));
+		hdb_exec(
+		    db,
+		    "BEGIN; %s; INSERT INTO pgcoord.schema_migrations (version, name, checksum) "
+		    "VALUES (%d, '%.*s', encode(sha256(convert_to($mig$%s$mig$, 'UTF8')), 'hex'));"
+		    " COMMIT",
+		    sql, v, (int)(strlen(name) - 9), name + 5, sql);
+		free(sql);
+		free(name);
+	}
+	hdb_exec(db, "SELECT pgcoord.grant_runtime('%s')", henv("PGCOORD_TEST_RUNTIME_ROLE"));
+}
+
+/* Every audit row of the whole trail, as text in id order. */
+static char *trail(struct harness_db *db)
+{
+	return hdb_query_value(db, "SELECT string_agg(concat_ws(' ', e.id, e.permit_id, e.key, "
+				   "e.delta, e.event, e.actor, e.reason, e.state, e.phase, e.at), "
+				   "E'\\n' ORDER BY e.id) FROM pgcoord.permit_events e");
+}
+
+/* The audit's deltas per quota against in_flight: a line per quota where
+ * they differ, none when every cycle counts once. */
+static char *unconserved(struct harness_db *db)
+{
+	return hdb_query_value(
+	    db, "SELECT string_agg(q.key || ' ' || q.in_flight || ' ' || coalesce(s.d, 0), ', ') "
+		"FROM pgcoord.quotas q LEFT JOIN (SELECT key, sum(delta) AS d FROM "
+		"pgcoord.permit_events WHERE key IS NOT NULL GROUP BY key) s ON s.key = q.key "
+		"WHERE q.in_flight <> coalesce(s.d, 0)");
+}
+
+/* Folds the whole audit, as the janitor does over several sweeps. */
+static void fold_all(struct harness_db *db)
+{
+	for (int i = 0; i < 4; i++)
+		hdb_exec(db, "SELECT pgcoord.janitor_fold_audit(1000)");
+	cr_assert_eq(hdb_query_long(db, "SELECT (folded_upto >= (SELECT last_value FROM "
+					"pgcoord.permit_events_id_seq))::int FROM "
+					"pgcoord.permit_audit_horizon"),
+		     1, "the fold did not reach the end of the audit");
+}
+
+#define CALL(db, want, fn, ...)                                                                    \
+	assert_value(db, want, "SELECT (pgcoord." fn ").status", __VA_ARGS__)
+
+Test(upgrade, explicit_audit_rows_of_old_cycles_count_once_after_0016)
+{
+	struct harness_db *db = hdb_create();
+	migrate_below(db, 16);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT (to_regclass('pgcoord.permit_events_log') IS NULL "
+				    "AND to_regclass('pgcoord.permit_events') IS NOT NULL)::int"),
+		     1, "not the schema before 0016");
+	long uid = (long)getuid();
+	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL)");
+	long s1 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'a', 600000, false, %ld)", uid);
+	long s2 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'b', 600000, false, %ld)", uid);
+	hdb_exec(db, "SELECT pgcoord.quota_set('slot', 2, NULL, 'test'); "
+		     "SELECT pgcoord.quota_set('m1', 5, NULL, 'test'); "
+		     "SELECT pgcoord.quota_set('m2', 5, NULL, 'test')");
+
+	/* the old ledger: a finished cycle, part of the audit folded, a held
+	 * permit, one of two quotas, one uncertain (its session ended), one
+	 * released by an override, a claim queued behind the full slot */
+#define CLAIM(id, keys, weights, s)                                                                \
+	CALL(db, "admitted",                                                                       \
+	     "permit_claim_as(%ld, false, '" id "', '" keys "', '" weights "', %ld, 'old', "       \
+	     "'uncertain', NULL, NULL, 'session:' || %ld || '@old')",                              \
+	     uid, s, s)
+#define RELEASE(id, s)                                                                             \
+	CALL(db, "released", "permit_release_one(%ld, '" id "', %ld, false, NULL, NULL)", uid, s)
+	CLAIM("p-done", "{slot}", "{1}", s1);
+	RELEASE("p-done", s1);
+	fold_all(db);
+	CLAIM("p-held", "{slot}", "{1}", s1);
+	CLAIM("p-multi", "{m1,m2}", "{2,3}", s1);
+	CLAIM("p-over", "{m1}", "{1}", s1);
+	CALL(db, "released", "permit_release_one(%ld, 'p-over', NULL, true, 'operator', 'test')",
+	     uid);
+	CLAIM("p-unc", "{slot}", "{1}", s2);
+	hdb_exec(db, "SELECT pgcoord.session_close(ARRAY[%ld], 1, 'test')", s2);
+	assert_value(db, "uncertain", "SELECT state FROM pgcoord.permits WHERE id = 'p-unc'");
+	long s3 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'c', 600000, false, %ld)", uid);
+	CALL(db, "queued",
+	     "permit_wait(%ld, false, 'p-wait', '{slot}', '{1}', %ld, 'old', 'uncertain', NULL, "
+	     "NULL, 'session:' || %ld || '@old', 60000)",
+	     uid, s3, s3);
+	cr_assert_eq(check_problems(db), 0);
+	char *before = trail(db);
+	long rows = hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events");
+
+	/* the upgrade, by the runner, on the database as it is */
+	hdb_migrate(db);
+	cr_assert_eq(
+	    hdb_query_long(db, "SELECT count(*) FROM pgcoord.schema_migrations WHERE version = 16"),
+	    1);
+	char *after = trail(db);
+	cr_assert_str_eq(after, before, "the upgrade changed the audit trail");
+	free(after);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events_log"), rows,
+		     "the old rows are not all in the log");
+	cr_assert_null(unconserved(db));
+	cr_assert_eq(check_problems(db), 0);
+	assert_value(db, "2", "SELECT audit_sum FROM pgcoord.permits_check() WHERE key = 'slot'");
+
+	/* the new schema's cycles, through an agent: the old held permit is
+	 * released (its release is an audit row, as its admission is), the
+	 * queue gets the slot, and a new cycle keeps its events in its row */
+	const char *const args[] = {"--wait-poll-ms", "50", NULL};
+	struct hagent *a = hagent_start(db, "new", args);
+	RELEASE("p-held", s1);
+	cr_assert(
+	    iwait_sql(
+		db, 10000,
+		"SELECT count(*) FROM pgcoord.permits WHERE id = 'p-wait' AND state = 'held'"),
+	    "the queued claim was not handed the slot:\n%s", hagent_log(a));
+	int fd = iconnect(hagent_socket(a));
+	isession_open(fd, "new");
+	iquota_set(fd, "fresh", 3);
+	claim(fd, "p-new", "fresh", 0, "admitted");
+	id_call_ok(fd, "permit.release", "p-new");
+	claim(fd, "p-open", "fresh", 0, "admitted");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events_log WHERE "
+					"permit_id IN ('p-new', 'p-open')"),
+		     0, "a new cycle wrote audit rows");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events_log WHERE "
+					"permit_id = 'p-held' AND event = 'released'"),
+		     1, "the release of a permit admitted before 0016 is not in the log");
+	assert_value(db, "admitted released",
+		     "SELECT string_agg(event, ' ' ORDER BY id) FROM pgcoord.permit_events "
+		     "WHERE permit_id = 'p-new'");
+	cr_assert_null(unconserved(db));
+	cr_assert_eq(check_problems(db), 0);
+
+	/* a permit with its admission in its row released by an override: its
+	 * release is a row of the log, which counts zero beside its row */
+	claim(fd, "p-ovr", "fresh", 0, "admitted");
+	CALL(db, "released", "permit_release_one(%ld, 'p-ovr', NULL, true, 'operator', 'test')",
+	     uid);
+	assert_value(db, "admitted override_released",
+		     "SELECT string_agg(event, ' ' ORDER BY id) FROM pgcoord.permit_events "
+		     "WHERE permit_id = 'p-ovr'");
+	cr_assert_null(unconserved(db));
+	cr_assert_eq(check_problems(db), 0);
+
+	/* in_flight over a lowered limit is no violation; an admission after
+	 * that limit was set is, also once that permit is released */
+	hdb_exec(db, "SELECT pgcoord.quota_set('over', 2, NULL, 'test')");
+	CLAIM("o-1", "{over}", "{1}", s1);
+	CLAIM("o-2", "{over}", "{1}", s1);
+	hdb_exec(db, "SELECT pgcoord.quota_set('over', 1, NULL, 'test')");
+	cr_assert_eq(check_problems(db), 0);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.permits (id, token, owner_session, owner_replica, state, "
+		 "phase, on_owner_loss, quota_key, quota_weight, admit_event, admit_actor) "
+		 "VALUES ('o-forged', nextval('pgcoord.token_seq'), %ld, 'old', 'held', "
+		 "'reserved', 'uncertain', 'over', 1, nextval('pgcoord.permit_events_id_seq'), "
+		 "'forger'); UPDATE pgcoord.quotas SET in_flight = in_flight + 1 "
+		 "WHERE key = 'over'",
+		 s1);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	RELEASE("o-forged", s1);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	fold_all(db);
+	assert_value(db, "in_flight exceeds the limit and a permit was admitted since it was set",
+		     "SELECT problem FROM pgcoord.permits_check() WHERE key = 'over'");
+	RELEASE("o-1", s1);
+	RELEASE("o-2", s1);
+	cr_assert_eq(check_problems(db), 0);
+
+	/* the whole audit folded, and then the finished permits purged: still
+	 * one count per cycle */
+	fold_all(db);
+	cr_assert_eq(check_problems(db), 0);
+	assert_value(db, "2", "SELECT audit_sum FROM pgcoord.permits_check() WHERE key = 'slot'");
+	assert_value(db, "1", "SELECT audit_sum FROM pgcoord.permits_check() WHERE key = 'fresh'");
+	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_purge_permits(100, 0)"), 8,
+		     "p-done, p-over, p-held, p-new, p-ovr and the three on 'over' are not all "
+		     "purged");
+	cr_assert_eq(check_problems(db), 0);
+	cr_assert_null(unconserved(db));
+	const char *check[] = {"check", NULL};
+	char *out = NULL;
+	cr_assert_eq(ictl_run(hagent_socket(a), check, &out), 0, "%s", out);
+	free(out);
+	const char *hist[] = {"permits", "history", "p-open", NULL};
+	cr_assert_eq(ictl_run(hagent_socket(a), hist, &out), 0, "%s", out);
+	cr_assert(strstr(out, "admitted"), "%s", out);
+	free(out);
+
+	close(fd);
+	free(before);
+	cr_assert_eq(hagent_stop(a), 0);
+	hagent_destroy(a);
 	hdb_drop(db);
 }
