@@ -297,6 +297,16 @@ static const char *placeholder_map(const char *text, const char *v, size_t len)
 		return NULL;
 	snprintf(pat1, sizeof(pat1), "%s is `{", word);
 	snprintf(pat2, sizeof(pat2), "%s, in the results below, is `{", word);
+	/* a section may give a name its own meaning (permit.claim's HOLDER is
+	 * not quota.why's): a definition after the use, before the next
+	 * heading, comes first */
+	const char *h1 = strstr(v, "\n### "), *h2 = strstr(v, "\n## ");
+	const char *end = !h1 ? h2 : !h2 ? h1 : h1 < h2 ? h1 : h2;
+	if (!end)
+		end = v + strlen(v);
+	p = strstr(v, pat1);
+	if (p && p < end)
+		return strchr(p, '{');
 	p = strstr(text, pat1);
 	if (p)
 		return strchr(p, '{');
