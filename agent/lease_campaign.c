@@ -155,7 +155,7 @@ void lease_reply_acquire(struct request *req, struct lease *l, const struct db_r
 	else
 		v.holder =
 		    (struct lease_holder){l->leader ? l->session_id : 0, l->ag->cfg.replica_id};
-	/* nobody holds it: nil, as lease_pack_holder says */
+	/* nobody holds it (session 0): nil, as in lease.changed */
 	v.holder_or_nil = v.holder.session ? &v.holder : NULL;
 	reply_pack_struct(req_result(req), &lease_acquire_reply, &v);
 	req_done(req);

@@ -125,7 +125,6 @@ struct lease_holder {
 	const char *replica_id;
 };
 extern const struct reply_kind lease_holder_reply;
-void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
 struct lease_registry *lease_reg(struct agent *ag);
 struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id);
 void lease_free(struct lease *l);

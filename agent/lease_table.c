@@ -116,16 +116,6 @@ void lease_tell(struct conn *c, const struct change_note *n)
 	conn_notify_struct(c, n->renewed ? NOTICE_LEASE_RENEWED : NOTICE_LEASE_CHANGED, &v);
 }
 
-void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
-{
-	struct lease_holder h = {session, replica};
-
-	if (!session)
-		msgpack_pack_nil(pk);
-	else
-		reply_pack_struct(pk, &lease_holder_reply, &h);
-}
-
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)
 {
 	struct lease *l = lease_find(ag, name, session_id);
