@@ -14,6 +14,7 @@
 #include "agent/conn.h"
 #include "agent/dispatch.h"
 #include "agent/log.h"
+#include "agent/methods.h"
 #include "agent/permits_internal.h"
 #include "agent/pgrow.h"
 #include "agent/quota_why.h"
@@ -86,21 +87,6 @@ static const char holders_sql[] =
     "pgcoord.claim_blocking_key($2::text[], $3::integer[])), $4, $5, $6) AS w "
     "WHERE w.part IN ('quota', 'largest')";
 
-/* A queued answer names the quota and its numbers from the read; a denied
- * one has them from its own row already. */
-static const struct reply_col room_queued_cols[] = {
-    {"quota", REPLY_STR, QW_KEY, 0},	       {"limit", REPLY_INT, QW_LIMIT, 0},
-    {"in_flight", REPLY_INT, QW_IN_FLIGHT, 0}, {"waiting", REPLY_INT, QW_WAITING, 0},
-    {"hidden", REPLY_INT, QW_HIDDEN, 0},
-};
-static const struct reply_kind room_queued = REPLY_KIND(room_queued_cols);
-
-static const struct reply_col room_denied_cols[] = {
-    {"waiting", REPLY_INT, QW_WAITING, 0},
-    {"hidden", REPLY_INT, QW_HIDDEN, 0},
-};
-static const struct reply_kind room_denied = REPLY_KIND(room_denied_cols);
-
 /* One holder: an open permit on the quota, largest first. */
 static const struct reply_col holder_cols[] = {
     {"id", REPLY_STR, QW_ID, 0},
@@ -113,23 +99,75 @@ static const struct reply_col holder_cols[] = {
 };
 static const struct reply_kind holder_row = REPLY_KIND(holder_cols);
 
-/* Ends the answer: what the read found (res NULL: nothing more) after the
- * row's entries, then the reply. */
+/* The read's rows after the quota's own (row 0). */
+static void pack_holders(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	int n = PQntuples(src->res);
+	msgpack_pack_array(pk, (size_t)(n - 1));
+	for (int i = 1; i < n; i++)
+		reply_pack_row(pk, &holder_row, src->res, i, 0);
+}
+
+/*
+ * The answers, one table each, in the order they go on the wire: the
+ * claim's own fields (copied from its row into claim_pending), then what
+ * the read found, its cells from the quota's row of quota_why. A denied
+ * claim's quota and numbers are those it was judged by; a queued claim's
+ * come from the read. When the read failed the answer is the claim's own
+ * fields alone (the *_unread tables).
+ */
+#define PENDING(key, type) REPLY_FIELD(#key, type, struct claim_pending, key)
+#define DENIED_OWN                                                                                 \
+	PENDING(status, REPLY_FIELD_STR), PENDING(id, REPLY_FIELD_STR),                            \
+	    PENDING(quota, REPLY_FIELD_STR), PENDING(limit, REPLY_FIELD_INT),                      \
+	    PENDING(in_flight, REPLY_FIELD_INT), PENDING(now_at, REPLY_FIELD_INT),                 \
+	    PENDING(weight, REPLY_FIELD_INT)
+#define QUEUED_OWN                                                                                 \
+	PENDING(status, REPLY_FIELD_STR), PENDING(id, REPLY_FIELD_STR),                            \
+	    PENDING(position, REPLY_FIELD_INT), PENDING(queued_at, REPLY_FIELD_INT),               \
+	    PENDING(deadline_at, REPLY_FIELD_INT), PENDING(now_at, REPLY_FIELD_INT),               \
+	    PENDING(mine, REPLY_FIELD_BOOL)
+
+static const struct reply_col denied_cols[] = {
+    DENIED_OWN,
+    {"waiting", REPLY_INT, QW_WAITING, 0},
+    {"hidden", REPLY_INT, QW_HIDDEN, 0},
+    REPLY_CALL_ROWS("holders", holder_row, pack_holders),
+};
+const struct reply_kind permit_denied_reply = REPLY_KIND(denied_cols);
+
+static const struct reply_col denied_unread_cols[] = {DENIED_OWN};
+const struct reply_kind permit_denied_unread_reply = REPLY_KIND(denied_unread_cols);
+
+static const struct reply_col queued_cols[] = {
+    QUEUED_OWN,
+    {"quota", REPLY_STR, QW_KEY, 0},
+    {"limit", REPLY_INT, QW_LIMIT, 0},
+    {"in_flight", REPLY_INT, QW_IN_FLIGHT, 0},
+    {"waiting", REPLY_INT, QW_WAITING, 0},
+    {"hidden", REPLY_INT, QW_HIDDEN, 0},
+    REPLY_CALL_ROWS("holders", holder_row, pack_holders),
+};
+const struct reply_kind permit_queued_reply = REPLY_KIND(queued_cols);
+
+static const struct reply_col queued_unread_cols[] = {QUEUED_OWN};
+const struct reply_kind permit_queued_unread_reply = REPLY_KIND(queued_unread_cols);
+
+/* Ends the answer: the claim's fields and what the read found (res NULL:
+ * nothing more), then the reply. */
 static void finish(struct request *req, struct claim_pending *p, const PGresult *res)
 {
-	if (res) {
-		int n = PQntuples(res); /* the quota's row, then its holders */
-		reply_kv_row(&p->m, p->queued ? &room_queued : &room_denied, res, 0, 0);
-		msgpack_packer *pk = reply_key(&p->m, "holders");
-		msgpack_pack_array(pk, (size_t)(n - 1));
-		for (int i = 1; i < n; i++)
-			reply_pack_row(pk, &holder_row, res, i, 0);
-	}
+	const struct reply_kind *kind =
+	    p->queued ? (res ? &permit_queued_reply : &permit_queued_unread_reply)
+		      : (res ? &permit_denied_reply : &permit_denied_unread_reply);
+	struct reply_src src = {.res = res, .row = 0, .nrows = 1, .offset = 0, .c = p};
+
 	/* tracked only now, so that no permit.admitted of it can reach the
 	 * client before this answer */
 	if (p->track)
 		waiters_track(req->ag, p->id, p->owner);
-	reply_map_end(&p->m);
+	reply_pack(req_result(req), kind, &src);
 	free(p);
 	req_done(req);
 }
@@ -159,11 +197,11 @@ static void holders_read(const struct db_result *r, void *arg)
 	finish(req, p, res);
 }
 
-void claim_holders_send(struct request *req, struct permit_call *call, struct claim_pending *p,
-			const char *key)
+void claim_holders_send(struct request *req, struct permit_call *call, struct claim_pending *p)
 {
 	char uid[24], cap[8];
 	bool admin = req_is_admin(req);
+	const char *key = p->queued ? NULL : p->key;
 
 	if (key) {
 		/* a denial: its quota's read of the last second, if any */
@@ -172,7 +210,6 @@ void claim_holders_send(struct request *req, struct permit_call *call, struct cl
 			finish(req, p, c->res);
 			return;
 		}
-		snprintf(p->key, sizeof(p->key), "%s", key);
 	}
 	snprintf(uid, sizeof(uid), "%u", (unsigned)req->conn->uid);
 	snprintf(cap, sizeof(cap), "%d", CLAIM_HOLDERS_MAX);

@@ -141,9 +141,9 @@ void conn_send(struct conn *c, const void *data, size_t len)
 	c->last_active_ms = mono_ms();
 }
 
-void conn_notify(struct conn *c, const char *method,
-		 void (*fill)(struct msgpack_packer *pk, void *arg), void *arg)
+void conn_notify(struct conn *c, enum notice_id id, const struct reply_src *src)
 {
+	static const struct reply_src none = {0};
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 
@@ -151,13 +151,17 @@ void conn_notify(struct conn *c, const char *method,
 		return;
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	pgc_pack_notify_begin(&pk, method);
-	if (fill)
-		fill(&pk, arg);
-	else
-		reply_pack_empty(&pk);
+	pgc_pack_notify_begin(&pk, notice_method(id));
+	reply_pack(&pk, notice_params(id), src ? src : &none);
 	conn_send(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
+}
+
+void conn_notify_struct(struct conn *c, enum notice_id id, const void *view)
+{
+	struct reply_src src = {.c = view};
+
+	conn_notify(c, id, &src);
 }
 
 /* Sends one error with msgid 0 and closes once it is written; a client

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "agent/notices.h"
 #include "proto/codec.h"
 
 struct agent;
@@ -84,9 +85,11 @@ void conn_unref(struct conn *c);
  * max_output_bytes. No-op on a closed connection. */
 void conn_send(struct conn *c, const void *data, size_t len);
 
-/* Pushes a notification: `fill` packs the params map (NULL = {}). */
-struct msgpack_packer;
-void conn_notify(struct conn *c, const char *method,
-		 void (*fill)(struct msgpack_packer *pk, void *arg), void *arg);
+/* Pushes a notification, its params packed from src by its table
+ * (notices.h); src NULL for a table that reads nothing ({}). */
+struct reply_src;
+void conn_notify(struct conn *c, enum notice_id id, const struct reply_src *src);
+/* The same from a C struct alone. */
+void conn_notify_struct(struct conn *c, enum notice_id id, const void *view);
 
 #endif

@@ -125,17 +125,6 @@ static char *cursor_string(const struct cursor_kind *kind, const PGresult *res, 
 	return buf;
 }
 
-void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, const PGresult *res,
-			  int row, const int *cols)
-{
-	char *buf = row < 0 ? NULL : cursor_string(kind, res, row, cols);
-
-	if (row >= 0 && !buf)
-		m->failed = true; /* out of memory: the map builder would fail the same way */
-	reply_kv_str_or_nil(m, "next_cursor", buf);
-	free(buf);
-}
-
 bool page_view_cursor(struct request *req, struct page_view *v, const struct cursor_kind *kind,
 		      const PGresult *res, int row, const int *cols)
 {

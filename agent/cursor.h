@@ -72,13 +72,6 @@ const char *page_after(const struct page *pg, size_t i);
 struct page *req_page_ctx(struct request *req, const struct cursor_kind *kind, int64_t def,
 			  int64_t max);
 
-/*
- * Adds `next_cursor`: the key of row `row` of res (its columns cols[],
- * shifted by offset), or nil when row < 0 (the last page).
- */
-void reply_kv_next_cursor(struct reply_map *m, const struct cursor_kind *kind, const PGresult *res,
-			  int row, const int *cols);
-
 /* What a page's reply says besides its rows, for a reply table: the
  * columns PAGE_TRUNCATED, PAGE_NOW_AT, PAGE_NEXT_CURSOR. */
 struct page_view {
@@ -92,7 +85,7 @@ struct page_view {
 #define PAGE_NOW_AT REPLY_FIELD("now_at", REPLY_FIELD_INT, struct page_view, now_at)
 #define PAGE_NEXT_CURSOR REPLY_FIELD("next_cursor", REPLY_FIELD_STR, struct page_view, next_cursor)
 
-/* Sets v->next_cursor to the key of row `row` (as reply_kv_next_cursor),
+/* Sets v->next_cursor to the key of row `row` (its columns cols[]),
  * NULL when row < 0. False when out of memory, answered. Free it with
  * free(v->next_cursor). */
 bool page_view_cursor(struct request *req, struct page_view *v, const struct cursor_kind *kind,

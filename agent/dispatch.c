@@ -63,7 +63,9 @@ static const struct method methods[] = {
     {"quota.why", rpc_quota_why, M_READ | M_DB, "key, holders", REPLIES(&quota_why_reply)},
     /* a limit from a non-admin only creates a missing quota */
     {"permit.claim", rpc_permit_claim, M_OWNER | M_DB | M_SESSION,
-     "id, quotas, intent, on_owner_loss, limit, wait_ms"},
+     "id, quotas, intent, on_owner_loss, limit, wait_ms",
+     REPLIES(&permit_granted_reply, &permit_denied_reply, &permit_queued_reply,
+	     &permit_denied_unread_reply, &permit_queued_unread_reply)},
     {"permit.update", rpc_permit_update, M_OWNER | M_DB | M_SESSION, "id, phase",
      REPLIES(&permit_update_reply)},
     {"permit.mark_uncertain", rpc_permit_mark_uncertain, M_OWNER | M_DB | M_SESSION, "id, reason",

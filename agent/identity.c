@@ -108,19 +108,14 @@ static const struct reply_col session_event_cols[] = {
     REPLY_FIELD("session", REPLY_FIELD_INT, struct session_event, session),
     REPLY_FIELD("safe_ms", REPLY_FIELD_INT, struct session_event, safe_ms),
 };
-static const struct reply_kind session_event_kind = REPLY_KIND(session_event_cols);
+const struct reply_kind session_event_params = REPLY_KIND(session_event_cols);
 
-static void fill_session_event(msgpack_packer *pk, void *arg)
-{
-	reply_pack_struct(pk, &session_event_kind, arg);
-}
-
-static void tell_sessions(struct agent *ag, const char *method, int64_t safe_ms)
+static void tell_sessions(struct agent *ag, enum notice_id id, int64_t safe_ms)
 {
 	for (struct session *s = ag->sessions; s; s = s->next) {
 		struct session_event v = {s->id, safe_ms};
 		if (s->conn)
-			conn_notify(s->conn, method, fill_session_event, &v);
+			conn_notify_struct(s->conn, id, &v);
 	}
 }
 
@@ -158,7 +153,8 @@ static void fence_cb(evutil_socket_t fd, short what, void *arg)
 			    "succeeds",
 			    (unsigned long long)(safe_until(ag) - now));
 			ag->id.suspended = true;
-			tell_sessions(ag, "session.suspended", (int64_t)(safe_until(ag) - now));
+			tell_sessions(ag, NOTICE_SESSION_SUSPENDED,
+				      (int64_t)(safe_until(ag) - now));
 		}
 		arm_fence(ag, safe_until(ag));
 		return;
@@ -189,7 +185,7 @@ static void heartbeat_renewed(struct agent *ag)
 	if (ag->id.suspended) {
 		ag->id.suspended = false;
 		log_info(&ag->log, "identity", "heartbeat succeeded again: sessions restored");
-		tell_sessions(ag, "session.restored", (int64_t)(safe_until(ag) - mono_ms()));
+		tell_sessions(ag, NOTICE_SESSION_RESTORED, (int64_t)(safe_until(ag) - mono_ms()));
 	}
 	arm_fence(ag, suspend_at(ag));
 }

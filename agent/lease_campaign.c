@@ -27,11 +27,11 @@ static void after_ms(struct event *ev, uint64_t ms)
 	evtimer_add(ev, &tv);
 }
 
-static void tell(struct lease *l, const char *method, struct change_note *note)
+static void tell(struct lease *l, struct change_note *note)
 {
 	struct session *s = sessions_find(l->ag, l->session_id);
 	if (s && s->conn)
-		conn_notify(s->conn, method, lease_fill_change, note);
+		lease_tell(s->conn, note);
 }
 
 /* The lease name is the client's: escaped, so it cannot forge a line. */
@@ -51,7 +51,7 @@ static void belief_start(struct lease *l)
 	l->leader = true;
 	lease_log_kv(l, kv, sizeof(kv));
 	log_write(&l->ag->log, LOG_LEVEL_INFO, "leases", kv, "leadership belief starts");
-	tell(l, "lease.changed", &note);
+	tell(l, &note);
 	if (l->on_change)
 		l->on_change(l->ag, true);
 }
@@ -68,7 +68,7 @@ void lease_end_belief(struct lease *l, enum log_level level, const char *reason,
 	evtimer_del(l->belief_timer);
 	lease_log_kv(l, kv, sizeof(kv));
 	log_write(&l->ag->log, level, "leases", kv, "leadership belief ends: %s", reason);
-	tell(l, "lease.changed", &note);
+	tell(l, &note);
 	if (l->on_change)
 		l->on_change(l->ag, false);
 }
@@ -155,7 +155,7 @@ void lease_reply_acquire(struct request *req, struct lease *l, const struct db_r
 	else
 		v.holder =
 		    (struct lease_holder){l->leader ? l->session_id : 0, l->ag->cfg.replica_id};
-	/* nobody holds it: nil, as lease_pack_holder says */
+	/* nobody holds it (session 0): nil, as in lease.changed */
 	v.holder_or_nil = v.holder.session ? &v.holder : NULL;
 	reply_pack_struct(req_result(req), &lease_acquire_reply, &v);
 	req_done(req);
@@ -228,7 +228,7 @@ static void attempt_done(const struct db_result *r, void *arg)
 				belief_start(l);
 			} else {
 				struct change_note note = {l, true, "renewed", 0, NULL, true};
-				tell(l, "lease.renewed", &note);
+				tell(l, &note);
 			}
 		}
 		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));

@@ -125,12 +125,13 @@ struct lease_holder {
 	const char *replica_id;
 };
 extern const struct reply_kind lease_holder_reply;
-void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica);
 struct lease_registry *lease_reg(struct agent *ag);
 struct lease *lease_find(struct agent *ag, const char *name, int64_t session_id);
 void lease_free(struct lease *l);
 void lease_drop(struct lease *l);
-void lease_fill_change(msgpack_packer *pk, void *arg);
+/* Pushes lease.changed (or, for a renewal, lease.renewed) to c. */
+struct conn;
+void lease_tell(struct conn *c, const struct change_note *n);
 
 /* lease_campaign.c */
 void lease_end_belief(struct lease *l, enum log_level level, const char *reason,

@@ -1,13 +1,14 @@
 /*
  * lease_table.c — the registry the lease files share (lease_registry.h):
  * finding, dropping and freeing its leases, believing, and how a lease is
- * spelled in lease.changed. It calls no other lease file, so the ones
+ * spelled in lease.changed and lease.renewed. It calls no other lease file, so the ones
  * above it (session_order.c, lease_watch.c, lease_campaign.c, leases.c)
  * reach one another only downward.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/conn.h"
 #include "agent/lease_belief.h"
 #include "agent/lease_registry.h"
 #include "agent/leases.h"
@@ -57,46 +58,62 @@ void lease_drop(struct lease *l)
 	rg->dying = l;
 }
 
-void lease_fill_change(msgpack_packer *pk, void *arg)
-{
-	const struct change_note *n = arg;
-	uint64_t now = mono_ms();
-	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_kv_str(&m, "name", n->l->name);
-	reply_kv_int(&m, "epoch", n->l->epoch);
-	reply_kv_bool(&m, "leader", n->leader);
-	reply_kv_int(&m, "valid_ms", valid ? (int64_t)(n->l->belief_until - now) : 0);
-	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
-	 * this host shares: it bounds the client's belief even when this
-	 * message waited in our output after valid_ms was computed */
-	reply_kv_int(&m, "valid_until_mono_ms", valid ? (int64_t)n->l->belief_until : 0);
-	if (n->renewed) {
-		reply_map_end(&m);
-		return;
-	}
-	reply_kv_int(&m, "session", n->l->session_id);
-	lease_pack_holder(reply_key(&m, "holder"), n->holder_session, n->holder_replica);
-	reply_kv_str(&m, "reason", n->reason);
-	reply_map_end(&m);
-}
-
 static const struct reply_col holder_cols[] = {
     REPLY_FIELD("session", REPLY_FIELD_INT, struct lease_holder, session),
     REPLY_FIELD("replica_id", REPLY_FIELD_STR, struct lease_holder, replica_id),
 };
 const struct reply_kind lease_holder_reply = REPLY_KIND(holder_cols);
 
-void lease_pack_holder(msgpack_packer *pk, int64_t session, const char *replica)
-{
-	struct lease_holder h = {session, replica};
+/* lease.changed and lease.renewed, as they are sent. */
+struct change_view {
+	const char *name;
+	int64_t epoch;
+	bool leader;
+	int64_t valid_ms;
+	/* the same deadline on the host's CLOCK_MONOTONIC, which a client on
+	 * this host shares: it bounds the client's belief even when this
+	 * message waited in our output after valid_ms was computed */
+	int64_t valid_until_mono_ms;
+	int64_t session;
+	const struct lease_holder *holder; /* NULL: nobody holds it */
+	const char *reason;
+};
 
-	if (!session)
-		msgpack_pack_nil(pk);
-	else
-		reply_pack_struct(pk, &lease_holder_reply, &h);
+#define CHANGE(key, type) REPLY_FIELD(#key, type, struct change_view, key)
+#define BELIEF                                                                                     \
+	CHANGE(name, REPLY_FIELD_STR), CHANGE(epoch, REPLY_FIELD_INT),                             \
+	    CHANGE(leader, REPLY_FIELD_BOOL), CHANGE(valid_ms, REPLY_FIELD_INT),                   \
+	    CHANGE(valid_until_mono_ms, REPLY_FIELD_INT)
+
+static const struct reply_col changed_cols[] = {
+    BELIEF,
+    CHANGE(session, REPLY_FIELD_INT),
+    REPLY_NESTED_OR_NIL("holder", lease_holder_reply, struct change_view, holder),
+    CHANGE(reason, REPLY_FIELD_STR),
+};
+const struct reply_kind lease_changed_params = REPLY_KIND(changed_cols);
+
+/* a renewal only moves the belief's deadline */
+static const struct reply_col renewed_cols[] = {BELIEF};
+const struct reply_kind lease_renewed_params = REPLY_KIND(renewed_cols);
+
+void lease_tell(struct conn *c, const struct change_note *n)
+{
+	uint64_t now = mono_ms();
+	bool valid = lease_belief_holds(n->leader, n->l->belief_until, now);
+	struct lease_holder h = {n->holder_session, n->holder_replica};
+	struct change_view v = {
+	    .name = n->l->name,
+	    .epoch = n->l->epoch,
+	    .leader = n->leader,
+	    .valid_ms = valid ? (int64_t)(n->l->belief_until - now) : 0,
+	    .valid_until_mono_ms = valid ? (int64_t)n->l->belief_until : 0,
+	    .session = n->l->session_id,
+	    .holder = n->holder_session ? &h : NULL,
+	    .reason = n->reason,
+	};
+
+	conn_notify_struct(c, n->renewed ? NOTICE_LEASE_RENEWED : NOTICE_LEASE_CHANGED, &v);
 }
 
 bool leases_believes(struct agent *ag, const char *name, int64_t session_id)

@@ -47,7 +47,7 @@ static void poll_done(const struct db_result *r, void *arg)
 						   holder,
 						   held ? PQgetvalue(r->res, i, 3) : NULL,
 						   false};
-			conn_notify(s->conn, "lease.changed", lease_fill_change, &note);
+			lease_tell(s->conn, &note);
 		}
 	}
 }

@@ -66,12 +66,12 @@ static void usage(FILE *out)
 static void db_state_changed(bool up, void *arg)
 {
 	struct agent *ag = arg;
-	const char *method = up ? "agent.db_up" : "agent.db_down";
+	enum notice_id id = up ? NOTICE_AGENT_DB_UP : NOTICE_AGENT_DB_DOWN;
 	/* the notice may push a client that does not read over
 	 * max_output_bytes, and closing it frees it: step past it first */
 	for (struct conn *c = ag->conns, *next; c; c = next) {
 		next = c->next;
-		conn_notify(c, method, NULL, NULL);
+		conn_notify(c, id, NULL);
 	}
 	notify_status_update(ag);
 }

@@ -62,6 +62,10 @@ extern const struct reply_kind permit_get_reply, permit_history_reply, permit_ch
     permit_list_reply;
 extern const struct reply_kind permit_update_reply, permit_marked_reply, permit_resolved_reply,
     permit_release_reply;
+/* permit.claim, one table per answer: permit_claim.c (admitted, held),
+ * claim_holders.c (denied, queued; *_unread when the holders' read failed) */
+extern const struct reply_kind permit_granted_reply, permit_denied_reply,
+    permit_denied_unread_reply, permit_queued_reply, permit_queued_unread_reply;
 /* waiters.c */
 extern const struct reply_kind permit_cancel_reply;
 

@@ -163,9 +163,16 @@ enum {
 	CL_DEADLINE_AT
 };
 
-/* What each claim status sends of permit_claim's row (after `status`, `id`
- * and, where it says, `mine`). */
-static const struct reply_col claim_granted_cols[] = {
+/* A grant (admitted, or held: a retry of a held id) is answered from its
+ * row, with the call's id and whether the caller's session owns it. */
+struct granted_view {
+	const char *id;
+	bool mine;
+};
+
+static const struct reply_col granted_cols[] = {
+    {"status", REPLY_STR, CL_STATUS, 0},
+    REPLY_FIELD("id", REPLY_FIELD_STR, struct granted_view, id),
     {"token", REPLY_INT, CL_TOKEN, 0},
     {"state", REPLY_STR, CL_STATE, 0},
     {"phase", REPLY_STR, CL_PHASE, 0},
@@ -173,47 +180,29 @@ static const struct reply_col claim_granted_cols[] = {
     {"owner_replica", REPLY_STR, CL_REPLICA, 0},
     {"created_at", REPLY_INT, CL_CREATED, 0},
     {"now_at", REPLY_INT, CL_NOW, 0},
+    REPLY_FIELD("mine", REPLY_FIELD_BOOL, struct granted_view, mine),
 };
-static const struct reply_kind claim_granted_row = REPLY_KIND(claim_granted_cols);
+const struct reply_kind permit_granted_reply = REPLY_KIND(granted_cols);
 
-static const struct reply_col claim_queued_cols[] = {
-    {"position", REPLY_INT, CL_POSITION, 0},
-    {"queued_at", REPLY_INT, CL_QUEUED_AT, 0},
-    {"deadline_at", REPLY_INT, CL_DEADLINE_AT, 0},
-    {"now_at", REPLY_INT, CL_NOW, 0},
-};
-static const struct reply_kind claim_queued_row = REPLY_KIND(claim_queued_cols);
-
-static const struct reply_col claim_denied_cols[] = {
-    {"quota", REPLY_STR, CL_DKEY, 0},
-    {"limit", REPLY_INT, CL_DLIMIT, 0},
-    {"in_flight", REPLY_INT, CL_DINFLIGHT, 0},
-    {"now_at", REPLY_INT, CL_NOW, 0},
-};
-static const struct reply_kind claim_denied_row = REPLY_KIND(claim_denied_cols);
-
-/* admitted, held (a retry of a held id): the grant. */
 static void claim_granted(struct request *req, struct permit_call *call, const PGresult *res,
 			  int row, int col)
 {
-	struct reply_map m;
 	struct group_keys keys = {0};
 	for (size_t i = 0; i < call->nquotas; i++)
 		group_keys_add(&keys, call->quotas[i].key, call->quotas[i].len);
 	/* so that its release is held only behind statements on its keys */
 	if (req->ag->release_group)
 		group_remember_keys(req->ag->release_group, call->id, &keys);
-	reply_map_begin(&m, req_result(req));
-	reply_kv_str(&m, "status", PQgetvalue(res, row, col + CL_STATUS));
-	reply_kv_str(&m, "id", call->id);
-	reply_kv_row(&m, &claim_granted_row, res, row, col);
 	/* a retry through another session (of the same uid: another uid's
 	 * is refused) finds the grant owned by the first one; it says so
 	 * rather than moving ownership silently */
-	reply_kv_bool(&m, "mine",
-		      !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
-			  pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id);
-	reply_map_end(&m);
+	struct granted_view v = {
+	    .id = call->id,
+	    .mine = !pgrow_null(res, row, col + CL_OWNER) && req->conn->session &&
+		    pgrow_int(res, row, col + CL_OWNER) == req->conn->session->id,
+	};
+	struct reply_src src = {.res = res, .row = row, .nrows = 1, .offset = col, .c = &v};
+	reply_pack(req_result(req), &permit_granted_reply, &src);
 	req_done(req);
 }
 
@@ -231,32 +220,34 @@ static void claim_queued(struct request *req, struct permit_call *call, const PG
 	}
 	p->queued = true;
 	p->track = mine;
-	p->id = call->id;
 	p->owner = owner;
-	reply_map_begin(&p->m, req_result(req));
-	reply_kv_str(&p->m, "status", "queued");
-	reply_kv_str(&p->m, "id", call->id);
-	reply_kv_row(&p->m, &claim_queued_row, res, row, col);
-	reply_kv_bool(&p->m, "mine", mine);
-	claim_holders_send(req, call, p, NULL);
+	p->status = "queued";
+	p->id = call->id;
+	p->position = pgrow_int(res, row, col + CL_POSITION);
+	p->queued_at = pgrow_int(res, row, col + CL_QUEUED_AT);
+	p->deadline_at = pgrow_int(res, row, col + CL_DEADLINE_AT);
+	p->now_at = pgrow_int(res, row, col + CL_NOW);
+	p->mine = mine;
+	claim_holders_send(req, call, p);
 }
 
 static void claim_denied(struct request *req, struct permit_call *call, const PGresult *res,
 			 int row, int col)
 {
-	const char *key = PQgetvalue(res, row, col + CL_DKEY);
 	struct claim_pending *p = calloc(1, sizeof(*p));
 	if (!p) {
 		req_fail(req, PGC_E_INTERNAL, "out of memory");
 		return;
 	}
+	snprintf(p->key, sizeof(p->key), "%s", PQgetvalue(res, row, col + CL_DKEY));
+	p->status = "denied";
 	p->id = call->id;
-	reply_map_begin(&p->m, req_result(req));
-	reply_kv_str(&p->m, "status", "denied");
-	reply_kv_str(&p->m, "id", call->id);
-	reply_kv_row(&p->m, &claim_denied_row, res, row, col);
-	reply_kv_int(&p->m, "weight", claimed_weight(call, key));
-	claim_holders_send(req, call, p, key);
+	p->quota = p->key;
+	p->limit = pgrow_int(res, row, col + CL_DLIMIT);
+	p->in_flight = pgrow_int(res, row, col + CL_DINFLIGHT);
+	p->now_at = pgrow_int(res, row, col + CL_NOW);
+	p->weight = claimed_weight(call, p->key);
+	claim_holders_send(req, call, p);
 }
 
 /* The claim drew its token before it found the key has no quota, so the

@@ -37,11 +37,8 @@ void permit_call_free(void *ctx)
 	free(call->quotas);
 	free(call->keys_lit);
 	free(call->weights_lit);
-	if (call->pending) {
-		/* a request ends only after its read answered: never reached */
-		msgpack_sbuffer_destroy(&call->pending->m.buf);
-		free(call->pending);
-	}
+	/* a request ends only after its read answered: never set here */
+	free(call->pending);
 	page_free(&call->page);
 }
 

@@ -39,23 +39,28 @@ struct claim_quota {
 	int64_t weight;
 };
 
-/* A denied or queued claim's answer, its row's entries already in m,
- * waiting for who holds the room (claim_holders.c). */
+/* A denied or queued claim's answer while it waits for who holds the
+ * room (claim_holders.c): the fields its reply table takes from the
+ * claim's row, copied, since that row is gone when the read returns. */
 struct claim_pending {
-	struct reply_map m;
 	bool queued; /* the quota and its numbers come from the read too */
 	bool track;  /* queued by this session: waiters_track before the answer */
-	const char *id;
 	int64_t owner;
-	char key[PERMIT_KEY_MAX + 1]; /* denied: the quota, for the holders' cache */
+	const char *status; /* "denied" or "queued" */
+	const char *id;
+	const char *quota;			  /* denied: key, below */
+	int64_t limit, in_flight, weight;	  /* denied */
+	int64_t position, queued_at, deadline_at; /* queued */
+	bool mine;				  /* queued */
+	int64_t now_at;
+	char key[PERMIT_KEY_MAX + 1]; /* denied: the quota, also for the holders' cache */
 };
 
 /* Sends p (malloc'd; taken over) after one read of the holders of the
- * quota that keeps the claim out: key (the denied one), or for NULL the
- * first of the claim's quotas without room. The answer leaves without
- * the holders when the read fails: the claim's outcome stands. */
-void claim_holders_send(struct request *req, struct permit_call *call, struct claim_pending *p,
-			const char *key);
+ * quota that keeps the claim out: a denied one's p->key, or for a queued
+ * one the first of the claim's quotas without room. The answer leaves
+ * without the holders when the read fails: the claim's outcome stands. */
+void claim_holders_send(struct request *req, struct permit_call *call, struct claim_pending *p);
 
 /* Frees what a call points to; the request frees the call. */
 void permit_call_free(void *ctx);

@@ -83,6 +83,12 @@ static void pack_col(msgpack_packer *pk, const struct reply_col *c, const struct
 	/* a reply from a result alone has no struct: no pointer arithmetic on NULL */
 	const char *field = src->c ? (const char *)src->c + c->off : NULL;
 
+	if (is_cell(c) && (!res || row < 0)) {
+		/* no row (a watched permit that does not exist): each cell nil */
+		if (c->type != REPLY_HIDDEN)
+			pgc_pack_kv_nil(pk, c->name);
+		return;
+	}
 	switch (c->type) {
 	case REPLY_INT:
 		pgrow_kv_int(pk, c->name, res, row, col);
@@ -182,112 +188,4 @@ void reply_pack_row(msgpack_packer *pk, const struct reply_kind *kind, const PGr
 	struct reply_src src = {.res = res, .row = row, .nrows = 1, .offset = offset};
 
 	reply_pack(pk, kind, &src);
-}
-
-void reply_pack_empty(msgpack_packer *pk)
-{
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_map_end(&m);
-}
-
-/* The nested buffer's writer: remembers a failed write so that the map
- * is not sent with a count its bytes do not have. */
-static int map_write(void *data, const char *buf, size_t len)
-{
-	struct reply_map *m = data;
-
-	if (!m->failed && msgpack_sbuffer_write(&m->buf, buf, len) != 0)
-		m->failed = true;
-	return m->failed ? -1 : 0;
-}
-
-void reply_map_begin(struct reply_map *m, msgpack_packer *out)
-{
-	m->out = out;
-	m->n = 0;
-	m->failed = false;
-	msgpack_sbuffer_init(&m->buf);
-	msgpack_packer_init(&m->pk, m, map_write);
-}
-
-msgpack_packer *reply_key(struct reply_map *m, const char *key)
-{
-	m->n++;
-	pgc_pack_cstr(&m->pk, key);
-	return &m->pk;
-}
-
-void reply_kv_int(struct reply_map *m, const char *key, int64_t v)
-{
-	msgpack_pack_int64(reply_key(m, key), v);
-}
-
-void reply_kv_str(struct reply_map *m, const char *key, const char *s)
-{
-	pgc_pack_cstr(reply_key(m, key), s);
-}
-
-void reply_kv_strn(struct reply_map *m, const char *key, const char *s, size_t len)
-{
-	pgc_pack_strn(reply_key(m, key), s, len);
-}
-
-void reply_kv_str_or_nil(struct reply_map *m, const char *key, const char *s)
-{
-	if (s)
-		reply_kv_str(m, key, s);
-	else
-		reply_kv_nil(m, key);
-}
-
-void reply_kv_bool(struct reply_map *m, const char *key, bool v)
-{
-	msgpack_packer *pk = reply_key(m, key);
-
-	if (v)
-		msgpack_pack_true(pk);
-	else
-		msgpack_pack_false(pk);
-}
-
-void reply_kv_double(struct reply_map *m, const char *key, double v)
-{
-	msgpack_pack_double(reply_key(m, key), v);
-}
-
-void reply_kv_nil(struct reply_map *m, const char *key)
-{
-	msgpack_pack_nil(reply_key(m, key));
-}
-
-void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGresult *res, int row,
-		  int offset)
-{
-	struct reply_src src = {.res = res, .row = row, .nrows = 1, .offset = offset};
-
-	m->n += reply_kind_entries(kind);
-	for (size_t i = 0; i < kind->n; i++)
-		pack_col(&m->pk, &kind->cols[i], &src);
-}
-
-void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind)
-{
-	for (size_t i = 0; i < kind->n; i++)
-		if (kind->cols[i].type != REPLY_HIDDEN)
-			reply_kv_nil(m, kind->cols[i].name);
-}
-
-void reply_map_end(struct reply_map *m)
-{
-	if (m->failed) {
-		/* out of memory: an empty map keeps the reply well-formed */
-		msgpack_pack_map(m->out, 0);
-	} else {
-		msgpack_pack_map(m->out, m->n);
-		if (m->buf.size)
-			m->out->callback(m->out->data, m->buf.data, m->buf.size);
-	}
-	msgpack_sbuffer_destroy(&m->buf);
 }

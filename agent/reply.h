@@ -14,9 +14,10 @@
  * dispatch.c names each method's reply tables, and unit-dispatch checks
  * them against the `Result:` of the method in proto/PROTOCOL.md.
  *
- * Replies still built in code use a reply_map: entries go into a nested
- * buffer and the map header is written with the count at reply_map_end(),
- * so no handler writes a map size by hand.
+ * Notifications are tables too (notices.h), checked against PROTOCOL.md's
+ * "Notifications" the same way. No reply or notification is packed by
+ * hand: only this file (and the cell packers of pgrow.c it calls) writes
+ * a map size or a key.
  */
 #ifndef PGCOORD_AGENT_REPLY_H
 #define PGCOORD_AGENT_REPLY_H
@@ -52,7 +53,8 @@ struct reply_kind;
 
 /* What a reply table is packed from: rows of a result (row .. row +
  * nrows - 1; cells are read from .row, their columns shifted by .offset)
- * and a C struct for the fields. */
+ * and a C struct for the fields. With no result, or row < 0 (what it
+ * describes does not exist), every cell is nil. */
 struct reply_src {
 	const PGresult *res;
 	int row;
@@ -153,40 +155,7 @@ uint32_t reply_kind_entries(const struct reply_kind *kind);
 /* True when res has exactly offset + reply_kind_width() columns. */
 bool reply_kind_fits(const struct reply_kind *kind, const PGresult *res, int offset);
 
-/* A map builder: begin, then keys with their values, then end. */
-struct reply_map {
-	msgpack_packer *out; /* where the finished map goes */
-	msgpack_sbuffer buf;
-	msgpack_packer pk; /* the entries, until reply_map_end */
-	uint32_t n;
-	bool failed; /* out of memory: the map is sent empty */
-};
-
-void reply_map_begin(struct reply_map *m, msgpack_packer *out);
-/* Packs and counts one key; returns the packer for its value (one object,
- * which may itself be a reply_map begun on that packer). */
-msgpack_packer *reply_key(struct reply_map *m, const char *key);
-void reply_kv_int(struct reply_map *m, const char *key, int64_t v);
-void reply_kv_str(struct reply_map *m, const char *key, const char *s);
-void reply_kv_strn(struct reply_map *m, const char *key, const char *s, size_t len);
-/* s, or nil when s is NULL */
-void reply_kv_str_or_nil(struct reply_map *m, const char *key, const char *s);
-void reply_kv_bool(struct reply_map *m, const char *key, bool v);
-void reply_kv_double(struct reply_map *m, const char *key, double v);
-void reply_kv_nil(struct reply_map *m, const char *key);
-/* The entries of one row of a kind, its columns shifted by offset. */
-void reply_kv_row(struct reply_map *m, const struct reply_kind *kind, const PGresult *res, int row,
-		  int offset);
-/* The keys of a kind, each nil: the row does not exist. */
-void reply_kv_nils(struct reply_map *m, const struct reply_kind *kind);
-/* Writes the map header with the count and the entries to out. */
-void reply_map_end(struct reply_map *m);
-
-/* {} (no entries), e.g. a notification without params. */
-void reply_pack_empty(msgpack_packer *pk);
-
-/* One row of a kind as a map of its own (no builder needed: the table
- * knows its size). */
+/* One row of a kind as a map of its own. */
 void reply_pack_row(msgpack_packer *pk, const struct reply_kind *kind, const PGresult *res, int row,
 		    int offset);
 

@@ -129,12 +129,7 @@ static const struct reply_col lost_cols[] = {
     REPLY_FIELD("session", REPLY_FIELD_INT, struct lost_note, id),
     REPLY_FIELD("reason", REPLY_FIELD_STR, struct lost_note, reason),
 };
-static const struct reply_kind lost_note_kind = REPLY_KIND(lost_cols);
-
-static void fill_lost(msgpack_packer *pk, void *arg)
-{
-	reply_pack_struct(pk, &lost_note_kind, arg);
-}
+const struct reply_kind session_lost_params = REPLY_KIND(lost_cols);
 
 static void lose(struct agent *ag, struct session *s, const char *reason, enum log_level level)
 {
@@ -146,7 +141,7 @@ static void lose(struct agent *ag, struct session *s, const char *reason, enum l
 	leases_session_ending(ag, s->id, reason, level);
 	if (s->conn) {
 		s->conn->lost_session = s->id;
-		conn_notify(s->conn, "session.lost", fill_lost, &note);
+		conn_notify_struct(s->conn, NOTICE_SESSION_LOST, &note);
 	}
 	session_remove(ag, s);
 }

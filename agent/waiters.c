@@ -185,11 +185,6 @@ enum {
 	WP_NOW,
 };
 
-struct row {
-	const PGresult *res;
-	int i;
-};
-
 /* What a waiter hears when admitted, and when its wait ran out. */
 static const struct reply_col admitted_cols[] = {
     {"id", REPLY_STR, WP_ID, 0},
@@ -204,26 +199,14 @@ static const struct reply_col admitted_cols[] = {
     {"waiter_state", REPLY_HIDDEN, WP_STATE, 0},
     {"reason", REPLY_HIDDEN, WP_REASON, 0},
 };
-static const struct reply_kind admitted_row = REPLY_KIND(admitted_cols);
+const struct reply_kind permit_admitted_params = REPLY_KIND(admitted_cols);
 
 static const struct reply_col expired_cols[] = {
     {"id", REPLY_STR, WP_ID, 0},
     {"reason", REPLY_STR, WP_REASON, 0},
     {"now_at", REPLY_INT, WP_NOW, 0},
 };
-static const struct reply_kind expired_row = REPLY_KIND(expired_cols);
-
-static void fill_admitted(msgpack_packer *pk, void *arg)
-{
-	const struct row *r = arg;
-	reply_pack_row(pk, &admitted_row, r->res, r->i, 0);
-}
-
-static void fill_expired(msgpack_packer *pk, void *arg)
-{
-	const struct row *r = arg;
-	reply_pack_row(pk, &expired_row, r->res, r->i, 0);
-}
+const struct reply_kind permit_expired_params = REPLY_KIND(expired_cols);
 
 static void poll_done(const struct db_result *r, void *arg)
 {
@@ -237,24 +220,24 @@ static void poll_done(const struct db_result *r, void *arg)
 		log_debug(&ag->log, "waiters", "the waiter poll failed: %s", r->message);
 		return;
 	}
-	if (!reply_kind_fits(&admitted_row, r->res, 0))
+	if (!reply_kind_fits(&permit_admitted_params, r->res, 0))
 		return;
 	for (int i = 0; i < PQntuples(r->res); i++) {
 		const char *id = PQgetvalue(r->res, i, WP_ID);
 		int64_t session_id = pgrow_int(r->res, i, WP_SESSION);
 		bool admitted = strcmp(PQgetvalue(r->res, i, WP_STATE), "admitted") == 0;
 		struct session *s = sessions_find(ag, session_id);
-		struct row row = {r->res, i};
+		struct reply_src row = {.res = r->res, .row = i, .nrows = 1};
 
 		forget(rg, id, session_id);
 		/* a detached session re-asks with permit.get or a retry */
 		if (!s || !s->conn)
 			continue;
 		if (admitted && !pgrow_null(r->res, i, WP_TOKEN)) {
-			conn_notify(s->conn, "permit.admitted", fill_admitted, &row);
+			conn_notify(s->conn, NOTICE_PERMIT_ADMITTED, &row);
 			rg->admitted++;
 		} else if (!admitted) {
-			conn_notify(s->conn, "permit.expired", fill_expired, &row);
+			conn_notify(s->conn, NOTICE_PERMIT_EXPIRED, &row);
 			rg->expired++;
 		}
 	}

@@ -301,78 +301,58 @@ static size_t rows_find(const struct rowref *rows, size_t n, char tag, const cha
 	return n;
 }
 
+/* A notification's own fields; the rest are cells of the poll's row
+ * (none when the watched permit does not exist: row -1, each cell nil). */
 struct note {
-	const struct watch *w;
-	const PGresult *res;
-	int row; /* -1: the watched quota or permit does not exist */
+	int64_t watch;
+	const char *target; /* the quota key, permit id or record kind */
+	bool exists;
+	int64_t limit, in_flight, held, uncertain, room, permits; /* quota.changed */
 };
 
-/* The cells of a permit's and a record's row of the poll, as their
- * notifications send them. */
-static const struct reply_col permit_watch_cols[] = {
-    {"state", REPLY_STR, COL_T1, 0},	     {"phase", REPLY_STR, COL_T2, 0},
-    {"token", REPLY_INT, COL_N1, 0},	     {"owner_session", REPLY_INT, COL_N2, 0},
-    {"owner_replica", REPLY_STR, COL_T3, 0}, {"uncertain_reason", REPLY_STR, COL_T4, 0},
-    {"state_at", REPLY_INT, COL_N3, 0},	     {"phase_at", REPLY_INT, COL_N4, 0},
+#define NOTE(key, name, type) REPLY_FIELD(key, type, struct note, name)
+
+static const struct reply_col quota_changed_cols[] = {
+    NOTE("watch", watch, REPLY_FIELD_INT),	   NOTE("key", target, REPLY_FIELD_STR),
+    NOTE("exists", exists, REPLY_FIELD_BOOL),	   NOTE("limit", limit, REPLY_FIELD_INT),
+    NOTE("in_flight", in_flight, REPLY_FIELD_INT), NOTE("held", held, REPLY_FIELD_INT),
+    NOTE("uncertain", uncertain, REPLY_FIELD_INT), NOTE("room", room, REPLY_FIELD_INT),
+    NOTE("permits", permits, REPLY_FIELD_INT),
+};
+const struct reply_kind quota_changed_params = REPLY_KIND(quota_changed_cols);
+
+static const struct reply_col permit_changed_cols[] = {
+    NOTE("watch", watch, REPLY_FIELD_INT),
+    NOTE("id", target, REPLY_FIELD_STR),
+    NOTE("exists", exists, REPLY_FIELD_BOOL),
+    {"state", REPLY_STR, COL_T1, 0},
+    {"phase", REPLY_STR, COL_T2, 0},
+    {"token", REPLY_INT, COL_N1, 0},
+    {"owner_session", REPLY_INT, COL_N2, 0},
+    {"owner_replica", REPLY_STR, COL_T3, 0},
+    {"uncertain_reason", REPLY_STR, COL_T4, 0},
+    {"state_at", REPLY_INT, COL_N3, 0},
+    {"phase_at", REPLY_INT, COL_N4, 0},
     {"released_at", REPLY_INT, COL_N5, 0},
 };
-static const struct reply_kind permit_watch_row = REPLY_KIND(permit_watch_cols);
+const struct reply_kind permit_changed_params = REPLY_KIND(permit_changed_cols);
 
-static const struct reply_col record_watch_cols[] = {
+static const struct reply_col record_orphaned_cols[] = {
+    NOTE("watch", watch, REPLY_FIELD_INT),   NOTE("kind", target, REPLY_FIELD_STR),
     {"key", REPLY_STR, COL_KEY, 0},	     {"state", REPLY_STR, COL_T1, 0},
     {"token", REPLY_INT, COL_N1, 0},	     {"owner_session", REPLY_INT, COL_N2, 0},
     {"owner_replica", REPLY_STR, COL_T3, 0}, {"owner_uid", REPLY_INT, COL_N3, 0},
     {"permit", REPLY_STR, COL_T2, 0},	     {"updated_at", REPLY_INT, COL_N4, 0},
 };
-static const struct reply_kind record_watch_row = REPLY_KIND(record_watch_cols);
+const struct reply_kind record_orphaned_params = REPLY_KIND(record_orphaned_cols);
 
-static void fill_quota(msgpack_packer *pk, void *arg)
+/* Pushes one notification, with the cells of res's row (-1: none). */
+static void notify(struct conn *c, enum notice_id id, const struct note *nt, const PGresult *res,
+		   int row)
 {
-	const struct note *nt = arg;
-	const struct watch *w = nt->w;
-	int64_t limit = w->n[0], in_flight = w->n[1];
-	struct reply_map m;
+	struct reply_src src = {.res = res, .row = row, .nrows = 1, .c = nt};
 
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "watch", w->id);
-	reply_kv_str(&m, "key", w->target);
-	reply_kv_bool(&m, "exists", w->exists);
-	reply_kv_int(&m, "limit", limit);
-	reply_kv_int(&m, "in_flight", in_flight);
-	reply_kv_int(&m, "held", w->n[2]);
-	reply_kv_int(&m, "uncertain", w->n[3]);
-	/* a limit lowered below in_flight leaves no room, not negative room */
-	reply_kv_int(&m, "room", limit > in_flight ? limit - in_flight : 0);
-	reply_kv_int(&m, "permits", w->n[4]);
-	reply_map_end(&m);
-}
-
-static void fill_permit(msgpack_packer *pk, void *arg)
-{
-	const struct note *nt = arg;
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "watch", nt->w->id);
-	reply_kv_str(&m, "id", nt->w->target);
-	reply_kv_bool(&m, "exists", nt->row >= 0);
-	if (nt->row < 0)
-		reply_kv_nils(&m, &permit_watch_row);
-	else
-		reply_kv_row(&m, &permit_watch_row, nt->res, nt->row, 0);
-	reply_map_end(&m);
-}
-
-static void fill_record(msgpack_packer *pk, void *arg)
-{
-	const struct note *nt = arg;
-	struct reply_map m;
-
-	reply_map_begin(&m, pk);
-	reply_kv_int(&m, "watch", nt->w->id);
-	reply_kv_str(&m, "kind", nt->w->target);
-	reply_kv_row(&m, &record_watch_row, nt->res, nt->row, 0);
-	reply_map_end(&m);
+	conn_notify(c, id, &src);
 }
 
 static bool str_changed(char **saved, const PGresult *res, int row, int col)
@@ -395,8 +375,17 @@ static void poll_quota(struct watch *w, struct conn *c, const PGresult *res, int
 	w->exists = exists;
 	memcpy(w->n, n, sizeof(n));
 	if (changed || !w->primed) {
-		struct note nt = {w, res, row};
-		conn_notify(c, "quota.changed", fill_quota, &nt);
+		struct note nt = {.watch = w->id,
+				  .target = w->target,
+				  .exists = exists,
+				  .limit = n[0],
+				  .in_flight = n[1],
+				  .held = n[2],
+				  .uncertain = n[3],
+				  /* a limit lowered below in_flight leaves no room */
+				  .room = n[0] > n[1] ? n[0] - n[1] : 0,
+				  .permits = n[4]};
+		notify(c, NOTICE_QUOTA_CHANGED, &nt, NULL, -1);
 	}
 	w->primed = true;
 }
@@ -417,8 +406,8 @@ static void poll_permit(struct watch *w, struct conn *c, const PGresult *res, in
 	w->n[0] = n[0];
 	w->n[1] = n[1];
 	if (changed || !w->primed) {
-		struct note nt = {w, res, row};
-		conn_notify(c, "permit.changed", fill_permit, &nt);
+		struct note nt = {.watch = w->id, .target = w->target, .exists = exists};
+		notify(c, NOTICE_PERMIT_CHANGED, &nt, res, row);
 	}
 	w->primed = true;
 }
@@ -448,8 +437,8 @@ static void poll_record(struct watch *w, struct conn *c, const PGresult *res,
 		struct orphan probe = {(char *)rows[first + i].key, pgrow_int(res, row, COL_N1)};
 		if (!w->primed || !w->orphans ||
 		    !bsearch(&probe, w->orphans, w->norphans, sizeof(*w->orphans), orphan_cmp)) {
-			struct note nt = {w, res, row};
-			conn_notify(c, "record.orphaned", fill_record, &nt);
+			struct note nt = {.watch = w->id, .target = w->target, .exists = true};
+			notify(c, NOTICE_RECORD_ORPHANED, &nt, res, row);
 		}
 		now[i].key = strdup(probe.key);
 		now[i].token = probe.token;

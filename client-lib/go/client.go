@@ -256,7 +256,21 @@ func (c *Client) resume(ctx context.Context, cn *conn) error {
 	if id == 0 {
 		return nil
 	}
-	raw, _, err := cn.call(ctx, "session.open", c.sessionParams(map[string]interface{}{"resume": id}), nil)
+	var raw []byte
+	var err error
+	for {
+		raw, _, err = cn.call(ctx, "session.open", c.sessionParams(map[string]interface{}{"resume": id}), nil)
+		// conflict: still attached to the old connection, whose close the
+		// agent has not seen yet (a client can see it first); within the
+		// grace, ask again shortly, as the other clients do
+		var conflict *Error
+		if err != nil && errors.As(err, &conflict) && conflict.Code == "conflict" &&
+			c.withinResumePatience() {
+			time.Sleep(resumeRetry)
+			continue
+		}
+		break
+	}
 	if err == nil {
 		var r SessionInfo
 		if err = msgpack.Unmarshal(raw, &r); err == nil && r.Session != id {
@@ -284,6 +298,22 @@ func (c *Client) resume(ctx context.Context, cn *conn) error {
 		err = fmt.Errorf("%w: resuming session %d: %v", ErrConnection, id, err)
 	}
 	return err
+}
+
+// How long a resume answered conflict is asked again, and how often.
+const (
+	resumePatience = 2 * time.Second
+	resumeRetry    = 20 * time.Millisecond
+)
+
+func (c *Client) withinResumePatience() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	patience := resumePatience
+	if c.grace < patience {
+		patience = c.grace
+	}
+	return !c.closed && time.Since(c.lostAt) < patience
 }
 
 // onConnLost runs when a connection dies: beliefs end (nobody could tell

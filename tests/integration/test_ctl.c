@@ -361,6 +361,24 @@ Test(ctl, claim_prints_the_admission_exits_1_when_denied_or_expired_and_cancel_t
 	const char *const denied[] = {"claim", "second", "--quota", "q", NULL};
 	cr_assert_eq(ctl(sock, denied, &out), 1, "%s", out);
 	cr_assert(strstr(out, "denied: quota q has no room"), "%s", out);
+	/* and who holds it: the one permit, under the table's headers */
+	cr_assert(strstr(out, "0 claim(s) waiting; held by, largest first"), "%s", out);
+	cr_assert(strstr(out, "OWNER_REPLICA"), "%s", out);
+	cr_assert(strstr(out, "\nfirst "), "%s", out);
+	free(out);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'second'"),
+		     0);
+	/* the same for a machine: the denial and its holders as JSON */
+	const char *const denied_json[] = {"--json", "claim", "second", "--quota", "q", NULL};
+	cr_assert_eq(ctl(sock, denied_json, &out), 1, "%s", out);
+	const char *const denied_exprs[] = {"d['status'], d['quota'], d['limit'], d['in_flight']",
+					    "[(h['id'], h['weight']) for h in d['holders']]",
+					    "d['waiting'], d['hidden']", NULL};
+	cr_assert_not_null(strchr(out, '{'), "%s", out);
+	char *denial = json_eval(strchr(out, '{'), denied_exprs);
+	cr_assert_str_eq(denial, "[\"denied\", \"q\", 2, 2]\n[[\"first\", 2]]\n[0, 0]\n", "%s",
+			 out);
+	free(denial);
 	free(out);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id = 'second'"),
 		     0);
@@ -401,9 +419,18 @@ Test(ctl, claim_prints_the_admission_exits_1_when_denied_or_expired_and_cancel_t
 	cr_assert_eq(pgcoord_permit_release(holder, "third", 0, NULL, 5000, NULL), PGCOORD_OK);
 	pthread_join(t, NULL);
 	cr_assert_eq(bg.rc, 0, "%s", bg.out);
-	const char *const exprs[] = {"d['id']", "d['status']", "d['queued_ms'] >= 0", NULL};
+	/* it waited behind first (weight 2) and third, as the queued answer said */
+	const char *const exprs[] = {"d['id']",
+				     "d['status']",
+				     "d['queued_ms'] >= 0",
+				     "d['queued_for']['quota'], d['queued_for']['position']",
+				     "[h['id'] for h in d['queued_for']['holders']]",
+				     NULL};
 	char *got = json_eval(strchr(bg.out, '{'), exprs);
-	cr_assert_str_eq(got, "\"fourth\"\n\"admitted\"\ntrue\n", "%s", bg.out);
+	cr_assert_str_eq(got,
+			 "\"fourth\"\n\"admitted\"\ntrue\n[\"q\", 1]\n[\"first\", \"third\"]\n",
+			 "%s", bg.out);
+	cr_assert(strstr(bg.out, "queued at position 1 for quota q"), "%s", bg.out);
 	free(got);
 	free(bg.out);
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "

@@ -3,7 +3,8 @@
  * has exactly one, and proto/PROTOCOL.md's "Who may call what" table gives
  * each method the class the agent enforces; the keys each method accepts
  * are the ones its heading under "Methods" lists; and the reply tables a
- * method declares have the fields, with the types, of its `Result:`.
+ * method declares have the fields, with the types, of its `Result:`; and
+ * each notification's params table those of its row under "Notifications".
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "agent/dispatch.h"
+#include "agent/notices.h"
 #include "agent/reply.h"
 
 /* All of PROTOCOL.md; caller frees. */
@@ -297,6 +299,16 @@ static const char *placeholder_map(const char *text, const char *v, size_t len)
 		return NULL;
 	snprintf(pat1, sizeof(pat1), "%s is `{", word);
 	snprintf(pat2, sizeof(pat2), "%s, in the results below, is `{", word);
+	/* a section may give a name its own meaning (permit.claim's HOLDER is
+	 * not quota.why's): a definition after the use, before the next
+	 * heading, comes first */
+	const char *h1 = strstr(v, "\n### "), *h2 = strstr(v, "\n## ");
+	const char *end = !h1 ? h2 : !h2 ? h1 : h1 < h2 ? h1 : h2;
+	if (!end)
+		end = v + strlen(v);
+	p = strstr(v, pat1);
+	if (p && p < end)
+		return strchr(p, '{');
 	p = strstr(text, pat1);
 	if (p)
 		return strchr(p, '{');
@@ -434,4 +446,56 @@ Test(dispatch, reply_checker_sees_missing_extra_and_mistyped_fields)
 	cr_assert_not(kind_matches("", &kind, "{a: int}`", NULL, "t", false));
 	cr_assert_not(kind_matches("", &kind, "{a, b, c}`", NULL, "t", false));
 	cr_assert_not(kind_matches("", &kind, "{a: str, b}`", NULL, "t", false));
+}
+
+/* --- notification tables against PROTOCOL.md's "Notifications" ------- */
+
+/* The "Notifications" section: its table has one row per notification,
+ * "| `name` | `{params}` | when |". */
+static const char *notices_section(const char *text, const char **end)
+{
+	const char *p = strstr(text, "\n## Notifications\n");
+
+	cr_assert_not_null(p, "PROTOCOL.md has no section \"Notifications\"");
+	*end = strstr(p + 1, "\n## ");
+	if (!*end)
+		*end = p + strlen(p);
+	return p;
+}
+
+Test(dispatch, every_notification_table_is_the_params_protocol_md_documents)
+{
+	char *text = protocol_md();
+	const char *end, *sec = notices_section(text, &end);
+
+	for (int i = 0; i < NOTICE__COUNT; i++) {
+		const char *name = notice_method((enum notice_id)i);
+		char head[96];
+		cr_assert_not_null(name, "notification %d has no name", i);
+		cr_assert_not_null(notice_params((enum notice_id)i), "%s has no params table",
+				   name);
+		snprintf(head, sizeof(head), "\n| `%s` | `{", name);
+		const char *row = strstr(sec, head);
+		cr_assert(row && row < end,
+			  "PROTOCOL.md's \"Notifications\" has no row \"| `%s` | `{...}` |\"",
+			  name);
+		kind_matches(text, notice_params((enum notice_id)i), row + strlen(head) - 1, NULL,
+			     name, true);
+	}
+	/* and every documented notification is one the agent declares */
+	size_t rows = 0;
+	for (const char *p = strstr(sec, "\n| `"); p && p < end; p = strstr(p + 1, "\n| `")) {
+		char name[64];
+		bool found = false;
+		if (sscanf(p, "\n| `%63[^`]`", name) != 1)
+			continue;
+		rows++;
+		for (int i = 0; i < NOTICE__COUNT && !found; i++)
+			found = !strcmp(notice_method((enum notice_id)i), name);
+		cr_assert(found,
+			  "PROTOCOL.md documents the notification %s, the agent declares none",
+			  name);
+	}
+	cr_assert_eq(rows, (size_t)NOTICE__COUNT);
+	free(text);
 }

@@ -1,8 +1,9 @@
 /*
  * test_reply.c — reply maps count their own entries: a row kind of N sent
  * columns packs a map of N, a NULL cell packs nil, hidden columns count
- * for the statement's width but are not sent, and a builder's map size is
- * the number of keys given to it, nested maps included.
+ * for the statement's width but are not sent, a whole reply packs its
+ * fields, cells and rows in its table's order, and a source without a row
+ * packs each cell nil.
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -84,50 +85,103 @@ Test(reply, a_row_kind_counts_its_map_and_packs_nil_for_null)
 	PQclear(res);
 }
 
-Test(reply, a_builder_counts_its_keys_nested_maps_included)
+/* A table mixing a struct's fields, cells and rows a callback packs,
+ * the way permit.claim's denied answer is declared. */
+struct view {
+	const char *id;
+	int64_t weight;
+	bool mine;
+};
+
+static void pack_rows(msgpack_packer *pk, const void *field, const struct reply_src *src)
+{
+	(void)field;
+	msgpack_pack_array(pk, (size_t)src->nrows);
+	for (int i = 0; i < src->nrows; i++)
+		reply_pack_row(pk, &row_kind, src->res, src->row + i, 0);
+}
+
+static const struct reply_col mixed_cols[] = {
+    REPLY_FIELD("id", REPLY_FIELD_STR, struct view, id),
+    REPLY_FIELD("weight", REPLY_FIELD_INT, struct view, weight),
+    {"token", REPLY_INT, 2, 0},
+    REPLY_FIELD("mine", REPLY_FIELD_BOOL, struct view, mine),
+    REPLY_CALL_ROWS("rows", row_kind, pack_rows),
+};
+static const struct reply_kind mixed_kind = REPLY_KIND(mixed_cols);
+
+Test(reply, a_table_packs_fields_cells_and_rows_in_its_order)
 {
 	const char *cells[] = {"1000", "p1", "7", "f", "5", "990", NULL};
 	PGresult *res = one_row(7, cells);
+	struct view v = {.id = "c1", .weight = 3, .mine = true};
+	struct reply_src src = {.res = res, .row = 0, .nrows = 1, .c = &v};
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 	msgpack_unpacked u;
-	struct reply_map outer, inner;
 
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	reply_map_begin(&outer, &pk);
-	reply_kv_int(&outer, "n", 1);
-	reply_map_begin(&inner, reply_key(&outer, "row"));
-	reply_kv_row(&inner, &row_kind, res, 0, 0);
-	reply_kv_str_or_nil(&inner, "extra", NULL);
-	reply_map_end(&inner);
-	reply_kv_str(&outer, "s", "x");
-	reply_kv_bool(&outer, "b", false);
-	reply_map_end(&outer);
+	reply_pack(&pk, &mixed_kind, &src);
 	const msgpack_object *m = unpack(&sb, &u);
-	cr_assert_eq(m->via.map.size, 4);
-	const msgpack_object *row = get(m, "row");
-	cr_assert_eq(row->via.map.size, 7);
-	cr_assert_eq(get(row, "age_ms")->via.i64, 10);
-	cr_assert_eq(get(row, "data")->type, MSGPACK_OBJECT_NIL);
-	cr_assert_eq(get(row, "extra")->type, MSGPACK_OBJECT_NIL);
-	cr_assert_eq(get(m, "b")->via.boolean, false);
+	cr_assert_eq(m->via.map.size, 5);
+	static const char *const order[] = {"id", "weight", "token", "mine", "rows"};
+	for (uint32_t i = 0; i < 5; i++)
+		cr_assert_eq(memcmp(m->via.map.ptr[i].key.via.str.ptr, order[i], strlen(order[i])),
+			     0, "key %u is not %s", i, order[i]);
+	cr_assert_eq(get(m, "weight")->via.i64, 3);
+	cr_assert_eq(get(m, "token")->via.i64, 7);
+	cr_assert_eq(get(m, "mine")->via.boolean, true);
+	const msgpack_object *rows = get(m, "rows");
+	cr_assert_eq(rows->type, MSGPACK_OBJECT_ARRAY);
+	cr_assert_eq(rows->via.array.size, 1);
+	cr_assert_eq(get(&rows->via.array.ptr[0], "age_ms")->via.i64, 10);
 	msgpack_unpacked_destroy(&u);
 	msgpack_sbuffer_destroy(&sb);
 	PQclear(res);
 }
 
-Test(reply, an_empty_builder_is_an_empty_map)
+/* A source without a row (a watched permit that does not exist): every
+ * cell is nil, the fields are still the struct's. */
+Test(reply, a_source_without_a_row_packs_each_cell_nil)
 {
+	struct view v = {.id = "c1", .weight = 0, .mine = false};
+	static const struct reply_col cols[] = {
+	    REPLY_FIELD("id", REPLY_FIELD_STR, struct view, id),
+	    {"token", REPLY_INT, 2, 0},
+	    {"live", REPLY_BOOL, 3, 0},
+	    {"hidden", REPLY_HIDDEN, 4, 0},
+	};
+	static const struct reply_kind kind = REPLY_KIND(cols);
+	struct reply_src src = {.res = NULL, .row = -1, .nrows = 1, .c = &v};
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 	msgpack_unpacked u;
-	struct reply_map m;
 
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	reply_map_begin(&m, &pk);
-	reply_map_end(&m);
+	reply_pack(&pk, &kind, &src);
+	const msgpack_object *m = unpack(&sb, &u);
+	cr_assert_eq(m->via.map.size, 3);
+	cr_assert_eq(get(m, "id")->type, MSGPACK_OBJECT_STR);
+	cr_assert_eq(get(m, "token")->type, MSGPACK_OBJECT_NIL);
+	cr_assert_eq(get(m, "live")->type, MSGPACK_OBJECT_NIL);
+	msgpack_unpacked_destroy(&u);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+Test(reply, an_empty_table_is_an_empty_map)
+{
+	static const struct reply_kind none = {NULL, 0};
+	struct reply_src src = {0};
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_unpacked u;
+
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	reply_pack(&pk, &none, &src);
+	cr_assert_eq(sb.size, 1, "{} is one byte (fixmap 0)");
 	cr_assert_eq(unpack(&sb, &u)->via.map.size, 0);
 	msgpack_unpacked_destroy(&u);
 	msgpack_sbuffer_destroy(&sb);
