@@ -43,7 +43,8 @@
 -- history are as they were. Redefined: permit_claim_as,
 -- permit_claim_group, permit_release_group, permit_release_one,
 -- janitor_purge_permits, permit_events_summarize, janitor_fold_audit,
--- permits_check.
+-- permits_check. The two claims are 0015's texts with the change above:
+-- they judge their session by its liveness rule (pgcoord.live_sessions).
 
 ALTER TABLE pgcoord.permit_events RENAME TO permit_events_log;
 
@@ -208,7 +209,8 @@ BEGIN
 		'reserved', p_on_owner_loss, p_intent, CASE WHEN v_n = 1 THEN p_keys[1] END,
 		CASE WHEN v_n = 1 THEN p_weights[1] END
 	FROM pgcoord.sessions s
-	WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+	WHERE s.id = p_session AND s.closed_at IS NULL
+	  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
 	FOR KEY SHARE OF s
 	ON CONFLICT (id) DO NOTHING
 	RETURNING * INTO v_p;
@@ -217,7 +219,8 @@ BEGIN
 		-- no row: the session is not live, or the id exists; the
 		-- session is refused first, as before any other answer
 		PERFORM 1 FROM pgcoord.sessions s
-		WHERE s.id = p_session AND s.closed_at IS NULL AND s.expires_at > now()
+		WHERE s.id = p_session AND s.closed_at IS NULL
+		  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
 		FOR KEY SHARE;
 		IF NOT FOUND THEN
 			RAISE EXCEPTION USING ERRCODE = 'PCSEX',
@@ -486,7 +489,8 @@ BEGIN
 				  WHERE p_sessions[i] IS NOT NULL ORDER BY 1) d
 		CROSS JOIN LATERAL (
 			SELECT s.id FROM pgcoord.sessions s
-			WHERE s.id = d.id AND s.closed_at IS NULL AND s.expires_at > now()
+			WHERE s.id = d.id AND s.closed_at IS NULL
+			  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
 			FOR KEY SHARE) l);
 	v_more := v_set;
 	v_set := '{}';

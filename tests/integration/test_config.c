@@ -226,11 +226,12 @@ Test(config, serving_agent_applies_file_then_environment_then_flags)
 	int64_t id = iint(res, "session");
 	ireply_destroy(&r);
 	/* and the database got the flag's ttl */
-	cr_assert_eq(hdb_query_long(db,
-				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
-				    "expires_at - now() > interval '4500 ms'",
-				    (long long)id),
-		     1);
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND "
+			   "expires_at - now() > interval '4500 ms'",
+			   (long long)id),
+	    1);
 	close(fd);
 	hagent_destroy(a);
 	hdb_drop(db);

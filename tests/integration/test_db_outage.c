@@ -248,10 +248,11 @@ Test(db_outage, agent_serves_through_a_stopped_database_and_recovers_by_itself)
 			    "AND heartbeat_at > now() - interval '1 second'"),
 		  "heartbeats did not resume");
 	cr_assert(
-	    iwait_sql(db, RENEWAL_WAIT_MS,
-		      "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND closed_at IS "
-		      "NULL AND expires_at > now() + interval '9 seconds'",
-		      (long long)sid),
+	    iwait_sql(
+		db, RENEWAL_WAIT_MS,
+		"SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND closed_at IS "
+		"NULL AND expires_at > now() + interval '9 seconds'",
+		(long long)sid),
 	    "the session was not renewed after the outage");
 	const msgpack_object *k = icall_ok(sfd, "session.keepalive", NULL, &r);
 	cr_assert_eq(iint(k, "session"), sid);
@@ -296,10 +297,11 @@ static void restart_is_survived(const char *mode)
 	cr_assert_eq(istatus_int(a, "pid"), pid);
 
 	cr_assert(
-	    iwait_sql(db, RENEWAL_WAIT_MS,
-		      "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND closed_at IS "
-		      "NULL AND expires_at > now() + interval '9 seconds'",
-		      (long long)sid),
+	    iwait_sql(
+		db, RENEWAL_WAIT_MS,
+		"SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND closed_at IS "
+		"NULL AND expires_at > now() + interval '9 seconds'",
+		(long long)sid),
 	    "the session was not renewed after the restart");
 	const msgpack_object *k = icall_ok(fd, "session.keepalive", NULL, &r);
 	cr_assert_eq(iint(k, "session"), sid);

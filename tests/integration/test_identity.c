@@ -148,7 +148,7 @@ Test(identity, restarted_agent_takes_over_from_a_killed_predecessor_and_resumes_
 	}
 	cr_assert_eq(
 	    hdb_query_long(db,
-			   "SELECT count(*) FROM pgcoord.sessions WHERE id IN (%lld, %lld) "
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id IN (%lld, %lld) "
 			   "AND closed_at IS NULL AND expires_at > now()",
 			   (long long)s1, (long long)s2),
 	    2);
@@ -281,11 +281,12 @@ Test(identity, taken_over_session_not_resumed_within_grace_is_closed_by_the_succ
 		  "the unresumed session was never closed; log:\n%s", hagent_log(second));
 	/* well past the grace: the resumed one is live and renewed */
 	hsleep_ms(300);
-	cr_assert_eq(hdb_query_long(db,
-				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
-				    "closed_at IS NULL AND expires_at > now() + interval '19 s'",
-				    (long long)kept),
-		     1);
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND "
+			   "closed_at IS NULL AND expires_at > now() + interval '19 s'",
+			   (long long)kept),
+	    1);
 	cr_assert_eq(iint(icall_ok(fd, "session.keepalive", NULL, &r), "session"), kept);
 	ireply_destroy(&r);
 	close(fd);

@@ -444,16 +444,26 @@ Test(keepalive, a_missed_keepalive_loses_the_session_attached_or_not)
 
 	/* both lost sessions stop being renewed: their rows expire */
 	cr_assert(
-	    iwait_sql(db, 30000,
-		      "SELECT (count(*) = 2)::int FROM pgcoord.sessions WHERE id IN (%lld, %lld) "
-		      "AND (closed_at IS NOT NULL OR expires_at < now())",
-		      (long long)id, (long long)id2),
+	    iwait_sql(
+		db, 30000,
+		"SELECT (count(*) = 2)::int FROM pgcoord.session_liveness WHERE id IN (%lld, %lld) "
+		"AND (closed_at IS NOT NULL OR expires_at < now())",
+		(long long)id, (long long)id2),
 	    "a lost session is still renewed");
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND "
+			   "closed_at IS NULL AND expires_at > now()",
+			   (long long)id3),
+	    1);
+	/* the missed one lapsed at its pinned expiry: no later than its
+	 * keepalive deadline plus one ttl (10 s) and a beat (1 s) */
 	cr_assert_eq(hdb_query_long(db,
 				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
-				    "closed_at IS NULL AND expires_at > now()",
-				    (long long)id3),
-		     1);
+				    "expires_at IS NOT NULL AND expires_at > opened_at AND "
+				    "expires_at <= opened_at + interval '11300 ms'",
+				    (long long)id),
+		     1, "the session of a missed keepalive was not pinned to its last expiry");
 	const char *log = hagent_log(a);
 	cr_assert(strstr(log, "no session.keepalive for"), "%s", log);
 

@@ -392,7 +392,8 @@ static void slow_renewals_of(struct harness_db *db, int64_t session)
 		 "DECLARE v boolean; BEGIN "
 		 "IF p_session = %lld THEN PERFORM pg_sleep(0.4); END IF; "
 		 "PERFORM 1 FROM pgcoord.sessions s WHERE s.id = p_session AND "
-		 "s.closed_at IS NULL AND s.expires_at > now() FOR SHARE; "
+		 "s.closed_at IS NULL AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv "
+		 "WHERE lv.id = s.id) FOR SHARE OF s; "
 		 "v := FOUND; RETURN v; END $$",
 		 (long long)session);
 }

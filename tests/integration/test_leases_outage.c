@@ -93,7 +93,7 @@ Test(leases_outage, lost_arrives_before_the_session_can_expire_and_a_new_epoch_f
 	/* the row itself: the lost notice came while it was still live */
 	long expires_at =
 	    hdb_query_long(db,
-			   "SELECT pgcoord.ms(expires_at) FROM pgcoord.sessions WHERE "
+			   "SELECT pgcoord.ms(expires_at) FROM pgcoord.session_liveness WHERE "
 			   "id = %lld",
 			   (long long)session);
 	fprintf(stderr, "outage: session.lost came %lld ms before the session row expired\n",

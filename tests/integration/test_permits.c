@@ -799,11 +799,11 @@ Test(permits, claim_waiting_on_a_held_quota_row_does_not_stall_heartbeats)
 	}
 	cr_assert(pgcoord_lease_is_leader(leader, "stuck-lease"),
 		  "the leader lost its lease while a claim waited:\n%s", hagent_log(a));
-	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions WHERE replica_id = "
-					"'stuck-a' AND NOT internal AND closed_at IS NULL "
-					"AND expires_at > now() + interval '300 ms'"),
-		     2, "the agent stopped renewing its sessions while a claim waited:\n%s",
-		     hagent_log(a));
+	cr_assert_eq(
+	    hdb_query_long(db, "SELECT count(*) FROM pgcoord.session_liveness WHERE replica_id = "
+			       "'stuck-a' AND NOT internal AND closed_at IS NULL "
+			       "AND expires_at > now() + interval '300 ms'"),
+	    2, "the agent stopped renewing its sessions while a claim waited:\n%s", hagent_log(a));
 	cr_assert_null(strstr(hagent_log(a), "declaring every session lost"), "%s", hagent_log(a));
 
 	PQclear(PQexec(locker, "COMMIT"));

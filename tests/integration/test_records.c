@@ -931,6 +931,17 @@ Test(records, frozen_replica_is_fenced_when_it_resumes)
 
 	hagent_kill(a, SIGSTOP);
 	wait_dead(db, old);
+	/* dead by database time: its agent's row lapsed, and the session's
+	 * expiry is that row's (attached, or pinned to it when closed) */
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.session_liveness l "
+				    "JOIN pgcoord.agents a ON a.replica_id = 'fence-a' "
+				    "WHERE l.id = %lld AND NOT l.live AND a.expires_at <= now() "
+				    "AND l.expires_at = a.expires_at",
+				    (long long)old),
+		     1, "the frozen agent's session did not die with its agent row");
+	char *lapsed_at = hdb_query_value(
+	    db, "SELECT expires_at FROM pgcoord.agents WHERE replica_id = 'fence-a'");
 	pgcoord_recovery *rv = recover(rescuer, "fence", 0, 0);
 	cr_assert_eq(pgcoord_recovery_count(rv), 2);
 	int64_t t1_new = pgcoord_record_get_token(pgcoord_recovery_record(rv, 0));
@@ -938,6 +949,20 @@ Test(records, frozen_replica_is_fenced_when_it_resumes)
 	cr_assert_eq(pgcoord_record_get_adopted_from(pgcoord_recovery_record(rv, 0)), old);
 	pgcoord_recovery_free(rv);
 	hagent_kill(a, SIGCONT);
+
+	/* awake, the agent beats again (its row is renewed) but its session
+	 * stays dead, with the expiry it had when the row lapsed */
+	cr_assert(wait_for(db, 10000,
+			   "SELECT count(*) FROM pgcoord.agents WHERE replica_id = 'fence-a' "
+			   "AND expires_at > now()"),
+		  "the woken agent never renewed its row");
+	hsleep_ms(600);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld "
+				    "AND NOT live AND expires_at = '%s'",
+				    (long long)old, lapsed_at),
+		     1, "the woken agent's heartbeat revived its dead session");
+	free(lapsed_at);
 
 	cr_assert_eq(pgcoord_record_settle(sleeper, "fence", "f1", "done", 0, CALL_MS),
 		     PGCOORD_E_FENCED, "the former owner settled an adopted record (%s)",

@@ -52,7 +52,7 @@ Test(sessions, open_keepalive_close_are_recorded_in_the_database)
 
 	cr_assert_eq(
 	    hdb_query_long(db,
-			   "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND name "
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND name "
 			   "= 'worker-7' AND replica_id = 'sess-basic' AND incarnation = "
 			   "%lld AND closed_at IS NULL AND expires_at > now()",
 			   (long long)id, (long long)inc),
@@ -103,7 +103,7 @@ Test(sessions, resume_within_grace_keeps_the_session_id_and_never_closes_it)
 	int fd = iconnect(hagent_socket(a));
 	int64_t id = isession_open(fd, "resumer");
 	char *expires_before = hdb_query_value(
-	    db, "SELECT expires_at FROM pgcoord.sessions WHERE id = %lld", (long long)id);
+	    db, "SELECT expires_at FROM pgcoord.session_liveness WHERE id = %lld", (long long)id);
 	struct ireply r;
 
 	close(fd);
@@ -111,18 +111,20 @@ Test(sessions, resume_within_grace_keeps_the_session_id_and_never_closes_it)
 	 * heartbeat keeps the row live meanwhile. Sampled all along. */
 	int64_t until = hnow_ms() + 1100;
 	while (hnow_ms() < until) {
-		cr_assert_eq(hdb_query_long(db,
-					    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld "
-					    "AND closed_at IS NULL AND expires_at > now()",
-					    (long long)id),
-			     1, "the detached session was closed or lapsed inside its grace");
+		cr_assert_eq(
+		    hdb_query_long(db,
+				   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld "
+				   "AND closed_at IS NULL AND expires_at > now()",
+				   (long long)id),
+		    1, "the detached session was closed or lapsed inside its grace");
 		hsleep_ms(50);
 	}
-	cr_assert_eq(hdb_query_long(db,
-				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
-				    "expires_at > '%s'",
-				    (long long)id, expires_before),
-		     1, "heartbeats stopped renewing the detached session");
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND "
+			   "expires_at > '%s'",
+			   (long long)id, expires_before),
+	    1, "heartbeats stopped renewing the detached session");
 	free(expires_before);
 
 	fd = iconnect(hagent_socket(a));
@@ -137,11 +139,12 @@ Test(sessions, resume_within_grace_keeps_the_session_id_and_never_closes_it)
 
 	/* past the original grace, it stays: it is attached again */
 	hsleep_ms(800);
-	cr_assert_eq(hdb_query_long(db,
-				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld AND "
-				    "closed_at IS NULL AND expires_at > now()",
-				    (long long)id),
-		     1);
+	cr_assert_eq(
+	    hdb_query_long(db,
+			   "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld AND "
+			   "closed_at IS NULL AND expires_at > now()",
+			   (long long)id),
+	    1);
 	res = icall_ok(fd, "session.keepalive", NULL, &r);
 	cr_assert_eq(iint(res, "session"), id);
 	ireply_destroy(&r);

@@ -357,7 +357,7 @@ Test(watches, record_watch_hears_records_of_a_dead_owner_appear)
 	cr_assert_eq(iint(n.m.params, "owner_session"), sm);
 	ireply_destroy(&n);
 	cr_assert_eq(hdb_query_long(db,
-				    "SELECT count(*) FROM pgcoord.sessions WHERE id = %lld "
+				    "SELECT count(*) FROM pgcoord.session_liveness WHERE id = %lld "
 				    "AND (closed_at IS NOT NULL OR expires_at <= now())",
 				    (long long)sm),
 		     1);

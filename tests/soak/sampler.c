@@ -54,8 +54,7 @@ static const char sample_sql[] =
     " 'l', (SELECT coalesce(json_agg(json_build_array(l.name, l.holder_session, l.epoch,"
     "        l.holder_replica, pgcoord.ms(l.expires_at) - pgcoord.ms(now())) ORDER BY l.name),"
     "        '[]') FROM pgcoord.leases l WHERE l.name NOT LIKE 'pgcoord.%'),"
-    " 'live', (SELECT count(*) FROM pgcoord.sessions s"
-    "          WHERE s.closed_at IS NULL AND s.expires_at > now()))::text";
+    " 'live', (SELECT count(*) FROM pgcoord.live_sessions))::text";
 
 static bool connected(struct sampler *s)
 {

@@ -167,7 +167,7 @@ test('keepalive: kept, the session and its lease live on; stopped, session.lost 
     await sleep(150);
   }
   assert.equal(c.isLeader('node-keepalive'), true);
-  const live = `SELECT count(*) FROM pgcoord.sessions WHERE id = ${sid} AND closed_at IS NULL AND expires_at > now()`;
+  const live = `SELECT count(*) FROM pgcoord.live_sessions WHERE id = ${sid}`;
   assert.deepEqual(await rows(live), [['1']]);
   assert.deepEqual(await rows("SELECT holder_session::text FROM pgcoord.leases WHERE name = 'node-keepalive'"), [[String(sid)]]);
 
