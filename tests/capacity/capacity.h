@@ -44,6 +44,7 @@ struct cap_cfg {
 	bool direct;		   /* agents connect to the server, not through PgBouncer */
 	bool failure;		   /* measure failure detection instead (failure.c) */
 	int failure_runs;	   /* runs of each failure scenario */
+	bool waldump;		   /* print each idle window's WAL by record type */
 	char owner_conninfo[1024]; /* the server, as the owner: setup and observation */
 	char agent_conninfo[1024]; /* what agents use: PgBouncer, the runtime role */
 	char bouncer_admin[1024];  /* PgBouncer's console; "" with direct */
@@ -78,6 +79,7 @@ struct window {
 	double pg_cpu_ms;    /* every postmaster child, from /proc */
 	double agent_cpu_ms; /* every agent */
 	int64_t wal_bytes;
+	char wal_from[32], wal_to[32]; /* its LSNs, as Postgres prints them */
 	struct pg_cpu_snap *cpu_start; /* while the window is open */
 };
 
@@ -105,6 +107,8 @@ PGconn *cap_db_connect(const struct cap_cfg *cfg, const char *appname);
 void cap_window_open(PGconn *c, pid_t postmaster, struct window *w);
 /* Ends it: the statements since the reset by kind, CPU, WAL, seconds. */
 void cap_window_close(PGconn *c, pid_t postmaster, struct window *w);
+/* pg_waldump --stats=record of p's idle window, to stdout (--waldump). */
+void cap_waldump_print(const struct point *p);
 /* Backends of the runtime role; and the agents' connections to PgBouncer. */
 int cap_server_conns(PGconn *c);
 int cap_bouncer_conns(const struct cap_cfg *cfg);

@@ -260,17 +260,47 @@ void cap_db_setup(struct cap_cfg *cfg)
 	PQfinish(c);
 }
 
-static int64_t wal_lsn(PGconn *c)
+/* The WAL insert position; text (for pg_waldump) into lsn. */
+static int64_t wal_lsn(PGconn *c, char lsn[32])
 {
 	PGresult *r = PQexec(c, "SELECT pg_current_wal_insert_lsn()");
 	unsigned hi, lo;
 	int64_t v = -1;
 
+	lsn[0] = '\0';
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	    sscanf(PQgetvalue(r, 0, 0), "%X/%X", &hi, &lo) == 2)
+	    sscanf(PQgetvalue(r, 0, 0), "%X/%X", &hi, &lo) == 2) {
 		v = ((int64_t)hi << 32) | lo;
+		snprintf(lsn, 32, "%s", PQgetvalue(r, 0, 0));
+	}
 	PQclear(r);
 	return v;
+}
+
+void cap_waldump_print(const struct point *p)
+{
+	const char *pgdata = getenv("PGCOORD_TEST_PGDATA");
+	char cmd[2048];
+
+	printf("\n#### WAL by record type: %d agents x %d sessions, idle %.1f s (%s..%s)\n\n```\n",
+	       p->agents, p->sessions, p->idle.seconds, p->idle.wal_from, p->idle.wal_to);
+	fflush(stdout);
+	if (!pgdata || !p->idle.wal_from[0] || !p->idle.wal_to[0]) {
+		printf("(no LSNs or no PGCOORD_TEST_PGDATA)\n```\n");
+		return;
+	}
+	/* the server's own pg_waldump: PG_BINDIR, else pg_config's, else the
+	 * newest under /usr/lib/postgresql (as scripts/wal-cycle finds it) */
+	snprintf(cmd, sizeof(cmd),
+		 "d=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null)}; "
+		 "[ -x \"$d/pg_waldump\" ] || d=$(ls -d /usr/lib/postgresql/*/bin | sort -V | "
+		 "tail -n1); \"$d/pg_waldump\" --stats=record --path='%s/pg_wal' --start=%s "
+		 "--end=%s 2>&1",
+		 pgdata, p->idle.wal_from, p->idle.wal_to);
+	if (system(cmd) != 0)
+		printf("(pg_waldump failed)\n");
+	fflush(stdout);
+	printf("```\n");
 }
 
 void cap_window_open(PGconn *c, pid_t postmaster, struct window *w)
@@ -282,7 +312,7 @@ void cap_window_open(PGconn *c, pid_t postmaster, struct window *w)
 			PQresultErrorMessage(r));
 	PQclear(r);
 	memset(w, 0, sizeof(*w));
-	w->wal_bytes = wal_lsn(c);
+	w->wal_bytes = wal_lsn(c, w->wal_from);
 	w->cpu_start = pg_cpu_snapshot(postmaster);
 	w->seconds = cap_now();
 }
@@ -296,7 +326,7 @@ void cap_window_close(PGconn *c, pid_t postmaster, struct window *w)
 	w->pg_cpu_ms = pg_cpu_since_ms(w->cpu_start, postmaster);
 	free(w->cpu_start);
 	w->cpu_start = NULL;
-	w->wal_bytes = wal_lsn(c) - w->wal_bytes;
+	w->wal_bytes = wal_lsn(c, w->wal_to) - w->wal_bytes;
 	snprintf(sql, sizeof(sql), kind_sql, runtime_role_literal);
 	r = PQexec(c, sql);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {

@@ -46,6 +46,7 @@ static void usage(FILE *f)
 	    "                        [--idle S] [--load S] [--settle S] [--pool-size N]\n"
 	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--bouncer-pool N]\n"
 	    "                        [--closed-sessions N] [--direct] [--agent-bin PATH]\n"
+	    "                        [--waldump]\n"
 	    "       pgcoord-capacity --failure [--failure-runs N] [--agents M] [--sessions S]\n"
 	    "                        [--heartbeat-ms N] [--lease-retry-ms N] [--agent-bin PATH]\n"
 	    "Runs beside tests/harness/with-postgres --pgbouncer; scripts/capacity does all "
@@ -65,6 +66,7 @@ static void usage(FILE *f)
 	    "                   preload N closed sessions, a long past (default 0)\n"
 	    "  --direct         agents connect to the server, not through PgBouncer\n"
 	    "  --agent-bin P    pgcoord-agent (default $PGCOORD_CAPACITY_AGENT_BIN)\n"
+	    "  --waldump        after the tables, pg_waldump --stats=record of each idle window\n"
 	    "  --failure        measure failure detection instead: kill -9, SIGSTOP and kill -9\n"
 	    "                   of the janitor, each --failure-runs times, on M agents x S\n"
 	    "                   sessions (the last of --agents and --sessions; default 11 x 10)\n"
@@ -136,6 +138,7 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 	    {"agent-bin", required_argument, NULL, 'A'},
 	    {"failure", no_argument, NULL, 'F'},
 	    {"failure-runs", required_argument, NULL, 'R'},
+	    {"waldump", no_argument, NULL, 'W'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -199,6 +202,9 @@ static void parse_args(int argc, char **argv, struct cap_cfg *cfg)
 			break;
 		case 'R':
 			cfg->failure_runs = (int)parse_long("--failure-runs", optarg, 1, 16);
+			break;
+		case 'W':
+			cfg->waldump = true;
 			break;
 		case 'h':
 			usage(stdout);
@@ -479,6 +485,9 @@ int main(int argc, char **argv)
 	print_table(pts, npts);
 	print_kinds(pts, npts);
 	print_lease_split(pts, npts);
+	if (cfg.waldump)
+		for (int i = 0; i < npts; i++)
+			cap_waldump_print(&pts[i]);
 	cap_model_print(pts, npts, &cfg);
 	load_average(load, sizeof(load));
 	printf("\npgcoord-capacity: load average after the last point %s\n", load);
