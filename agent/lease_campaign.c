@@ -176,6 +176,28 @@ static uint64_t campaign_wait(struct lease *l, const PGresult *res)
 	return lease_campaign_wait_ms(left, retry / 4, l->hand_back_poll_ms, retry, rg->rng >> 8);
 }
 
+/* The database confirmed the row ours, at l->epoch, by a statement sent at
+ * sent: belief runs to that statement's deadline, and the next renewal is
+ * due renew_ms after it. */
+static void confirmed(struct lease *l, uint64_t sent, uint64_t now)
+{
+	uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
+	if (until > now) {
+		l->belief_until = until;
+		evtimer_del(l->belief_timer);
+		after_ms(l->belief_timer, until - now);
+		if (!l->leader) {
+			belief_start(l);
+		} else {
+			struct change_note note = {l, true, "renewed", 0, NULL, true};
+			tell(l, &note);
+		}
+	}
+	l->renew_due = sent + (uint64_t)l->renew_ms;
+	evtimer_del(l->timer);
+	after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
+}
+
 static void attempt_done(const struct db_result *r, void *arg)
 {
 	struct lease *l = arg;
@@ -213,25 +235,12 @@ static void attempt_done(const struct db_result *r, void *arg)
 	bool won = pgrow_bool(r->res, 0, LA_LEADER);
 	int64_t epoch = pgrow_int(r->res, 0, LA_EPOCH);
 	if (won) {
-		uint64_t until = lease_belief_until(sent, l->ttl_ms, l->renew_ms);
-		bool was = l->leader;
-		if (was && epoch != l->epoch)
+		if (l->leader && epoch != l->epoch)
 			lease_end_belief(l, LOG_LEVEL_WARN,
 					 "the lease lapsed and was re-acquired under a new epoch",
 					 0, NULL);
 		l->epoch = epoch;
-		if (until > now) {
-			l->belief_until = until;
-			evtimer_del(l->belief_timer);
-			after_ms(l->belief_timer, until - now);
-			if (!l->leader) {
-				belief_start(l);
-			} else {
-				struct change_note note = {l, true, "renewed", 0, NULL, true};
-				tell(l, &note);
-			}
-		}
-		after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
+		confirmed(l, sent, now);
 	} else {
 		const char *holder_replica = pgrow_text(r->res, 0, LA_HOLDER_REPLICA);
 		int64_t holder = pgrow_int(r->res, 0, LA_HOLDER_SESSION);
@@ -280,6 +289,131 @@ void lease_attempt(struct lease *l)
 			 (uint64_t)(l->leader ? l->renew_ms / 3 : ag->cfg.lease_retry_ms));
 	else
 		lease_drop(l);
+}
+
+/* --- renewals the heartbeat carries ----------------------------------- */
+
+/*
+ * A held lease rides the beat before its renewal falls due: at the last
+ * beat before that, so it is renewed up to one beat early and never later
+ * than on its own. Its own timer stays set for the due time, so a beat
+ * that is skipped (one still in flight) or lost leaves the renewal to its
+ * own statement, as before. A lease renewed more often than every second
+ * beat keeps its own statements.
+ */
+static bool due_by_next_beat(const struct lease *l, uint64_t now, int beat_ms)
+{
+	return l->leader && !l->in_flight && !l->dead && beat_ms > 0 &&
+	       l->renew_ms >= 2 * beat_ms && l->renew_due <= now + (uint64_t)beat_ms;
+}
+
+/* Appends v to a Postgres array literal being built in *out (quoted when
+ * quote: a lease name is the client's text). */
+static bool array_append(char **out, size_t *len, size_t *cap, const char *v, bool quote)
+{
+	size_t need = *len + 2 * strlen(v) + 5;
+	if (need > *cap) {
+		size_t cap2 = need * 2;
+		char *grown = realloc(*out, cap2);
+		if (!grown)
+			return false;
+		*out = grown;
+		*cap = cap2;
+	}
+	char *o = *out;
+	o[*len] = *len == 0 ? '{' : ',';
+	(*len)++;
+	if (quote)
+		o[(*len)++] = '"';
+	for (; *v; v++) {
+		if (quote && (*v == '"' || *v == '\\'))
+			o[(*len)++] = '\\';
+		o[(*len)++] = *v;
+	}
+	if (quote)
+		o[(*len)++] = '"';
+	o[*len] = '\0';
+	return true;
+}
+
+static void beat_clear(struct lease_beat *b)
+{
+	free(b->leases);
+	free(b->names);
+	free(b->sessions);
+	free(b->epochs);
+	free(b->ttls);
+	memset(b, 0, sizeof(*b));
+}
+
+bool leases_beat_take(struct agent *ag, uint64_t now_ms, int beat_ms, struct lease_beat *b)
+{
+	struct lease_registry *rg = lease_reg(ag);
+	size_t n = 0, len[4] = {0}, cap[4] = {0};
+	char **lits[4] = {&b->names, &b->sessions, &b->epochs, &b->ttls};
+
+	memset(b, 0, sizeof(*b));
+	if (!rg)
+		return true;
+	for (struct lease *l = rg->leases; l; l = l->next)
+		n += due_by_next_beat(l, now_ms, beat_ms);
+	if (n == 0)
+		return true;
+	if (!(b->leases = calloc(n, sizeof(*b->leases))))
+		return false;
+	for (struct lease *l = rg->leases; l && b->n < n; l = l->next) {
+		char session[24], epoch[24], ttl[24];
+		if (!due_by_next_beat(l, now_ms, beat_ms))
+			continue;
+		snprintf(session, sizeof(session), "%" PRId64, l->session_id);
+		snprintf(epoch, sizeof(epoch), "%" PRId64, l->epoch);
+		snprintf(ttl, sizeof(ttl), "%d", l->ttl_ms);
+		const char *v[4] = {l->name, session, epoch, ttl};
+		for (int k = 0; k < 4; k++) {
+			if (!array_append(lits[k], &len[k], &cap[k], v[k], k == 0)) {
+				beat_clear(b);
+				return false;
+			}
+		}
+		b->leases[b->n++] = l;
+	}
+	for (int k = 0; k < 4; k++) {
+		/* the closing brace: array_append left room for it */
+		(*lits[k])[len[k]++] = '}';
+		(*lits[k])[len[k]] = '\0';
+	}
+	for (size_t i = 0; i < b->n; i++)
+		b->leases[i]->in_flight = true;
+	return true;
+}
+
+void leases_beat_done(struct agent *ag, struct lease_beat *b, uint64_t sent_ms, const bool *renewed)
+{
+	uint64_t now = mono_ms();
+	for (size_t i = 0; i < b->n; i++) {
+		struct lease *l = b->leases[i];
+		l->in_flight = false;
+		if (l->dead) {
+			lease_settled(l);
+			continue;
+		}
+		if (renewed && renewed[i]) {
+			l->attempt_sent = sent_ms;
+			confirmed(l, sent_ms, now);
+		} else if (renewed) {
+			/* not renewed in place: lease_acquire says what the row is
+			 * now (lapsed, another holder's) and acts on it */
+			evtimer_del(l->timer);
+			lease_attempt(l);
+		} else if (l->leader) {
+			/* a failed beat proves nothing: belief runs out on its own
+			 * deadline unless the lease's own renewal succeeds first */
+			evtimer_del(l->timer);
+			after_ms(l->timer, l->renew_due > now ? l->renew_due - now : 0);
+		}
+	}
+	(void)ag;
+	beat_clear(b);
 }
 
 struct lease *lease_new(struct agent *ag, const char *name, int64_t session_id, int ttl_ms,

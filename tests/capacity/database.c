@@ -23,7 +23,7 @@ const char *const stmt_kind_names[KIND_COUNT] = {
  * pg_stat_statements replaces their constants with $n. */
 static const char kind_sql[] =
     "SELECT CASE "
-    "WHEN query LIKE '%%agent_heartbeat(%%' THEN 0 "
+    "WHEN query LIKE '%%agent_heartbeat(%%' OR query LIKE '%%agent_beat(%%' THEN 0 "
     "WHEN query LIKE '%%lease_%%' THEN 1 "
     "WHEN query LIKE '%%janitor_%%' THEN 2 "
     "WHEN query LIKE '%%session_%%' OR query LIKE '%%agent_register(%%' "
@@ -39,13 +39,19 @@ static const char kind_sql[] =
 
 /* lease_acquire's two outcomes, told apart by the statements it runs inside
  * (pg_stat_statements.track = all): a win (an acquisition or a renewal)
- * writes the row; a lost campaign reads the holder's expiry instead. The
- * functions run as their owner (SECURITY DEFINER), so the statements inside
- * are the owner's, not the runtime role's; only the agents call it. */
+ * writes the row; a lost campaign reads the holder's expiry instead (the
+ * locked path's read, or since 0017 the read before any lock). Renewals a
+ * heartbeat carries (agent_beat) are wins too, one per row its UPDATE
+ * wrote. The functions run as their owner (SECURITY DEFINER), so the
+ * statements inside are the owner's, not the runtime role's; only the
+ * agents call them. */
 static const char lease_split_sql[] =
-    "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO pgcoord.leases %'), 0), "
+    "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO pgcoord.leases %'), 0) "
+    "     + coalesce(sum(rows) FILTER (WHERE query LIKE 'UPDATE pgcoord.leases l SET "
+    "renewed_at%'), 0), "
     "       coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT l.epoch, l.holder_session, "
-    "l.holder_replica,%greatest%'), 0) "
+    "l.holder_replica,%greatest%' OR query LIKE 'SELECT false, l.epoch, "
+    "l.holder_session,%'), 0) "
     "FROM pg_stat_statements "
     "WHERE NOT toplevel "
     "  AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())";

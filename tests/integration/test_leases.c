@@ -967,6 +967,159 @@ Test(leases, janitor_candidates_campaign_at_the_holders_expiry_not_every_retry)
 	hdb_drop(db);
 }
 
+/* --- renewals carried by the heartbeat ---------------------------------- */
+
+/* An agent that beats every 200 ms: a lease of ttl 3000 (renewed every
+ * 1000 ms) rides its beats. */
+static const char *const beat_args[] = {"--heartbeat-interval-ms", "200", "--session-ttl-ms",
+					"3000", NULL};
+
+/* Every lease_acquire call from now on leaves a row in
+ * pgcoord.test_acquires (the server's own function counts can lag by
+ * seconds): the function is wrapped before any agent prepares a call. */
+static void count_acquires(struct harness_db *db)
+{
+	hdb_exec(db, "CREATE TABLE pgcoord.test_acquires (name text, "
+		     "at timestamptz NOT NULL DEFAULT clock_timestamp())");
+	hdb_exec(db, "ALTER FUNCTION pgcoord.lease_acquire(text, bigint, text, bigint, bigint) "
+		     "RENAME TO lease_acquire_counted");
+	hdb_exec(db, "CREATE FUNCTION pgcoord.lease_acquire(a text, b bigint, c text, d bigint, "
+		     "e bigint) RETURNS pgcoord.lease_decision LANGUAGE plpgsql SECURITY DEFINER "
+		     "SET search_path = pg_catalog AS $$ BEGIN "
+		     "INSERT INTO pgcoord.test_acquires (name) VALUES (a); "
+		     "RETURN pgcoord.lease_acquire_counted(a, b, c, d, e); END $$");
+	hdb_exec(db, "GRANT EXECUTE ON FUNCTION pgcoord.lease_acquire(text, bigint, text, bigint, "
+		     "bigint) TO PUBLIC");
+}
+
+/*
+ * A held lease is renewed inside the heartbeat's statement, not by a
+ * statement of its own: in 5 s of holding a lease renewed every second,
+ * lease_acquire runs for no held lease, and the row is renewed all along
+ * (renewed_at moves, expires_at stays ahead, one epoch, one acquisition),
+ * the client's belief with it (lease.renewed).
+ */
+Test(leases, renewals_ride_the_heartbeat)
+{
+	struct harness_db *db = lease_db();
+	struct lclient holder;
+	struct lreply r;
+
+	count_acquires(db);
+	struct hagent *a = hagent_start(db, "beat-renew", beat_args);
+	lc_init(&holder, "holder");
+	lc_open_ok(&holder, a, "holder");
+	lc_acquire_ok(&holder, "ridden", 3000, false, &r);
+	cr_assert(r.leader);
+	int64_t epoch = r.epoch;
+
+	hsleep_ms(500);
+	long renewed_before =
+	    hdb_query_long(db, "SELECT (extract(epoch FROM renewed_at) * 1000)::bigint "
+			       "FROM pgcoord.leases WHERE name = 'ridden'");
+	hsleep_ms(5000);
+	long acquires = hdb_query_long(db, "SELECT count(*) FROM pgcoord.test_acquires WHERE "
+					   "at > now() - interval '5 s'");
+	fprintf(stderr, "lease_acquire calls in the last 5 s: %ld (all: %ld)\n", acquires,
+		hdb_query_long(db, "SELECT count(*) FROM pgcoord.test_acquires"));
+	/* the janitor lease of this lone agent rides the beats too (ttl 15 s) */
+	cr_assert_eq(acquires, 0, "%ld lease_acquire calls for leases the beats renew", acquires);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.leases WHERE name = 'ridden' "
+				    "AND holder_session = %lld AND epoch = %lld AND expires_at > "
+				    "now() + interval '1500 ms' AND (extract(epoch FROM "
+				    "renewed_at) * 1000)::bigint > %ld + 3000",
+				    (long long)holder.session, (long long)epoch, renewed_before),
+		     1, "the row was not renewed along");
+	cr_assert_eq(events(db, "ridden", "acquired", holder.session, epoch), 1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_events WHERE "
+					"name = 'ridden'"),
+		     1, "a renewal wrote a lease event");
+	lc_status_ok(&holder, "ridden", false, &r);
+	cr_assert(r.leader, "the belief ended while the beats renewed the row");
+	cr_assert_gt(r.valid_ms, 0);
+	lc_expect(&holder, "lease.renewed", 1, 2000, "a renewal told the holder");
+
+	lc_close(&holder);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/*
+ * A renewal in a beat only renews: once the row no longer carries the
+ * epoch the agent believes in (here rewritten by hand, as a successor's
+ * acquisition would), the beat renews nothing, the agent asks lease_acquire
+ * at once, and the belief under the old epoch ends.
+ */
+Test(leases, a_beat_renewal_of_a_changed_row_ends_the_belief)
+{
+	struct harness_db *db = lease_db();
+	struct lclient holder;
+	struct lreply r;
+
+	struct hagent *a = hagent_start(db, "beat-changed", beat_args);
+	lc_init(&holder, "holder");
+	lc_open_ok(&holder, a, "holder");
+	lc_acquire_ok(&holder, "changed", 3000, false, &r);
+	cr_assert(r.leader);
+	hdb_exec(db, "UPDATE pgcoord.leases SET epoch = epoch + 1000 WHERE name = 'changed'");
+	struct lnote n =
+	    lc_expect(&holder, "lease.changed", 0, 3000, "the belief under the old epoch ended");
+	fprintf(stderr, "belief ended: %s\n", n.reason);
+	cr_assert_eq(n.epoch, r.epoch, "the end names epoch %lld, not the one believed",
+		     (long long)n.epoch);
+
+	lc_close(&holder);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/*
+ * A beat that carries a renewal and is still running when the client hands
+ * the lease back must not take it back after the hand-back committed: the
+ * beat is made slow for this agent, the release goes while it runs, and
+ * afterwards the row stays free (the release waits for the beat, and a
+ * renewal in a beat never takes a free row).
+ */
+Test(leases, a_beat_in_flight_does_not_undo_a_release)
+{
+	struct harness_db *db = lease_db();
+	struct lclient holder, next;
+	struct lreply r;
+
+	struct hagent *a = hagent_start(db, "beat-race", beat_args);
+	lc_init(&holder, "holder");
+	lc_init(&next, "next");
+	lc_open_ok(&holder, a, "holder");
+	lc_open_ok(&next, a, "next");
+	lc_acquire_ok(&holder, "racy", 3000, false, &r);
+	cr_assert(r.leader);
+	/* every beat of this agent that carries a lease sleeps 400 ms first */
+	hdb_exec(db, "ALTER FUNCTION pgcoord.agent_beat(text, bigint, bigint, bigint[], text[], "
+		     "bigint[], bigint[], bigint[]) RENAME TO agent_beat_fast");
+	hdb_exec(db, "CREATE FUNCTION pgcoord.agent_beat(a text, b bigint, c bigint, d bigint[], "
+		     "e text[], f bigint[], g bigint[], h bigint[]) RETURNS pgcoord.beat_result "
+		     "LANGUAGE plpgsql AS $$ BEGIN IF cardinality(e) > 0 THEN "
+		     "PERFORM pg_sleep(0.4); END IF; "
+		     "RETURN pgcoord.agent_beat_fast(a, b, c, d, e, f, g, h); END $$");
+	hdb_exec(db, "GRANT EXECUTE ON FUNCTION pgcoord.agent_beat(text, bigint, bigint, bigint[], "
+		     "text[], bigint[], bigint[], bigint[]) TO PUBLIC");
+	int64_t until = hnow_ms() + 5000;
+	while (hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
+				  "'PgSleep' AND query LIKE '%%agent_beat%%'") == 0 &&
+	       hnow_ms() < until)
+		hsleep_ms(5);
+	cr_assert_lt(hnow_ms(), until, "no beat carried the renewal");
+	cr_assert(lc_release_ok(&holder, "racy"));
+	hsleep_ms(1000);
+	assert_stays_handed_back(db, "racy", holder.session, &next);
+
+	lc_close(&holder);
+	lc_close(&next);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
 /* --- contention under crashes ------------------------------------------- */
 
 /*

@@ -29,6 +29,7 @@ REPLACES = {
                                'pgcoord.permit_release_one', 'pgcoord.janitor_purge_permits',
                                'pgcoord.permit_events_summarize',
                                'pgcoord.janitor_fold_audit'},
+    '0017_beat.sql': {'pgcoord.lease_acquire'},
 }
 
 # migration -> the earlier objects it drops, each named as its DROP statement
