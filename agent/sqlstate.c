@@ -35,10 +35,16 @@ enum pgc_error_code db_error_for_sqlstate(const char *sqlstate)
 		if (strcmp(sqlstate, refusals[i].sqlstate) == 0)
 			return refusals[i].code;
 	/* connection exceptions, shutdowns, resource limits, serialization
-	 * conflicts and read-only standbys: a retry may well succeed */
+	 * conflicts and read-only standbys: a retry may well succeed. So does
+	 * a unique violation: a claim inserts its permit row after its quota
+	 * rows (0018), and one that meets a row of its id that another
+	 * transaction wrote meanwhile (a release retiring the id, a claim of
+	 * the id with other quotas) rolls back whole; its retry reads that row
+	 * and answers from it. */
 	if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
 	    strncmp(sqlstate, "57P", 3) == 0 || strcmp(sqlstate, "40001") == 0 ||
-	    strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "25006") == 0)
+	    strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "25006") == 0 ||
+	    strcmp(sqlstate, "23505") == 0)
 		return PGC_E_UNAVAILABLE;
 	/* the server-side bound (db_bound_ms) ran out: statement_timeout
 	 * (query_canceled) or lock_timeout (lock_not_available); the statement

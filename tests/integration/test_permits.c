@@ -624,37 +624,15 @@ static void raw_reply(int fd, uint32_t msgid, msgpack_unpacked *u, struct pgc_me
 	cr_assert_fail("request %u was never answered", msgid);
 }
 
-/* Reads the replies to requests 2 and 3, which may come in either order;
- * the caller destroys u[0] and u[1]. */
-static void raw_replies_2_3(int fd, msgpack_unpacked u[2], struct pgc_message m[2])
-{
-	char err[128];
-	bool got[2] = {false, false};
-	for (int i = 0; i < 8 && !(got[0] && got[1]); i++) {
-		msgpack_unpacked one;
-		struct pgc_message msg;
-		msgpack_unpacked_init(&one);
-		cr_assert_eq(hraw_recv_msg(fd, CALL_MS, &one), HRAW_MSG, "no reply to request %d",
-			     got[0] ? 3 : 2);
-		cr_assert(pgc_parse_message(&one.data, &msg, err, sizeof(err)), "%s", err);
-		if (msg.type == PGC_RPC_RESPONSE && (msg.msgid == 2 || msg.msgid == 3)) {
-			int k = (int)msg.msgid - 2;
-			u[k] = one; /* the zone moves; msg's pointers stay valid */
-			m[k] = msg;
-			got[k] = true;
-		} else {
-			msgpack_unpacked_destroy(&one);
-		}
-	}
-	cr_assert(got[0] && got[1], "requests 2 and 3 were not both answered");
-}
-
 /*
  * The soak's "permit behind a refusal": an attempt of a claim is mid-
  * transaction when its client gives the id up (its reply lost, a retry
- * refused). The release waits for that transaction and acts on its outcome:
- * it releases what the attempt admitted, and retires the id when the attempt
- * took nothing. Either way no slot stays taken. Both requests go down one
+ * refused). The attempt waits on its quota row before it writes anything
+ * (its permit row goes in after its quota rows, 0018), so the release finds
+ * no row, retires the id at once, and the attempt, once it has the quota
+ * row, finds the retired id and is refused: whether it had room (it gives
+ * its increment back) or not (its denial is answered as the refusal of a
+ * retired id). Either way no slot stays taken. Both requests go down one
  * connection: the agent runs them side by side, on two pool connections.
  */
 static void release_behind_attempt(bool room)
@@ -693,49 +671,47 @@ static void release_behind_attempt(bool room)
 	pack_one(&sb, "id", "b-1");
 	cr_assert(hraw_send_request(fd, 3, "permit.release", sb.data, sb.size));
 	msgpack_sbuffer_destroy(&sb);
-	cr_assert(
-	    wait_for(db, 10000,
-		     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-		     "AND query LIKE '%permit_release%' AND wait_event_type = 'Lock'"),
-	    "the release did not wait for the attempt");
+
+	/* the release is answered while the attempt still waits */
+	msgpack_unpacked u;
+	msgpack_unpacked_init(&u);
+	raw_reply(fd, 3, &u, &m);
+	cr_assert_not_null(m.error, "the release of an id nobody holds succeeded");
+	v = pgc_map_get(m.error, "code");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+		  strncmp(v->via.str.ptr, "not_found", v->via.str.size) == 0);
+	v = pgc_map_get(m.error, "message");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+		      memmem(v->via.str.ptr, v->via.str.size, "retired", 7),
+		  "the release does not say it retired the id");
+	msgpack_unpacked_destroy(&u);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+					"current_database() AND query LIKE '%%permit_claim%%' AND "
+					"wait_event_type = 'Lock'"),
+		     1, "the attempt no longer waits on the quota row");
 	PQclear(PQexec(locker, "COMMIT"));
 	PQfinish(locker);
 
-	/* the retired id's release may well answer before the claim does */
-	msgpack_unpacked replies[2];
-	struct pgc_message ms[2];
-	raw_replies_2_3(fd, replies, ms);
-	m = ms[0];
-	cr_assert_null(m.error, "the claim failed");
-	v = pgc_map_get(m.result, "status");
-	cr_assert(v && v->type == MSGPACK_OBJECT_STR);
-	cr_assert_eq(strncmp(v->via.str.ptr, room ? "admitted" : "denied", v->via.str.size), 0,
-		     "claim: %.*s", (int)v->via.str.size, v->via.str.ptr);
-	m = ms[1];
-	if (room) {
-		cr_assert_null(m.error, "the release failed");
-		v = pgc_map_get(m.result, "released");
-		cr_assert(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean,
-			  "the release did not release the admitted permit");
-	} else {
-		cr_assert_not_null(m.error, "the release of a refused id succeeded");
-		v = pgc_map_get(m.error, "code");
-		cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
-			  strncmp(v->via.str.ptr, "not_found", v->via.str.size) == 0);
-		v = pgc_map_get(m.error, "message");
-		cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
-			      memmem(v->via.str.ptr, v->via.str.size, "retired", 7),
-			  "the release does not say it retired the id");
-	}
-	msgpack_unpacked_destroy(&replies[0]);
-	msgpack_unpacked_destroy(&replies[1]);
+	/* the attempt, refused: the id is retired */
+	msgpack_unpacked_init(&u);
+	raw_reply(fd, 2, &u, &m);
+	cr_assert_not_null(m.error, "the attempt behind a retirement was answered as a grant");
+	v = pgc_map_get(m.error, "code");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+		      strncmp(v->via.str.ptr, "conflict", v->via.str.size) == 0,
+		  "claim: %.*s", v ? (int)v->via.str.size : 0, v ? v->via.str.ptr : "");
+	v = pgc_map_get(m.error, "message");
+	cr_assert(v && v->type == MSGPACK_OBJECT_STR &&
+		      memmem(v->via.str.ptr, v->via.str.size, "retired", 7),
+		  "the attempt's refusal does not say the id was retired");
+	msgpack_unpacked_destroy(&u);
 	close(fd);
 
 	assert_state(db, "b-1", "released");
 	cr_assert_eq(in_flight(db, "beh"), 1, "a slot stayed taken behind the give-up");
-	cr_assert_eq(events(db, "b-1", "admitted"), room ? 1 : 0);
-	cr_assert_eq(events(db, "b-1", "released"), room ? 1 : 0);
-	cr_assert_eq(events(db, "b-1", "retired"), room ? 0 : 1);
+	cr_assert_eq(events(db, "b-1", "admitted"), 0);
+	cr_assert_eq(events(db, "b-1", "released"), 0);
+	cr_assert_eq(events(db, "b-1", "retired"), 1);
 	assert_conserved(db, "after a release behind an attempt");
 	pgcoord_close(other);
 	hagent_destroy(a);
@@ -825,12 +801,12 @@ Test(permits, claim_waiting_on_a_held_quota_row_does_not_stall_heartbeats)
 	hdb_drop(db);
 }
 
-Test(permits, release_waits_for_an_attempt_in_flight_and_releases_what_it_admitted)
+Test(permits, release_of_an_id_whose_attempt_waits_with_room_retires_it_first)
 {
 	release_behind_attempt(true);
 }
 
-Test(permits, release_waits_for_an_attempt_in_flight_and_retires_the_id_it_left)
+Test(permits, release_of_an_id_whose_attempt_waits_without_room_retires_it_first)
 {
 	release_behind_attempt(false);
 }

@@ -30,6 +30,8 @@ REPLACES = {
                                'pgcoord.permit_events_summarize',
                                'pgcoord.janitor_fold_audit'},
     '0017_beat.sql': {'pgcoord.lease_acquire'},
+    '0018_claim_after_quota.sql': {'pgcoord.permit_claim_as', 'pgcoord.permit_claim_group',
+                                   'pgcoord.permit_release_one'},
 }
 
 # migration -> the earlier objects it drops, each named as its DROP statement

@@ -116,6 +116,9 @@ Test(sqlstate, lost_connections_and_contention_are_retryable)
 	cr_assert_eq(db_error_for_sqlstate("40P01"), PGC_E_UNAVAILABLE);
 	/* read_only_sql_transaction: a standby answered; the primary may not */
 	cr_assert_eq(db_error_for_sqlstate("25006"), PGC_E_UNAVAILABLE);
+	/* unique_violation: a write of the same id committed meanwhile; the
+	 * retry reads it */
+	cr_assert_eq(db_error_for_sqlstate("23505"), PGC_E_UNAVAILABLE);
 }
 
 Test(sqlstate, server_side_bounds_are_timeouts)
@@ -127,8 +130,8 @@ Test(sqlstate, server_side_bounds_are_timeouts)
 
 Test(sqlstate, anything_else_is_internal)
 {
-	/* a unique violation or a syntax error is a bug, not a reason to retry */
-	cr_assert_eq(db_error_for_sqlstate("23505"), PGC_E_INTERNAL);
+	/* a syntax error or a check violation is a bug, not a reason to retry */
+	cr_assert_eq(db_error_for_sqlstate("23514"), PGC_E_INTERNAL);
 	cr_assert_eq(db_error_for_sqlstate("42601"), PGC_E_INTERNAL);
 	cr_assert_eq(db_error_for_sqlstate("P0001"), PGC_E_INTERNAL);
 	cr_assert_eq(db_error_for_sqlstate(""), PGC_E_INTERNAL);

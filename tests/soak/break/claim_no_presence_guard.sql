@@ -5,17 +5,12 @@
 -- (guarantees 2 and 3). The soak checker must report admitted_once.
 -- @function pgcoord.permit_claim_as
 -- @replace
-	IF v_inserted THEN
-		-- the per-call limit applies to this very admission, and stays
+	v_exists := v_p.id IS NOT NULL;
 -- @with
-	IF true THEN
-		-- the per-call limit applies to this very admission, and stays
+	v_exists := false;
 -- @end
 -- @replace
-				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
-				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w))
+		IF v_exists OR v_denied IS NOT NULL THEN
 -- @with
-				INSERT INTO pgcoord.permit_quotas_multi (permit_id, key, weight)
-				SELECT p_id, t.k, t.w FROM unnest(p_keys, p_weights) AS t(k, w)
-				ON CONFLICT DO NOTHING)
+		IF v_denied IS NOT NULL THEN
 -- @end

@@ -1,41 +1,26 @@
 -- BROKEN ON PURPOSE (test builds only): admission by count-then-insert.
 -- The claim counts the weights of the quota's open permits in its own
 -- snapshot and then adds its weight unconditionally: two claims that count
--- at the same time both see room and both go in (guarantee 1). The count
--- leaves out the claim's own permit row, which already carries its share
--- (a one-quota permit's share is in its row); a one-quota claim counts in
--- its UPDATE's WHERE, evaluated once in the statement's snapshot, not on
--- the locked row. The soak checker must report quota_limit.
+-- at the same time both see room and both go in (guarantee 1). The soak
+-- checker must report quota_limit.
 -- @function pgcoord.permit_claim_as
 -- @replace
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[1]
-				WHERE q.key = p_keys[1] AND q.in_flight + p_weights[1] <= q."limit"
-				  AND q.waiting = 0
+			UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
+			WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
+			  AND q.waiting = 0;
+			IF NOT FOUND THEN
 -- @with
-				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[1]
-				WHERE q.key = p_keys[1]
-				  AND (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
-				       JOIN pgcoord.permits p ON p.id = pq.permit_id
-				       WHERE pq.key = p_keys[1] AND p.state <> 'released'
-					 AND p.id <> p_id) + p_weights[1] <= q."limit"
--- @end
--- @replace
+			IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
+			    JOIN pgcoord.permits p ON p.id = pq.permit_id
+			    WHERE pq.key = p_keys[j] AND p.state <> 'released'
+			      AND p.id <> p_id) + p_weights[j]
+			   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = p_keys[j]) THEN
 				UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
-				WHERE q.key = p_keys[j] AND q.in_flight + p_weights[j] <= q."limit"
-				  AND q.waiting = 0;
-				IF NOT FOUND THEN
--- @with
-				IF (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
-				    JOIN pgcoord.permits p ON p.id = pq.permit_id
-				    WHERE pq.key = p_keys[j] AND p.state <> 'released'
-				      AND p.id <> p_id) + p_weights[j]
-				   <= (SELECT q."limit" FROM pgcoord.quotas q WHERE q.key = p_keys[j]) THEN
-					UPDATE pgcoord.quotas q SET in_flight = q.in_flight + p_weights[j]
-					WHERE q.key = p_keys[j];
-				ELSE
-					PERFORM 1 WHERE false; -- FOUND := false: denied
-				END IF;
-				IF NOT FOUND THEN
+				WHERE q.key = p_keys[j];
+			ELSE
+				PERFORM 1 WHERE false; -- FOUND := false: denied
+			END IF;
+			IF NOT FOUND THEN
 -- @end
 -- A claim group judged in memory (permit_claim_group) reads the counters
 -- without locking their rows first, then adds its net weight

@@ -4,6 +4,14 @@
 -- time. The soak checker must report one_leader.
 -- @function pgcoord.lease_acquire
 -- @replace
+	IF FOUND THEN
+		RETURN v_result;
+	END IF;
+	IF pgcoord.session_lock_live(p_session) THEN
+-- @with
+	IF pgcoord.session_lock_live(p_session) THEN
+-- @end
+-- @replace
 		IF NOT (FOUND AND v_prev_session IS DISTINCT FROM p_session
 			AND v_prev_session IS NOT NULL AND v_prev_expires > now()) THEN
 -- @with

@@ -25,8 +25,14 @@
 -- @end
 -- @function pgcoord.permit_release_one
 -- @replace
-		WHERE p.id = p_id AND p.released_at IS NULL
-		  AND (p_override OR p.state = 'held')
+	WHERE p.id = p_id AND q.key = p.quota_key AND p.released_at IS NULL
+	  AND (p_override OR p.state = 'held')
 -- @with
-		WHERE p.id = p_id
+	WHERE p.id = p_id AND q.key = p.quota_key
+-- @end
+-- @replace
+			WHERE p.id = p_id AND p.released_at IS NULL AND p.quota_key = v_key
+			  AND (p_override OR p.state = 'held')
+-- @with
+			WHERE p.id = p_id AND p.quota_key = v_key
 -- @end
