@@ -108,7 +108,7 @@ void cap_window_open(PGconn *c, pid_t postmaster, struct window *w);
 /* Ends it: the statements since the reset by kind, CPU, WAL, seconds. */
 void cap_window_close(PGconn *c, pid_t postmaster, struct window *w);
 /* pg_waldump --stats=record of p's idle window, to stdout (--waldump). */
-void cap_waldump_print(const struct point *p);
+void cap_waldump_print(PGconn *c, const struct point *p);
 /* Backends of the runtime role; and the agents' connections to PgBouncer. */
 int cap_server_conns(PGconn *c);
 int cap_bouncer_conns(const struct cap_cfg *cfg);

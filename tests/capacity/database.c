@@ -283,10 +283,18 @@ static int64_t wal_lsn(PGconn *c, char lsn[32])
 	return v;
 }
 
-void cap_waldump_print(const struct point *p)
+/* The directory of the server's own pg_waldump, as a shell word: PG_BINDIR,
+ * else pg_config's, else the newest under /usr/lib/postgresql (as
+ * scripts/wal-cycle finds it). */
+#define WALDUMP_BIN                                                                                \
+	"d=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null)}; "                                      \
+	"[ -x \"$d/pg_waldump\" ] || d=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1); "
+
+void cap_waldump_print(PGconn *c, const struct point *p)
 {
 	const char *pgdata = getenv("PGCOORD_TEST_PGDATA");
-	char cmd[2048];
+	char cmd[2048], line[256];
+	FILE *f;
 
 	printf("\n#### WAL by record type: %d agents x %d sessions, idle %.1f s (%s..%s)\n\n```\n",
 	       p->agents, p->sessions, p->idle.seconds, p->idle.wal_from, p->idle.wal_to);
@@ -295,18 +303,42 @@ void cap_waldump_print(const struct point *p)
 		printf("(no LSNs or no PGCOORD_TEST_PGDATA)\n```\n");
 		return;
 	}
-	/* the server's own pg_waldump: PG_BINDIR, else pg_config's, else the
-	 * newest under /usr/lib/postgresql (as scripts/wal-cycle finds it) */
 	snprintf(cmd, sizeof(cmd),
-		 "d=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null)}; "
-		 "[ -x \"$d/pg_waldump\" ] || d=$(ls -d /usr/lib/postgresql/*/bin | sort -V | "
-		 "tail -n1); \"$d/pg_waldump\" --stats=record --path='%s/pg_wal' --start=%s "
-		 "--end=%s 2>&1",
+		 WALDUMP_BIN "\"$d/pg_waldump\" --stats=record --path='%s/pg_wal' --start=%s "
+			     "--end=%s 2>&1",
 		 pgdata, p->idle.wal_from, p->idle.wal_to);
 	if (system(cmd) != 0)
 		printf("(pg_waldump failed)\n");
 	fflush(stdout);
-	printf("```\n");
+	printf("```\n\nBy relation (each record counted whole at its first block):\n\n"
+	       "| relation | records | bytes |\n| --- | ---: | ---: |\n");
+	/* relfilenode, records, bytes of every record that names a block */
+	snprintf(cmd, sizeof(cmd),
+		 WALDUMP_BIN "\"$d/pg_waldump\" --path='%s/pg_wal' --start=%s --end=%s 2>/dev/null "
+			     "| sed -n 's|.*len (rec/tot): *[0-9]*/ *\\([0-9]*\\),.*blkref #0: rel "
+			     "[0-9]*/[0-9]*/\\([0-9]*\\).*|\\2 \\1|p' "
+			     "| awk '{n[$1]++; b[$1]+=$2} END {for (r in b) print r, n[r], b[r]}' "
+			     "| sort -k3 -nr",
+		 pgdata, p->idle.wal_from, p->idle.wal_to);
+	if (!(f = popen(cmd, "r")))
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long rel, n, bytes;
+		char q[160];
+		PGresult *r;
+		if (sscanf(line, "%lu %lu %lu", &rel, &n, &bytes) != 3)
+			continue;
+		snprintf(q, sizeof(q),
+			 "SELECT coalesce((SELECT relname FROM pg_class WHERE relfilenode = %lu "
+			 "LIMIT 1), '%lu')",
+			 rel, rel);
+		r = PQexec(c, q);
+		printf("| %s | %lu | %lu |\n",
+		       PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "?", n, bytes);
+		PQclear(r);
+	}
+	pclose(f);
+	fflush(stdout);
 }
 
 void cap_window_open(PGconn *c, pid_t postmaster, struct window *w)

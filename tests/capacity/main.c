@@ -487,7 +487,7 @@ int main(int argc, char **argv)
 	print_lease_split(pts, npts);
 	if (cfg.waldump)
 		for (int i = 0; i < npts; i++)
-			cap_waldump_print(&pts[i]);
+			cap_waldump_print(monitor, &pts[i]);
 	cap_model_print(pts, npts, &cfg);
 	load_average(load, sizeof(load));
 	printf("\npgcoord-capacity: load average after the last point %s\n", load);
