@@ -176,6 +176,22 @@ static uint64_t campaign_wait(struct lease *l, const PGresult *res)
 	return lease_campaign_wait_ms(left, retry / 4, l->hand_back_poll_ms, retry, rg->rng >> 8);
 }
 
+/*
+ * A held lease rides the beats when a beat's delay fits its margin: the
+ * beat nearest its due time carries its renewal, up to half a beat early
+ * or late, and its own timer waits half a beat past the due time, so a
+ * beat that is skipped (one still in flight) or lost leaves the renewal to
+ * its own statement then. Renewing half a beat late must still leave a
+ * beat of margin before belief ends (ttl - renew), and a lease renewed
+ * more often than every second beat keeps its own statements.
+ */
+static bool rides_beats(const struct lease *l)
+{
+	int beat_ms = l->ag->cfg.heartbeat_interval_ms;
+	return beat_ms > 0 && l->renew_ms >= 2 * beat_ms &&
+	       l->ttl_ms - 2 * l->renew_ms - beat_ms / 2 >= beat_ms;
+}
+
 /* The database confirmed the row ours, at l->epoch, by a statement sent at
  * sent: belief runs to that statement's deadline, and the next renewal is
  * due renew_ms after it. */
@@ -195,7 +211,10 @@ static void confirmed(struct lease *l, uint64_t sent, uint64_t now)
 	}
 	l->renew_due = sent + (uint64_t)l->renew_ms;
 	evtimer_del(l->timer);
-	after_ms(l->timer, lease_belief_next_renewal_in(sent, l->renew_ms, now));
+	/* a lease the beats renew: its own statement only if they did not */
+	after_ms(l->timer,
+		 lease_belief_next_renewal_in(sent, l->renew_ms, now) +
+		     (rides_beats(l) ? (uint64_t)l->ag->cfg.heartbeat_interval_ms / 2 : 0));
 }
 
 static void attempt_done(const struct db_result *r, void *arg)
@@ -293,18 +312,10 @@ void lease_attempt(struct lease *l)
 
 /* --- renewals the heartbeat carries ----------------------------------- */
 
-/*
- * A held lease rides the beat before its renewal falls due: at the last
- * beat before that, so it is renewed up to one beat early and never later
- * than on its own. Its own timer stays set for the due time, so a beat
- * that is skipped (one still in flight) or lost leaves the renewal to its
- * own statement, as before. A lease renewed more often than every second
- * beat keeps its own statements.
- */
-static bool due_by_next_beat(const struct lease *l, uint64_t now, int beat_ms)
+static bool due_at_this_beat(const struct lease *l, uint64_t now, int beat_ms)
 {
-	return l->leader && !l->in_flight && !l->dead && beat_ms > 0 &&
-	       l->renew_ms >= 2 * beat_ms && l->renew_due <= now + (uint64_t)beat_ms;
+	return l->leader && !l->in_flight && !l->dead && rides_beats(l) &&
+	       l->renew_due <= now + (uint64_t)beat_ms / 2;
 }
 
 /* Appends v to a Postgres array literal being built in *out (quoted when
@@ -356,14 +367,14 @@ bool leases_beat_take(struct agent *ag, uint64_t now_ms, int beat_ms, struct lea
 	if (!rg)
 		return true;
 	for (struct lease *l = rg->leases; l; l = l->next)
-		n += due_by_next_beat(l, now_ms, beat_ms);
+		n += due_at_this_beat(l, now_ms, beat_ms);
 	if (n == 0)
 		return true;
 	if (!(b->leases = calloc(n, sizeof(*b->leases))))
 		return false;
 	for (struct lease *l = rg->leases; l && b->n < n; l = l->next) {
 		char session[24], epoch[24], ttl[24];
-		if (!due_by_next_beat(l, now_ms, beat_ms))
+		if (!due_at_this_beat(l, now_ms, beat_ms))
 			continue;
 		snprintf(session, sizeof(session), "%" PRId64, l->session_id);
 		snprintf(epoch, sizeof(epoch), "%" PRId64, l->epoch);
@@ -409,7 +420,7 @@ void leases_beat_done(struct agent *ag, struct lease_beat *b, uint64_t sent_ms, 
 			/* a failed beat proves nothing: belief runs out on its own
 			 * deadline unless the lease's own renewal succeeds first */
 			evtimer_del(l->timer);
-			after_ms(l->timer, l->renew_due > now ? l->renew_due - now : 0);
+			after_ms(l->timer, (uint64_t)l->renew_ms / 3);
 		}
 	}
 	(void)ag;

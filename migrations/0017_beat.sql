@@ -30,8 +30,95 @@
 -- the answer the locked path gives in that case, which still runs
 -- whenever the row is free, expired, or the caller's own.
 --
+-- agent_heartbeat: a beat whose list of sessions is exactly what the
+-- database holds attached reads one aggregate of the index instead of
+-- every session (below).
+--
 -- Nothing here changes a table; an agent of the previous version calls
--- agent_heartbeat and lease_acquire as before.
+-- agent_heartbeat and lease_acquire as before, and gets these.
+
+-- The heartbeat, as in 0015, with a short way: when the sessions the beat
+-- lists are exactly the ones attached to this incarnation (compared by
+-- count and a 64-bit hash sum, from the index of attached sessions) and
+-- the row had not lapsed, no session is to be pinned, re-attached or
+-- reported lost, and the beat is its one update. It used to read every
+-- attached session into arrays and take set differences on every beat
+-- (0.3 ms of the server's time a beat for 100 sessions); the long way
+-- below is 0015's, for the beats that find a difference.
+CREATE OR REPLACE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
+	p_ttl_ms bigint, p_sessions bigint[])
+RETURNS pgcoord.heartbeat_result
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_result pgcoord.heartbeat_result;
+	v_prev timestamptz;
+	v_prev_beat timestamptz;
+	v_attached bigint[];
+	v_known bigint[];
+	v_gone bigint[];
+	v_back bigint[];
+	v_renewed bigint[];
+BEGIN
+	-- o is read in the statement's snapshot: the row before this update
+	UPDATE pgcoord.agents a SET heartbeat_at = now(),
+		expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
+	FROM (SELECT x.expires_at, x.heartbeat_at FROM pgcoord.agents x
+	      WHERE x.replica_id = p_replica_id) o
+	WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
+	  AND a.stopped_at IS NULL
+	RETURNING o.expires_at, o.heartbeat_at INTO v_prev, v_prev_beat;
+	IF NOT FOUND THEN
+		v_result := ROW(false, ARRAY(SELECT DISTINCT unnest(p_sessions)),
+			pgcoord.ms(now()));
+		RETURN v_result;
+	END IF;
+	-- the short way: nothing differs (a new statement: it sees what a
+	-- janitor or recovery that held the row before us committed)
+	IF v_prev > now() AND (
+		SELECT count(*) = cardinality(p_sessions)
+		       AND coalesce(sum(hashint8extended(s.id, 0)), 0)
+			   = (SELECT coalesce(sum(hashint8extended(x, 0)), 0)
+			      FROM unnest(p_sessions) AS x)
+		FROM pgcoord.sessions s
+		WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
+		  AND s.closed_at IS NULL AND s.expires_at IS NULL) THEN
+		v_result := ROW(true, '{}'::bigint[], pgcoord.ms(now()));
+		RETURN v_result;
+	END IF;
+	-- v_known: the attached sessions opened before the previous beat,
+	-- which the agent knew of when it listed this one; a younger one may
+	-- have opened after the list was made, and is not taken for gone
+	SELECT coalesce(array_agg(s.id), '{}'),
+	       coalesce(array_agg(s.id) FILTER (WHERE s.opened_at < v_prev_beat), '{}')
+	INTO v_attached, v_known
+	FROM pgcoord.sessions s
+	WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
+	  AND s.closed_at IS NULL AND s.expires_at IS NULL;
+	IF v_prev <= now() THEN
+		v_gone := v_attached;
+	ELSE
+		v_gone := ARRAY(SELECT unnest(v_known) EXCEPT SELECT unnest(p_sessions));
+	END IF;
+	IF cardinality(v_gone) > 0 THEN
+		UPDATE pgcoord.sessions s SET expires_at = v_prev
+		WHERE s.id = ANY (v_gone) AND s.closed_at IS NULL AND s.expires_at IS NULL;
+		v_attached := ARRAY(SELECT unnest(v_attached) EXCEPT SELECT unnest(v_gone));
+	END IF;
+	v_back := ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_attached));
+	IF cardinality(v_back) > 0 THEN
+		WITH r AS (
+			UPDATE pgcoord.sessions s SET expires_at = NULL
+			WHERE s.id = ANY (v_back) AND s.replica_id = p_replica_id
+			  AND s.incarnation = p_incarnation AND s.closed_at IS NULL
+			  AND s.expires_at IS NOT NULL
+			  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
+			RETURNING s.id)
+		SELECT coalesce(array_agg(id), '{}') INTO v_renewed FROM r;
+		v_back := ARRAY(SELECT unnest(v_back) EXCEPT SELECT unnest(v_renewed));
+	END IF;
+	v_result := ROW(true, v_back, pgcoord.ms(now()));
+	RETURN v_result;
+END $$;
 
 CREATE TYPE pgcoord.beat_result AS (agent_ok boolean, lost bigint[], now_ms bigint,
 	renewed boolean[]);

@@ -29,7 +29,7 @@ REPLACES = {
                                'pgcoord.permit_release_one', 'pgcoord.janitor_purge_permits',
                                'pgcoord.permit_events_summarize',
                                'pgcoord.janitor_fold_audit'},
-    '0017_beat.sql': {'pgcoord.lease_acquire'},
+    '0017_beat.sql': {'pgcoord.lease_acquire', 'pgcoord.agent_heartbeat'},
     '0018_claim_after_quota.sql': {'pgcoord.permit_claim_as', 'pgcoord.permit_claim_group',
                                    'pgcoord.permit_release_one'},
 }
