@@ -135,8 +135,10 @@ bool db_query(struct db *db, enum db_lane_id lane_id, const char *sql, int npara
 	return db_query_unless(db, lane_id, sql, nparams, params, done, arg, NULL);
 }
 
-bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
-		     const char *const *params, db_done_fn done, void *arg, const bool *abandoned)
+/* Queues one statement (db_query, db_query_unless, db_query_bounding). */
+static bool query_queue(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
+			const char *const *params, int bound_param, db_done_fn done, void *arg,
+			const bool *abandoned)
 {
 	struct db_lane *lane = &db->lanes[lane_id];
 	struct db_query *q;
@@ -150,6 +152,7 @@ bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, in
 	q->done = done;
 	q->arg = arg;
 	q->abandoned = abandoned;
+	q->bound_param = bound_param;
 	clock_gettime(CLOCK_MONOTONIC, &q->queued_at);
 	q->due = q->queued_at;
 	q->due.tv_sec += db->query_timeout_ms / 1000;
@@ -181,6 +184,20 @@ bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, in
 oom:
 	db_query_free(q);
 	return false;
+}
+
+bool db_query_unless(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
+		     const char *const *params, db_done_fn done, void *arg, const bool *abandoned)
+{
+	return query_queue(db, lane_id, sql, nparams, params, 0, done, arg, abandoned);
+}
+
+bool db_query_bounding(struct db *db, enum db_lane_id lane_id, const char *sql, int nparams,
+		       const char *const *params, int bound_param, db_done_fn done, void *arg)
+{
+	if (bound_param < 1 || bound_param > nparams)
+		return false;
+	return query_queue(db, lane_id, sql, nparams, params, bound_param, done, arg, NULL);
 }
 
 bool db_query_built(struct db *db, enum db_lane_id lane_id, db_build_fn build, db_done_fn done,

@@ -91,6 +91,18 @@ __attribute__((warn_unused_result)) bool db_query(struct db *db, enum db_lane_id
 						  void *arg);
 
 /*
+ * db_query for a statement that applies its server-side bound itself:
+ * parameter bound_param (1-based; params[bound_param - 1] is ignored) is
+ * set, when the statement is sent, to what is left of its deadline less
+ * the margin, in ms, and no set_config() statement is sent before it in
+ * the modes that send one per transaction. The heartbeat's statement, one
+ * a second per agent, so a beat is one statement behind a pooler.
+ */
+__attribute__((warn_unused_result)) bool
+db_query_bounding(struct db *db, enum db_lane_id lane, const char *sql, int nparams,
+		  const char *const *params, int bound_param, db_done_fn done, void *arg);
+
+/*
  * db_query for work done on a client's behalf: while it waits in the queue,
  * *abandoned turning true (its client hung up) drops it unsent, and done
  * gets UNAVAILABLE with outcome_unknown false. abandoned must stay valid

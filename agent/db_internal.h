@@ -47,6 +47,10 @@ struct db_query {
 	struct event *deadline;
 	struct timespec queued_at; /* for the latency histogram */
 	struct timespec due;	   /* queued_at + query_timeout_ms */
+	/* > 0: the statement applies its own server-side bound, given as this
+	 * parameter (1-based, ms as text) when it is sent; no separate
+	 * statement carries it (db_query_bounding) */
+	int bound_param;
 };
 
 /* A statement text a connection has prepared, under the name

@@ -77,6 +77,22 @@ static const char local_bound_sql[] = "SELECT set_config('statement_timeout', $1
 static const char session_bound_sql[] = "SELECT set_config('statement_timeout', $1, false), "
 					"set_config('lock_timeout', $2, false)";
 
+/*
+ * A statement that applies its own bound (db_query_bounding) gets it as its
+ * parameter now, at send time, as a separate bound statement would have.
+ * False when out of memory.
+ */
+static bool fill_own_bound(struct db_query *q, int ms)
+{
+	char bound[32], *copy;
+	snprintf(bound, sizeof(bound), "%d", ms);
+	if (!(copy = strdup(bound)))
+		return false;
+	free(q->params[q->bound_param - 1]);
+	q->params[q->bound_param - 1] = copy;
+	return true;
+}
+
 /* Queues a set_config() statement of both timeouts at ms. */
 static bool conn_send_bound(struct db_conn *c, const char *sql, int ms)
 {
@@ -139,7 +155,10 @@ bool db_conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 		c->pending_bound_ms = session;
 		phase++;
 	}
-	if (!in_session || bound < session - db_margin_ms(db->query_timeout_ms) / 2) {
+	if (q->bound_param > 0) {
+		if (!fill_own_bound(q, bound))
+			return false;
+	} else if (!in_session || bound < session - db_margin_ms(db->query_timeout_ms) / 2) {
 		if (!conn_send_bound(c, local_bound_sql, bound))
 			return false;
 		phase++;
@@ -169,14 +188,22 @@ bool db_conn_send_prepared(struct db_conn *c, struct db_query *q, int bound)
 
 /*
  * The unnamed mode: set_config() of statement_timeout and
- * lock_timeout, local to the transaction, then the statement, unnamed. No
- * SET, no named statements: nothing outlives the transaction, which keeps
+ * lock_timeout, local to the transaction, then the statement, unnamed (a
+ * statement that applies its own bound: the statement alone). No SET, no
+ * named statements: nothing outlives the transaction, which keeps
  * PgBouncer's transaction pooling safe.
  */
 bool db_conn_send_unnamed(struct db_conn *c, struct db_query *q, int bound)
 {
-	c->query_phase = 1;
-	return conn_send_bound(c, local_bound_sql, bound) &&
-	       PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
+	if (q->bound_param > 0) {
+		c->query_phase = 0;
+		if (!fill_own_bound(q, bound))
+			return false;
+	} else {
+		c->query_phase = 1;
+		if (!conn_send_bound(c, local_bound_sql, bound))
+			return false;
+	}
+	return PQsendQueryParams(c->pg, q->sql, q->nparams, NULL, (const char *const *)q->params,
 				 NULL, NULL, 0);
 }

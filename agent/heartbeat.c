@@ -130,18 +130,22 @@ static void heartbeat_send(struct agent *ag)
 		log_warn(&ag->log, "identity", "heartbeat carries no lease renewal: out of memory");
 	snprintf(inc, sizeof(inc), "%" PRId64, ag->id.incarnation);
 	snprintf(ttl, sizeof(ttl), "%d", ag->cfg.session_ttl_ms);
-	const char *params[8] = {ag->cfg.replica_id,
+	/* $9, the beat's server-side bound, is filled in when it is sent */
+	const char *params[9] = {ag->cfg.replica_id,
 				 inc,
 				 ttl,
 				 ids,
 				 hb->leases.n ? hb->leases.names : "{}",
 				 hb->leases.n ? hb->leases.sessions : "{}",
 				 hb->leases.n ? hb->leases.epochs : "{}",
-				 hb->leases.n ? hb->leases.ttls : "{}"};
-	if (db_query(ag->db, DB_LANE_HEARTBEAT,
-		     "SELECT agent_ok, lost, now_ms, renewed FROM pgcoord.agent_beat($1, $2, $3, "
-		     "$4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[])",
-		     8, params, heartbeat_done, hb)) {
+				 hb->leases.n ? hb->leases.ttls : "{}",
+				 NULL};
+	if (db_query_bounding(
+		ag->db, DB_LANE_HEARTBEAT,
+		"SELECT agent_ok, lost, now_ms, renewed FROM pgcoord.agent_beat($1, $2, "
+		"$3, $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], "
+		"$8::bigint[], $9::integer)",
+		9, params, 9, heartbeat_done, hb)) {
 		ag->id.hb_in_flight = true;
 		ag->id.hb_last_sent_ms = hb->sent_ms;
 	} else {

@@ -125,7 +125,7 @@ CREATE TYPE pgcoord.beat_result AS (agent_ok boolean, lost bigint[], now_ms bigi
 
 CREATE FUNCTION pgcoord.agent_beat(p_replica_id text, p_incarnation bigint, p_ttl_ms bigint,
 	p_sessions bigint[], p_leases text[], p_lease_sessions bigint[], p_lease_epochs bigint[],
-	p_lease_ttls bigint[])
+	p_lease_ttls bigint[], p_bound_ms integer)
 RETURNS pgcoord.beat_result
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -138,6 +138,12 @@ BEGIN
 	   OR v_n <> coalesce(cardinality(p_lease_epochs), 0)
 	   OR v_n <> coalesce(cardinality(p_lease_ttls), 0) THEN
 		RAISE EXCEPTION 'the lease arrays of a beat differ in length' USING ERRCODE = 'PCINV';
+	END IF;
+	-- the beat's own server-side bound, which the agent sends with it
+	-- instead of a set_config() statement before it (one statement a
+	-- beat behind a pooler): every wait of a beat is a lock wait
+	IF p_bound_ms IS NOT NULL THEN
+		PERFORM set_config('lock_timeout', greatest(p_bound_ms, 1) || 'ms', true);
 	END IF;
 	v_hb := pgcoord.agent_heartbeat(p_replica_id, p_incarnation, p_ttl_ms, p_sessions);
 	IF v_hb.agent_ok AND v_n > 0 THEN

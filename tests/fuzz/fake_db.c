@@ -259,6 +259,13 @@ bool db_query(struct db *db, enum db_lane_id lane, const char *sql, int nparams,
 	return db_query_unless(db, lane, sql, nparams, params, done, arg, NULL);
 }
 
+bool db_query_bounding(struct db *db, enum db_lane_id lane, const char *sql, int nparams,
+		       const char *const *params, int bound_param, db_done_fn done, void *arg)
+{
+	(void)bound_param;
+	return db_query_unless(db, lane, sql, nparams, params, done, arg, NULL);
+}
+
 bool db_query_built(struct db *db, enum db_lane_id lane, db_build_fn build, db_done_fn done,
 		    void *arg)
 {

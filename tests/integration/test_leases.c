@@ -1096,14 +1096,14 @@ Test(leases, a_beat_in_flight_does_not_undo_a_release)
 	cr_assert(r.leader);
 	/* every beat of this agent that carries a lease sleeps 400 ms first */
 	hdb_exec(db, "ALTER FUNCTION pgcoord.agent_beat(text, bigint, bigint, bigint[], text[], "
-		     "bigint[], bigint[], bigint[]) RENAME TO agent_beat_fast");
+		     "bigint[], bigint[], bigint[], integer) RENAME TO agent_beat_fast");
 	hdb_exec(db, "CREATE FUNCTION pgcoord.agent_beat(a text, b bigint, c bigint, d bigint[], "
-		     "e text[], f bigint[], g bigint[], h bigint[]) RETURNS pgcoord.beat_result "
-		     "LANGUAGE plpgsql AS $$ BEGIN IF cardinality(e) > 0 THEN "
-		     "PERFORM pg_sleep(0.4); END IF; "
-		     "RETURN pgcoord.agent_beat_fast(a, b, c, d, e, f, g, h); END $$");
+		     "e text[], f bigint[], g bigint[], h bigint[], i integer) "
+		     "RETURNS pgcoord.beat_result LANGUAGE plpgsql AS $$ BEGIN "
+		     "IF cardinality(e) > 0 THEN PERFORM pg_sleep(0.4); END IF; "
+		     "RETURN pgcoord.agent_beat_fast(a, b, c, d, e, f, g, h, i); END $$");
 	hdb_exec(db, "GRANT EXECUTE ON FUNCTION pgcoord.agent_beat(text, bigint, bigint, bigint[], "
-		     "text[], bigint[], bigint[], bigint[]) TO PUBLIC");
+		     "text[], bigint[], bigint[], bigint[], integer) TO PUBLIC");
 	int64_t until = hnow_ms() + 5000;
 	while (hdb_query_long(db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
 				  "'PgSleep' AND query LIKE '%%agent_beat%%'") == 0 &&

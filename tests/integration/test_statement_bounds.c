@@ -496,3 +496,44 @@ Test(statement_bounds, prepared_statements_lost_with_the_server_session_are_made
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* A beat carries its own bound (a parameter of agent_beat, which sets
+ * lock_timeout): in the modes that send the timeouts with each statement
+ * (here unnamed, as behind a pooler that lost a named statement) the
+ * heartbeat lane sends no set_config() beside it, so an idle agent's beat is
+ * one statement. Its waits stay bounded: heartbeats_behind_a_lock_stop_at_the_bound. */
+Test(statement_bounds, a_beat_is_one_statement_with_its_bound_inside)
+{
+	struct harness_db *db = hdb_create();
+	hdb_migrate(db);
+	const char *const args[] = {"--prepared-statements",
+				    "off",
+				    "--heartbeat-interval-ms",
+				    "100",
+				    "--janitor-interval-ms",
+				    "60000",
+				    "--metrics-listen",
+				    "127.0.0.1:0",
+				    NULL};
+	struct hagent *a = hagent_start(db, "one-statement", args);
+
+	/* the janitor's first sweep and the registration come first */
+	hsleep_ms(1500);
+	long queries = metric(a, "pgcoord_db_queries_total");
+	long bounds = metric(a, "pgcoord_db_timeout_statements_total");
+	hsleep_ms(2000);
+	queries = metric(a, "pgcoord_db_queries_total") - queries;
+	bounds = metric(a, "pgcoord_db_timeout_statements_total") - bounds;
+	fprintf(stderr, "in 2 s of beats: %ld statements, %ld set_config() bounds\n", queries,
+		bounds);
+	cr_assert_geq(queries, 10, "only %ld statements in 2 s of beats every 100 ms", queries);
+	/* /metrics itself runs no statement; a lost janitor campaign may */
+	cr_assert_leq(bounds, 2, "%ld bound statements beside %ld beats", bounds, queries);
+	cr_assert(
+	    iwait_sql(db, 1000,
+		      "SELECT count(*) FROM pgcoord.agents WHERE replica_id = 'one-statement' "
+		      "AND heartbeat_at > now() - interval '500 ms'"),
+	    "the beats did not renew the agent");
+	hagent_destroy(a);
+	hdb_drop(db);
+}
