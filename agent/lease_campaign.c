@@ -259,6 +259,9 @@ static void attempt_done(const struct db_result *r, void *arg)
 					 "the lease lapsed and was re-acquired under a new epoch",
 					 0, NULL);
 		l->epoch = epoch;
+		/* a lease just won rides the very next beat, which attaches it
+		 * to the agent's row (0019): from then on it costs no write */
+		l->attach = !l->leader;
 		confirmed(l, sent, now);
 	} else {
 		const char *holder_replica = pgrow_text(r->res, 0, LA_HOLDER_REPLICA);
@@ -315,7 +318,7 @@ void lease_attempt(struct lease *l)
 static bool due_at_this_beat(const struct lease *l, uint64_t now, int beat_ms)
 {
 	return l->leader && !l->in_flight && !l->dead && rides_beats(l) &&
-	       l->renew_due <= now + (uint64_t)beat_ms / 2;
+	       (l->attach || l->renew_due <= now + (uint64_t)beat_ms / 2);
 }
 
 /* Appends v to a Postgres array literal being built in *out (quoted when
@@ -404,6 +407,7 @@ void leases_beat_done(struct agent *ag, struct lease_beat *b, uint64_t sent_ms, 
 	for (size_t i = 0; i < b->n; i++) {
 		struct lease *l = b->leases[i];
 		l->in_flight = false;
+		l->attach = false;
 		if (l->dead) {
 			lease_settled(l);
 			continue;

@@ -43,6 +43,7 @@ struct lease {
 	bool dead; /* dropped while a statement ran: freed when it returns */
 	uint64_t attempt_sent;
 	uint64_t renew_due;	    /* a leader's next renewal, CLOCK_MONOTONIC ms */
+	bool attach;		    /* just won: the next beat attaches it to the agent's row */
 	struct event *timer;	    /* next renewal or campaign attempt */
 	struct event *belief_timer; /* belief deadline */
 	struct request *pending;    /* a lease.acquire waiting for this attempt */

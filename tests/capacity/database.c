@@ -41,14 +41,17 @@ static const char kind_sql[] =
  * (pg_stat_statements.track = all): a win (an acquisition or a renewal)
  * writes the row; a lost campaign reads the holder's expiry instead (the
  * locked path's read, or since 0017 the read before any lock). Renewals a
- * heartbeat carries (agent_beat) are wins too, one per row its UPDATE
- * wrote. The functions run as their owner (SECURITY DEFINER), so the
- * statements inside are the owner's, not the runtime role's; only the
- * agents call them. */
+ * heartbeat carries (agent_beat) are wins too, one per row renewed: an
+ * UPDATE of the row (0017; since 0019 the first time only, which attaches
+ * the lease to its agent's row) or the read that confirms an attached one.
+ * The functions run as their owner (SECURITY DEFINER), so the statements
+ * inside are the owner's, not the runtime role's; only the agents call
+ * them. */
 static const char lease_split_sql[] =
-    "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO pgcoord.leases %'), 0) "
-    "     + coalesce(sum(rows) FILTER (WHERE query LIKE 'UPDATE pgcoord.leases l SET "
-    "renewed_at%'), 0), "
+    "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO pgcoord.leases %' "
+    "                                  OR query LIKE 'INSERT INTO pgcoord.lease_rows %'), 0) "
+    "     + coalesce(sum(rows) FILTER (WHERE query LIKE 'UPDATE pgcoord.lease%s l SET "
+    "renewed_at%' OR query LIKE 'SELECT t.i%'), 0), "
     "       coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT l.epoch, l.holder_session, "
     "l.holder_replica,%greatest%' OR query LIKE 'SELECT false, l.epoch, "
     "l.holder_session,%'), 0) "

@@ -615,8 +615,8 @@ Test(leases, pipelined_release_and_acquire_keep_their_order)
 
 /* Two agents; `leader` (on the first) leads `name`, `follower` (on the
  * second) campaigns. Returns the leader's epoch. */
-static int64_t leader_and_follower(struct hagent *a, struct hagent *b, const char *name,
-				   struct lclient *leader, struct lclient *follower)
+static int64_t leader_and_follower_ttl(struct hagent *a, struct hagent *b, const char *name,
+				       int ttl_ms, struct lclient *leader, struct lclient *follower)
 {
 	struct lreply r;
 
@@ -624,13 +624,19 @@ static int64_t leader_and_follower(struct hagent *a, struct hagent *b, const cha
 	lc_init(follower, "follower");
 	lc_open_ok(leader, a, "leader");
 	lc_open_ok(follower, b, "follower");
-	lc_acquire_ok(leader, name, TTL_MS, true, &r);
+	lc_acquire_ok(leader, name, ttl_ms, true, &r);
 	cr_assert(r.leader, "the first campaigner did not win a free lease");
 	lc_expect(leader, "lease.changed", 1, 1000, "belief starts");
-	lc_acquire_ok(follower, name, TTL_MS, true, &r);
+	lc_acquire_ok(follower, name, ttl_ms, true, &r);
 	cr_assert_not(r.leader);
 	cr_assert(r.campaigning);
 	return r.epoch;
+}
+
+static int64_t leader_and_follower(struct hagent *a, struct hagent *b, const char *name,
+				   struct lclient *leader, struct lclient *follower)
+{
+	return leader_and_follower_ttl(a, b, name, TTL_MS, leader, follower);
 }
 
 /*
@@ -638,19 +644,26 @@ static int64_t leader_and_follower(struct hagent *a, struct hagent *b, const cha
  * running, must see its own deadline pass before anyone else is told it
  * leads; after SIGCONT the agent must not claim the lease back.
  */
-Test(leases, frozen_leader_loses_belief_before_a_successor_leads)
+/* The frozen-leader case for a lease of ttl_ms on agents started with
+ * args; attached: the lease rides the beats and lives on its agent's row
+ * (0019), checked before the freeze. */
+static void frozen_leader_case(const char *name, int ttl_ms, const char *const *args, bool attached)
 {
-	/* an eager successor makes the race as tight as it gets */
-	const char *const eager[] = {"--lease-retry-ms", "50", NULL};
 	struct harness_db *db = lease_db();
-	struct hagent *a = hagent_start(db, "frozen-a", eager);
-	struct hagent *b = hagent_start(db, "frozen-b", eager);
+	struct hagent *a = hagent_start(db, attached ? "frozen-att-a" : "frozen-a", args);
+	struct hagent *b = hagent_start(db, attached ? "frozen-att-b" : "frozen-b", args);
 	struct lclient leader, follower;
 	struct lnote n;
 
-	int64_t epoch = leader_and_follower(a, b, "frozen", &leader, &follower);
+	int64_t epoch = leader_and_follower_ttl(a, b, name, ttl_ms, &leader, &follower);
 	/* a fresh renewal: the deadline the client holds at the freeze */
 	n = lc_expect(&leader, "lease.renewed", 1, 2000, "renewal");
+	if (attached)
+		cr_assert_eq(hdb_query_long(db,
+					    "SELECT count(*) FROM pgcoord.lease_rows WHERE name = "
+					    "'%s' AND expires_at IS NULL",
+					    name),
+			     1, "the renewed lease is not attached to its agent's row");
 	int64_t deadline = n.at_ms + n.valid_ms;
 
 	hagent_kill(a, SIGSTOP);
@@ -658,12 +671,12 @@ Test(leases, frozen_leader_loses_belief_before_a_successor_leads)
 	/* drain what the agent sent before it froze */
 	while (lc_wait(&leader, "lease.renewed", 1, 20, &n))
 		deadline = n.at_ms + n.valid_ms;
-	n = lc_expect(&follower, "lease.changed", 1, TTL_MS + 3000, "successor after the freeze");
+	n = lc_expect(&follower, "lease.changed", 1, ttl_ms + 3000, "successor after the freeze");
 	int64_t successor = n.at_ms, successor_epoch = n.epoch;
 	fprintf(stderr,
-		"frozen leader: client deadline %+lld ms after SIGSTOP, successor leads at "
+		"frozen leader (%s): client deadline %+lld ms after SIGSTOP, successor leads at "
 		"%+lld ms (%lld ms after the old leader's deadline)\n",
-		(long long)(deadline - stopped), (long long)(successor - stopped),
+		name, (long long)(deadline - stopped), (long long)(successor - stopped),
 		(long long)(successor - deadline));
 	cr_assert_lt(deadline, successor,
 		     "the frozen leader's client still believed (until %+lld ms) when the "
@@ -679,25 +692,46 @@ Test(leases, frozen_leader_loses_belief_before_a_successor_leads)
 		      "the thawed agent claimed the lease again (epoch %lld)", (long long)n.epoch);
 	cr_assert_not(lc_wait(&leader, "lease.renewed", -1, 0, NULL));
 	struct lreply r;
-	lc_status_ok(&leader, "frozen", false, &r);
+	lc_status_ok(&leader, name, false, &r);
 	cr_assert_not(r.leader);
 	cr_assert_eq(r.holder_session, follower.session);
-	cr_assert_eq(row_holder(db, "frozen"), follower.session);
-	cr_assert_eq(row_epoch(db, "frozen"), successor_epoch);
-	cr_assert_eq(
-	    hdb_query_long(db,
-			   "SELECT count(*) FROM pgcoord.lease_events WHERE name = 'frozen' "
-			   "AND event = 'acquired' AND session = %lld",
-			   (long long)leader.session),
-	    1, "the old holder acquired the lease again");
-	cr_assert_eq(events(db, "frozen", "expired", leader.session, epoch), 1);
-	assert_events_consistent(db, "frozen");
+	cr_assert_eq(row_holder(db, name), follower.session);
+	cr_assert_eq(row_epoch(db, name), successor_epoch);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.lease_events WHERE name = '%s' "
+				    "AND event = 'acquired' AND session = %lld",
+				    name, (long long)leader.session),
+		     1, "the old holder acquired the lease again");
+	cr_assert_eq(events(db, name, "expired", leader.session, epoch), 1);
+	assert_events_consistent(db, name);
 
 	lc_close(&leader);
 	lc_close(&follower);
 	hagent_destroy(a);
 	hagent_destroy(b);
 	hdb_drop(db);
+}
+
+Test(leases, frozen_leader_loses_belief_before_a_successor_leads)
+{
+	/* an eager successor makes the race as tight as it gets */
+	const char *const eager[] = {"--lease-retry-ms", "50", NULL};
+	frozen_leader_case("frozen", TTL_MS, eager, false);
+}
+
+/* The same with a lease that lives on its agent's row: the row's expiry is
+ * the frozen agent's last beat + ttl, and nobody leads before the frozen
+ * leader's client stopped believing. */
+Test(leases, frozen_leader_of_an_attached_lease_loses_belief_before_a_successor_leads)
+{
+	const char *const eager[] = {"--lease-retry-ms",
+				     "50",
+				     "--heartbeat-interval-ms",
+				     "200",
+				     "--session-ttl-ms",
+				     "3000",
+				     NULL};
+	frozen_leader_case("frozen-attached", 3000, eager, true);
 }
 
 /* A crashed leader's lease lapses by its ttl; the campaigner then wins on
@@ -727,6 +761,61 @@ Test(leases, kill9_of_the_leaders_agent_fails_over_within_ttl_and_a_retry)
 	cr_assert_eq(events(db, "crash", "expired", leader.session, epoch), 1);
 	cr_assert_eq(events(db, "crash", "acquired", follower.session, n.epoch), 1);
 	assert_events_consistent(db, "crash");
+
+	lc_close(&leader);
+	lc_close(&follower);
+	hagent_destroy(a);
+	hagent_destroy(b);
+	hdb_drop(db);
+}
+
+/*
+ * kill -9 of the agent whose lease lives on its row: the lease expires at
+ * that agent's last beat + ttl, by the database clock, and not before: the
+ * successor acquires no earlier than that and within a retry after it.
+ */
+Test(leases, kill9_of_an_attached_leases_agent_fails_over_at_its_last_beat_plus_ttl)
+{
+	const char *const args[] = {"--heartbeat-interval-ms",
+				    "200",
+				    "--session-ttl-ms",
+				    "3000",
+				    "--lease-retry-ms",
+				    "100",
+				    NULL};
+	struct harness_db *db = lease_db();
+	struct hagent *a = hagent_start(db, "crash-att-a", args);
+	struct hagent *b = hagent_start(db, "crash-att-b", args);
+	struct lclient leader, follower;
+
+	int64_t epoch = leader_and_follower_ttl(a, b, "crash-attached", 3000, &leader, &follower);
+	lc_expect(&leader, "lease.renewed", 1, 2000, "renewal");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_rows WHERE name = "
+					"'crash-attached' AND expires_at IS NULL"),
+		     1, "the renewed lease is not attached to its agent's row");
+
+	hagent_kill(a, SIGKILL);
+	hagent_wait(a, -1);
+	struct lnote n =
+	    lc_expect(&follower, "lease.changed", 1, 3000 + 3000, "successor after kill -9");
+	/* database times: the dead agent's last beat, the successor's
+	 * acquisition */
+	long gap = hdb_query_long(
+	    db,
+	    "SELECT (extract(epoch FROM e.at - a.heartbeat_at) * 1000)::bigint "
+	    "FROM pgcoord.lease_events e, pgcoord.agents a WHERE e.name = 'crash-attached' "
+	    "AND e.event = 'acquired' AND e.session = %lld AND a.replica_id = 'crash-att-a'",
+	    (long long)follower.session);
+	fprintf(stderr,
+		"attached lease: the successor acquired %ld ms after the dead agent's "
+		"last beat (ttl 3000, retry 100)\n",
+		gap);
+	cr_assert_geq(gap, 3000, "the lease was taken %ld ms after the holder's last beat", gap);
+	cr_assert_leq(gap, 3000 + 100 + 1000, "failover took %ld ms after the last beat", gap);
+	cr_assert_gt(n.epoch, epoch);
+	cr_assert_eq(row_holder(db, "crash-attached"), follower.session);
+	cr_assert_eq(events(db, "crash-attached", "expired", leader.session, epoch), 1);
+	assert_events_consistent(db, "crash-attached");
 
 	lc_close(&leader);
 	lc_close(&follower);
@@ -994,10 +1083,11 @@ static void count_acquires(struct harness_db *db)
 
 /*
  * A held lease is renewed inside the heartbeat's statement, not by a
- * statement of its own: in 5 s of holding a lease renewed every second,
- * lease_acquire runs for no held lease, and the row is renewed all along
- * (renewed_at moves, expires_at stays ahead, one epoch, one acquisition),
- * the client's belief with it (lease.renewed).
+ * statement of its own, and once attached to its agent's row it is not
+ * written at all: in 5 s of holding a lease renewed every second,
+ * lease_acquire runs for no held lease, the row keeps its version, and the
+ * lease is renewed all along (renewed_at moves, expires_at stays ahead,
+ * one epoch, one acquisition), the client's belief with it (lease.renewed).
  */
 Test(leases, renewals_ride_the_heartbeat)
 {
@@ -1013,11 +1103,22 @@ Test(leases, renewals_ride_the_heartbeat)
 	cr_assert(r.leader);
 	int64_t epoch = r.epoch;
 
-	hsleep_ms(500);
+	/* the first renewal a beat carries attaches the lease to the agent's
+	 * row (0019): after it, nothing is written to the lease row */
+	int64_t until = hnow_ms() + 3000;
+	while (hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_rows WHERE name = "
+				  "'ridden' AND expires_at IS NULL") == 0 &&
+	       hnow_ms() < until)
+		hsleep_ms(50);
+	long version = hdb_query_long(db, "SELECT xmin::text::bigint FROM pgcoord.lease_rows "
+					  "WHERE name = 'ridden'");
 	long renewed_before =
 	    hdb_query_long(db, "SELECT (extract(epoch FROM renewed_at) * 1000)::bigint "
 			       "FROM pgcoord.leases WHERE name = 'ridden'");
 	hsleep_ms(5000);
+	cr_assert_eq(hdb_query_long(db, "SELECT xmin::text::bigint FROM pgcoord.lease_rows "
+					"WHERE name = 'ridden' AND expires_at IS NULL"),
+		     version, "the attached lease's row was written while the beats renewed it");
 	long acquires = hdb_query_long(db, "SELECT count(*) FROM pgcoord.test_acquires WHERE "
 					   "at > now() - interval '5 s'");
 	fprintf(stderr, "lease_acquire calls in the last 5 s: %ld (all: %ld)\n", acquires,

@@ -481,3 +481,110 @@ Test(upgrade, explicit_audit_rows_of_old_cycles_count_once_after_0016)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/*
+ * 0019_attached_leases.sql on leases the series before it wrote: the
+ * database is built from the migration texts up to 0018, its leases by the
+ * functions the agent of that schema called (an acquisition, a renewal in
+ * a beat, a hand-back). The upgrade leaves every lease as it was, read
+ * through the view; the next beat attaches the held one to its agent's
+ * row, its expiry then follows that row's beats, a campaigner still loses,
+ * and a session that stops being renewed gives the lease back its own
+ * expiry.
+ */
+static char *lease_picture(struct harness_db *db)
+{
+	return hdb_query_value(db, "SELECT concat_ws(E'\\n--\\n', "
+				   "(SELECT string_agg(l::text, E'\\n' ORDER BY l.name) "
+				   " FROM pgcoord.leases l), "
+				   "(SELECT string_agg(e::text, E'\\n' ORDER BY e.id) "
+				   " FROM pgcoord.lease_events e))");
+}
+
+Test(upgrade, held_and_handed_back_leases_survive_0019_and_attach_on_the_next_beat)
+{
+	struct harness_db *db = hdb_create();
+	migrate_below(db, 19);
+	cr_assert_eq(hdb_query_long(db, "SELECT (to_regclass('pgcoord.lease_rows') IS NULL)::int"),
+		     1, "not the schema before 0019");
+	long uid = (long)getuid();
+	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL); "
+		     "SELECT pgcoord.agent_register('other', 1, 'host', 2, 'v', 600000, NULL)");
+	long s = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'holder', 600000, false, %ld)", uid);
+	long s2 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('other', 1, 'campaigner', 600000, false, %ld)", uid);
+	long epoch =
+	    hdb_query_long(db,
+			   "SELECT epoch FROM pgcoord.lease_acquire('kept', %ld, 'old', 1, 30000) "
+			   "WHERE leader",
+			   s);
+	hdb_exec(db,
+		 "SELECT pgcoord.lease_acquire('given-back', %ld, 'old', 1, 30000); "
+		 "SELECT pgcoord.lease_release('given-back', %ld, 'done')",
+		 s, s);
+	/* 0017's beat renews the held lease by writing its row */
+	assert_value(db, "{t}",
+		     "SELECT renewed::text FROM pgcoord.agent_beat('old', 1, 600000, '{%ld}', "
+		     "'{kept}', '{%ld}', '{%ld}', '{30000}', NULL)",
+		     s, s, epoch);
+	char *before = lease_picture(db);
+
+	hdb_migrate(db);
+	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"), 19);
+	char *after = lease_picture(db);
+	cr_assert_str_eq(after, before, "the leases read otherwise after the upgrade");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.lease_rows "
+					"WHERE expires_at IS NULL"),
+		     0, "the upgrade attached a lease");
+
+	/* the next beat attaches the held lease; its expiry is then the agent's
+	 * last beat + ttl */
+	assert_value(db, "{t}",
+		     "SELECT renewed::text FROM pgcoord.agent_beat('old', 1, 600000, '{%ld}', "
+		     "'{kept}', '{%ld}', '{%ld}', '{30000}', NULL)",
+		     s, s, epoch);
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.lease_rows l "
+				    "JOIN pgcoord.leases v USING (name) "
+				    "JOIN pgcoord.agents a ON a.replica_id = 'old' "
+				    "WHERE l.name = 'kept' AND l.expires_at IS NULL "
+				    "AND v.expires_at = a.heartbeat_at + interval '30 s' "
+				    "AND v.holder_session = %ld AND v.epoch = %ld",
+				    s, epoch),
+		     1, "the held lease is not attached to its agent's row");
+	/* a campaigner loses, without writing */
+	assert_value(db, "false",
+		     "SELECT leader::text FROM pgcoord.lease_acquire('kept', %ld, "
+		     "'other', 1, 30000)",
+		     s2);
+	/* a beat that confirms an attached lease writes nothing to its row */
+	long version = hdb_query_long(db, "SELECT xmin::text::bigint FROM pgcoord.lease_rows "
+					  "WHERE name = 'kept'");
+	assert_value(db, "{t}",
+		     "SELECT renewed::text FROM pgcoord.agent_beat('old', 1, 600000, '{%ld}', "
+		     "'{kept}', '{%ld}', '{%ld}', '{30000}', NULL)",
+		     s, s, epoch);
+	cr_assert_eq(hdb_query_long(db, "SELECT xmin::text::bigint FROM pgcoord.lease_rows "
+					"WHERE name = 'kept'"),
+		     version, "confirming an attached lease wrote its row");
+	/* the session stops being renewed (the beat no longer lists it): the
+	 * lease gets back an expiry of its own, the beat before + ttl */
+	hdb_exec(db,
+		 "SELECT pgcoord.agent_beat('old', 1, 600000, '{}', '{}', '{}', '{}', '{}', NULL)");
+	cr_assert_eq(hdb_query_long(db,
+				    "SELECT count(*) FROM pgcoord.lease_rows l "
+				    "WHERE l.name = 'kept' AND l.expires_at IS NOT NULL "
+				    "AND l.expires_at > now() + interval '25 s' "
+				    "AND l.holder_session = %ld",
+				    s),
+		     1, "the lease of a session no longer renewed was not pinned");
+	assert_value(db, "false",
+		     "SELECT leader::text FROM pgcoord.lease_acquire('kept', %ld, "
+		     "'other', 1, 30000)",
+		     s2);
+
+	free(before);
+	free(after);
+	hdb_drop(db);
+}

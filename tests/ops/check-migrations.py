@@ -32,6 +32,9 @@ REPLACES = {
     '0017_beat.sql': {'pgcoord.lease_acquire', 'pgcoord.agent_heartbeat'},
     '0018_claim_after_quota.sql': {'pgcoord.permit_claim_as', 'pgcoord.permit_claim_group',
                                    'pgcoord.permit_release_one'},
+    '0019_attached_leases.sql': {'pgcoord.agent_heartbeat', 'pgcoord.agent_beat',
+                                 'pgcoord.lease_acquire', 'pgcoord.lease_release',
+                                 'pgcoord.janitor_fold_audit'},
 }
 
 # migration -> the earlier objects it drops, each named as its DROP statement
@@ -49,6 +52,10 @@ ALTERS = {
         'alter table pgcoord.permits add column release_event bigint, add column release_actor '
         'text, add column admit_event bigint, add column admit_actor text',
         'alter table pgcoord.permits set (fillfactor = 90)',
+    },
+    '0019_attached_leases.sql': {
+        'alter table pgcoord.leases rename to lease_rows',
+        'alter table pgcoord.lease_rows alter column expires_at drop not null',
     },
 }
 

@@ -19,6 +19,6 @@
 -- @end
 -- @replace
 			WHERE l.holder_session = p_session OR l.holder_session IS NULL
-			   OR l.expires_at <= now()
+			   OR v_prev_expires <= now()
 -- @with
 -- @end
