@@ -136,103 +136,33 @@ CREATE TRIGGER lease_rows_pin_with_agent AFTER UPDATE ON pgcoord.agents FOR EACH
 	      OR (OLD.stopped_at IS NULL AND NEW.stopped_at IS NOT NULL))
 	EXECUTE FUNCTION pgcoord.lease_rows_pin_with_agent();
 
--- As in 0017, and the leases lose their life with the sessions: a session
--- the beat no longer lists, or every attached one when the row had lapsed,
--- pins its attached leases at the previous beat + ttl (the last beat that
--- renewed them), before the sessions are pinned.
-CREATE OR REPLACE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
-	p_ttl_ms bigint, p_sessions bigint[])
-RETURNS pgcoord.heartbeat_result
+-- The beat, whole: 0017's agent_heartbeat inlined (a SECURITY DEFINER call
+-- inside another set and restored the search path twice a beat), and the
+-- leases lose their life with the sessions: a session the beat no longer
+-- lists, or every attached one when the row had lapsed, pins its attached
+-- leases at the previous beat + ttl (the last beat that renewed them),
+-- before the sessions are pinned. A renewal attaches the lease (one write,
+-- the first time) or confirms an attached one by a read. Either way: the
+-- row names the beat's session at the epoch the agent believes, from this
+-- replica, and the session is attached to this incarnation (so live: the
+-- beat has just renewed the agent row). An explicit row must not have
+-- lapsed.
+CREATE OR REPLACE FUNCTION pgcoord.agent_beat(p_replica_id text, p_incarnation bigint,
+	p_ttl_ms bigint, p_sessions bigint[], p_leases text[], p_lease_sessions bigint[],
+	p_lease_epochs bigint[], p_lease_ttls bigint[], p_bound_ms integer)
+RETURNS pgcoord.beat_result
 LANGUAGE plpgsql AS $$
 DECLARE
-	v_result pgcoord.heartbeat_result;
+	v_n integer := coalesce(cardinality(p_leases), 0);
+	v_renewed integer[] := '{}';
+	v_i bigint;
 	v_prev timestamptz;
 	v_prev_beat timestamptz;
 	v_attached bigint[];
 	v_known bigint[];
 	v_gone bigint[];
-	v_back bigint[];
-	v_renewed bigint[];
-BEGIN
-	-- o is read in the statement's snapshot: the row before this update
-	UPDATE pgcoord.agents a SET heartbeat_at = now(),
-		expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
-	FROM (SELECT x.expires_at, x.heartbeat_at FROM pgcoord.agents x
-	      WHERE x.replica_id = p_replica_id) o
-	WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
-	  AND a.stopped_at IS NULL
-	RETURNING o.expires_at, o.heartbeat_at INTO v_prev, v_prev_beat;
-	IF NOT FOUND THEN
-		v_result := ROW(false, ARRAY(SELECT DISTINCT unnest(p_sessions)),
-			pgcoord.ms(now()));
-		RETURN v_result;
-	END IF;
-	-- the short way: nothing differs (a new statement: it sees what a
-	-- janitor or recovery that held the row before us committed)
-	IF v_prev > now() AND (
-		SELECT count(*) = cardinality(p_sessions)
-		       AND coalesce(sum(hashint8extended(s.id, 0)), 0)
-			   = (SELECT coalesce(sum(hashint8extended(x, 0)), 0)
-			      FROM unnest(p_sessions) AS x)
-		FROM pgcoord.sessions s
-		WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
-		  AND s.closed_at IS NULL AND s.expires_at IS NULL) THEN
-		v_result := ROW(true, '{}'::bigint[], pgcoord.ms(now()));
-		RETURN v_result;
-	END IF;
-	-- v_known: the attached sessions opened before the previous beat,
-	-- which the agent knew of when it listed this one; a younger one may
-	-- have opened after the list was made, and is not taken for gone
-	SELECT coalesce(array_agg(s.id), '{}'),
-	       coalesce(array_agg(s.id) FILTER (WHERE s.opened_at < v_prev_beat), '{}')
-	INTO v_attached, v_known
-	FROM pgcoord.sessions s
-	WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
-	  AND s.closed_at IS NULL AND s.expires_at IS NULL;
-	IF v_prev <= now() THEN
-		v_gone := v_attached;
-	ELSE
-		v_gone := ARRAY(SELECT unnest(v_known) EXCEPT SELECT unnest(p_sessions));
-	END IF;
-	IF cardinality(v_gone) > 0 THEN
-		UPDATE pgcoord.lease_rows l
-		SET expires_at = v_prev_beat + pgcoord.ms_interval(l.ttl_ms)
-		WHERE l.holder_session = ANY (v_gone) AND l.expires_at IS NULL;
-		UPDATE pgcoord.sessions s SET expires_at = v_prev
-		WHERE s.id = ANY (v_gone) AND s.closed_at IS NULL AND s.expires_at IS NULL;
-		v_attached := ARRAY(SELECT unnest(v_attached) EXCEPT SELECT unnest(v_gone));
-	END IF;
-	v_back := ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_attached));
-	IF cardinality(v_back) > 0 THEN
-		WITH r AS (
-			UPDATE pgcoord.sessions s SET expires_at = NULL
-			WHERE s.id = ANY (v_back) AND s.replica_id = p_replica_id
-			  AND s.incarnation = p_incarnation AND s.closed_at IS NULL
-			  AND s.expires_at IS NOT NULL
-			  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
-			RETURNING s.id)
-		SELECT coalesce(array_agg(id), '{}') INTO v_renewed FROM r;
-		v_back := ARRAY(SELECT unnest(v_back) EXCEPT SELECT unnest(v_renewed));
-	END IF;
-	v_result := ROW(true, v_back, pgcoord.ms(now()));
-	RETURN v_result;
-END $$;
-
--- As in 0017, but a renewal attaches the lease (one write, the first
--- time) and confirms an attached one by a read. Either way: the row names
--- the beat's session at the epoch the agent believes, from this replica,
--- and the session is attached to this incarnation (so live: the beat has
--- just renewed the agent row). An explicit row must not have lapsed.
-CREATE OR REPLACE FUNCTION pgcoord.agent_beat(p_replica_id text, p_incarnation bigint,
-	p_ttl_ms bigint, p_sessions bigint[], p_leases text[], p_lease_sessions bigint[],
-	p_lease_epochs bigint[], p_lease_ttls bigint[], p_bound_ms integer)
-RETURNS pgcoord.beat_result
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
-DECLARE
-	v_hb pgcoord.heartbeat_result;
-	v_n integer := coalesce(cardinality(p_leases), 0);
-	v_renewed integer[] := '{}';
-	v_i bigint;
+	v_back bigint[] := '{}';
+	v_back_renewed bigint[];
 BEGIN
 	IF v_n <> coalesce(cardinality(p_lease_sessions), 0)
 	   OR v_n <> coalesce(cardinality(p_lease_epochs), 0)
@@ -245,8 +175,67 @@ BEGIN
 	IF p_bound_ms IS NOT NULL THEN
 		PERFORM set_config('lock_timeout', greatest(p_bound_ms, 1) || 'ms', true);
 	END IF;
-	v_hb := pgcoord.agent_heartbeat(p_replica_id, p_incarnation, p_ttl_ms, p_sessions);
-	IF v_hb.agent_ok AND v_n > 0 THEN
+	-- o is read in the statement's snapshot: the row before this update
+	UPDATE pgcoord.agents a SET heartbeat_at = now(),
+		expires_at = now() + pgcoord.ms_interval(p_ttl_ms)
+	FROM (SELECT x.expires_at, x.heartbeat_at FROM pgcoord.agents x
+	      WHERE x.replica_id = p_replica_id) o
+	WHERE a.replica_id = p_replica_id AND a.incarnation = p_incarnation
+	  AND a.stopped_at IS NULL
+	RETURNING o.expires_at, o.heartbeat_at INTO v_prev, v_prev_beat;
+	IF NOT FOUND THEN
+		RETURN ROW(false, ARRAY(SELECT DISTINCT unnest(p_sessions)), pgcoord.ms(now()),
+			ARRAY(SELECT false FROM generate_series(1, v_n)));
+	END IF;
+	-- the short way: the listed sessions are exactly the attached ones
+	-- (a new statement: it sees what a janitor or recovery that held the
+	-- row before us committed), and the row had not lapsed; else the long
+	-- way, 0015's
+	IF NOT (v_prev > now() AND (
+		SELECT count(*) = cardinality(p_sessions)
+		       AND coalesce(sum(hashint8extended(s.id, 0)), 0)
+			   = (SELECT coalesce(sum(hashint8extended(x, 0)), 0)
+			      FROM unnest(p_sessions) AS x)
+		FROM pgcoord.sessions s
+		WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
+		  AND s.closed_at IS NULL AND s.expires_at IS NULL)) THEN
+		-- v_known: the attached sessions opened before the previous
+		-- beat, which the agent knew of when it listed this one; a
+		-- younger one may have opened after the list was made, and is
+		-- not taken for gone
+		SELECT coalesce(array_agg(s.id), '{}'),
+		       coalesce(array_agg(s.id) FILTER (WHERE s.opened_at < v_prev_beat), '{}')
+		INTO v_attached, v_known
+		FROM pgcoord.sessions s
+		WHERE s.replica_id = p_replica_id AND s.incarnation = p_incarnation
+		  AND s.closed_at IS NULL AND s.expires_at IS NULL;
+		IF v_prev <= now() THEN
+			v_gone := v_attached;
+		ELSE
+			v_gone := ARRAY(SELECT unnest(v_known) EXCEPT SELECT unnest(p_sessions));
+		END IF;
+		IF cardinality(v_gone) > 0 THEN
+			UPDATE pgcoord.lease_rows l
+			SET expires_at = v_prev_beat + pgcoord.ms_interval(l.ttl_ms)
+			WHERE l.holder_session = ANY (v_gone) AND l.expires_at IS NULL;
+			UPDATE pgcoord.sessions s SET expires_at = v_prev
+			WHERE s.id = ANY (v_gone) AND s.closed_at IS NULL AND s.expires_at IS NULL;
+			v_attached := ARRAY(SELECT unnest(v_attached) EXCEPT SELECT unnest(v_gone));
+		END IF;
+		v_back := ARRAY(SELECT unnest(p_sessions) EXCEPT SELECT unnest(v_attached));
+		IF cardinality(v_back) > 0 THEN
+			WITH r AS (
+				UPDATE pgcoord.sessions s SET expires_at = NULL
+				WHERE s.id = ANY (v_back) AND s.replica_id = p_replica_id
+				  AND s.incarnation = p_incarnation AND s.closed_at IS NULL
+				  AND s.expires_at IS NOT NULL
+				  AND EXISTS (SELECT 1 FROM pgcoord.live_sessions lv WHERE lv.id = s.id)
+				RETURNING s.id)
+			SELECT coalesce(array_agg(id), '{}') INTO v_back_renewed FROM r;
+			v_back := ARRAY(SELECT unnest(v_back) EXCEPT SELECT unnest(v_back_renewed));
+		END IF;
+	END IF;
+	IF v_n > 0 THEN
 		-- a new statement: it sees the sessions and leases as the beat
 		-- left them
 		FOR v_i IN
@@ -284,9 +273,20 @@ BEGIN
 			END LOOP;
 		END IF;
 	END IF;
-	RETURN ROW(v_hb.agent_ok, v_hb.lost, v_hb.now_ms,
+	RETURN ROW(true, v_back, pgcoord.ms(now()),
 		ARRAY(SELECT g = ANY (v_renewed) FROM generate_series(1, v_n) AS g ORDER BY g));
 END $$;
+
+-- The heartbeat of an agent of the version before 0017 (no leases, its
+-- bound sent beside it): the beat above.
+CREATE OR REPLACE FUNCTION pgcoord.agent_heartbeat(p_replica_id text, p_incarnation bigint,
+	p_ttl_ms bigint, p_sessions bigint[])
+RETURNS pgcoord.heartbeat_result
+LANGUAGE sql AS $$
+	SELECT b.agent_ok, b.lost, b.now_ms
+	FROM pgcoord.agent_beat(p_replica_id, p_incarnation, p_ttl_ms, p_sessions, '{}', '{}',
+		'{}', '{}', NULL) b
+$$;
 
 -- As in 0017, on the effective expiry: the read of a lost campaign through
 -- the view; the locked path locks the holder's agent row first when the

@@ -4,9 +4,9 @@
 -- pinned, so it stays live in the database with its agent's row, its
 -- permits never follow on_owner_loss and its records are never recovered.
 -- The soak checker must report keepalive.
--- @function pgcoord.agent_heartbeat
+-- @function pgcoord.agent_beat
 -- @replace
-		v_gone := ARRAY(SELECT unnest(v_known) EXCEPT SELECT unnest(p_sessions));
+			v_gone := ARRAY(SELECT unnest(v_known) EXCEPT SELECT unnest(p_sessions));
 -- @with
-		v_gone := '{}';
+			v_gone := '{}';
 -- @end
