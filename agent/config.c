@@ -54,7 +54,9 @@ const struct option_def config_options[] = {
      "keeps the parallel statements. 0 = only group_kind_statements_max holds; 4 separates "
      "the load of 8 workers on one agent from that of 32 (docs/PERFORMANCE.md)."},
     {"heartbeat_interval_ms", OPT_INT, OFF(heartbeat_interval_ms), "1000", 50, 60000, false, false,
-     "How often the agent renews itself and all its sessions."},
+     "How often the agent renews itself and all its sessions, and the leases they hold "
+     "(a lease renewed every two beats or more rarely is renewed inside the beat nearest its due "
+     "time)."},
     {"session_ttl_ms", OPT_INT, OFF(session_ttl_ms), "10000", 200, 600000, false, false,
      "How far ahead of database now() each heartbeat renews liveness; a dead agent's "
      "sessions stop being live this long after its last heartbeat."},
