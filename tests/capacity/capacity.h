@@ -69,6 +69,20 @@ extern const char *const stmt_kind_names[KIND_COUNT];
 
 struct pg_cpu_snap;
 
+/* Postgres processes by kind (pgcpu.c): the connections' backends, and the
+ * server's own. */
+enum pg_proc_kind {
+	PG_PROC_BACKEND,
+	PG_PROC_AUTOVACUUM,
+	PG_PROC_WALWRITER,
+	PG_PROC_CHECKPOINTER,
+	PG_PROC_BGWRITER,
+	PG_PROC_OTHER,
+	PG_PROC_KIND_COUNT
+};
+
+extern const char *const pg_proc_kind_names[PG_PROC_KIND_COUNT];
+
 /* What the server did over one window. */
 struct window {
 	double seconds;
@@ -76,8 +90,9 @@ struct window {
 	double exec_ms[KIND_COUNT]; /* their execution time */
 	/* lease_acquire calls by outcome: won (acquired or renewed), lost */
 	double lease_won, lease_lost;
-	double pg_cpu_ms;    /* every postmaster child, from /proc */
-	double agent_cpu_ms; /* every agent */
+	double pg_cpu_ms;			      /* every postmaster child, from /proc */
+	double pg_cpu_by_kind_ms[PG_PROC_KIND_COUNT]; /* the same by process kind */
+	double agent_cpu_ms;			      /* every agent */
 	int64_t wal_bytes;
 	char wal_from[32], wal_to[32]; /* its LSNs, as Postgres prints them */
 	struct pg_cpu_snap *cpu_start; /* while the window is open */
@@ -122,8 +137,10 @@ bool cap_db_check(PGconn *c, long granted);
 
 /* The CPU time of each child of the postmaster now (NULL when out of memory). */
 struct pg_cpu_snap *pg_cpu_snapshot(pid_t postmaster);
-/* Their CPU since the snapshot, in ms, counting children started since. */
-double pg_cpu_since_ms(const struct pg_cpu_snap *s, pid_t postmaster);
+/* Their CPU since the snapshot, in ms, counting children started since;
+ * by_kind_ms gets the same split by process kind. */
+double pg_cpu_since_ms(const struct pg_cpu_snap *s, pid_t postmaster,
+		       double by_kind_ms[PG_PROC_KIND_COUNT]);
 
 /* --- fleet.c -------------------------------------------------------------- */
 

@@ -364,7 +364,7 @@ void cap_window_close(PGconn *c, pid_t postmaster, struct window *w)
 	PGresult *r;
 
 	w->seconds = cap_now() - w->seconds;
-	w->pg_cpu_ms = pg_cpu_since_ms(w->cpu_start, postmaster);
+	w->pg_cpu_ms = pg_cpu_since_ms(w->cpu_start, postmaster, w->pg_cpu_by_kind_ms);
 	free(w->cpu_start);
 	w->cpu_start = NULL;
 	w->wal_bytes = wal_lsn(c, w->wal_to) - w->wal_bytes;

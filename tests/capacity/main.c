@@ -329,6 +329,28 @@ static void print_kinds(const struct point *pts, int n)
 	}
 }
 
+/* Where the idle CPU went: the connections' backends (what the agents' statements
+ * cost, commits and wake-ups included) apart from the server's own processes. */
+static void print_cpu_by_process(const struct point *pts, int n)
+{
+	printf("\nIdle Postgres CPU by process kind (ms/s, /proc; 10 ms ticks):\n\n"
+	       "| agents | sessions/agent |");
+	for (int k = 0; k < PG_PROC_KIND_COUNT; k++)
+		printf(" %s |", pg_proc_kind_names[k]);
+	printf(" all |\n| ---: | ---: |");
+	for (int k = 0; k <= PG_PROC_KIND_COUNT; k++)
+		printf(" ---: |");
+	printf("\n");
+	for (int i = 0; i < n; i++) {
+		const struct window *w = &pts[i].idle;
+
+		printf("| %d | %d |", pts[i].agents, pts[i].sessions);
+		for (int k = 0; k < PG_PROC_KIND_COUNT; k++)
+			printf(" %.1f |", per_s(w->pg_cpu_by_kind_ms[k], w->seconds));
+		printf(" %.1f |\n", per_s(w->pg_cpu_ms, w->seconds));
+	}
+}
+
 /*
  * What the lease statements were: wins (each agent's first session renews
  * its lease, the janitor renews the janitor lease, every lease_ttl_ms / 3
@@ -484,6 +506,7 @@ int main(int argc, char **argv)
 	}
 	print_table(pts, npts);
 	print_kinds(pts, npts);
+	print_cpu_by_process(pts, npts);
 	print_lease_split(pts, npts);
 	if (cfg.waldump)
 		for (int i = 0; i < npts; i++)

@@ -7,6 +7,10 @@
  * CPU is taken from its own reading at the start (or from zero, when it
  * started inside the window); what a backend spent between the start and
  * its exit is lost, which undercounts a little, never goes negative.
+ *
+ * The sum is also split by the process's title: the connections' backends
+ * (the work the agents ask for) apart from the server's own processes,
+ * which cost about the same whatever the agents do.
  */
 #include "capacity.h"
 #include "bench.h" /* proc_read_stat */
@@ -66,9 +70,48 @@ struct pg_cpu_snap *pg_cpu_snapshot(pid_t postmaster)
 	return s;
 }
 
+const char *const pg_proc_kind_names[PG_PROC_KIND_COUNT] = {
+    "backends", "autovacuum", "walwriter", "checkpointer", "bgwriter", "other",
+};
+
+/* A child's kind from its title ("postgres: [cluster: ]checkpointer", or
+ * "postgres: user db [local] idle" for a connection's backend). */
+static enum pg_proc_kind kind_of(pid_t pid)
+{
+	static const struct {
+		const char *title;
+		enum pg_proc_kind kind;
+	} server_own[] = {
+	    {"autovacuum", PG_PROC_AUTOVACUUM},	    {"walwriter", PG_PROC_WALWRITER},
+	    {"checkpointer", PG_PROC_CHECKPOINTER}, {"background writer", PG_PROC_BGWRITER},
+	    {"logical replication", PG_PROC_OTHER}, {"archiver", PG_PROC_OTHER},
+	    {"stats collector", PG_PROC_OTHER},	    {"walsender", PG_PROC_OTHER},
+	    {"walreceiver", PG_PROC_OTHER},	    {"startup", PG_PROC_OTHER},
+	};
+	char path[64], title[256];
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return PG_PROC_OTHER;
+	n = fread(title, 1, sizeof(title) - 1, f);
+	fclose(f);
+	title[n] = '\0';
+	for (size_t i = 0; i < sizeof(server_own) / sizeof(server_own[0]); i++) {
+		const char *at = strstr(title, server_own[i].title);
+
+		/* the name that follows "postgres: " or "postgres: cluster: " */
+		if (at && at > title && at[-1] == ' ' && at[-2] == ':')
+			return server_own[i].kind;
+	}
+	return PG_PROC_BACKEND;
+}
+
 struct since {
 	const struct pg_cpu_snap *snap;
-	unsigned long long ticks;
+	unsigned long long ticks[PG_PROC_KIND_COUNT];
 };
 
 static void add_since(void *arg, pid_t pid, unsigned long long ticks)
@@ -82,16 +125,22 @@ static void add_since(void *arg, pid_t pid, unsigned long long ticks)
 			break;
 		}
 	if (ticks > then)
-		acc->ticks += ticks - then;
+		acc->ticks[kind_of(pid)] += ticks - then;
 }
 
-double pg_cpu_since_ms(const struct pg_cpu_snap *s, pid_t postmaster)
+double pg_cpu_since_ms(const struct pg_cpu_snap *s, pid_t postmaster,
+		       double by_kind_ms[PG_PROC_KIND_COUNT])
 {
-	struct since acc = {s, 0};
+	struct since acc = {.snap = s};
 	long hz = sysconf(_SC_CLK_TCK);
+	double ms_per_tick = 1000.0 / (double)(hz > 0 ? hz : 100), all = 0;
 
 	if (!s)
 		return -1;
 	each_child(postmaster, add_since, &acc);
-	return (double)acc.ticks * 1000.0 / (double)(hz > 0 ? hz : 100);
+	for (int k = 0; k < PG_PROC_KIND_COUNT; k++) {
+		by_kind_ms[k] = (double)acc.ticks[k] * ms_per_tick;
+		all += by_kind_ms[k];
+	}
+	return all;
 }
