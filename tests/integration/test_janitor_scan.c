@@ -3,7 +3,8 @@
  * open, not what the fleet did in the past, and little per open row: closed
  * sessions stay in pgcoord.sessions forever, and expiring lapsed sessions
  * must not read them; the permit duty checks every held permit's owner, and
- * must not do it with a function call per permit.
+ * must not do it with a function call per permit; while every agent lives
+ * the expiry reads none of the sessions attached to them.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -156,5 +157,79 @@ Test(janitor_scan, permit_duty_checks_owners_in_one_join_and_still_finds_the_los
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
 					"WHERE id LIKE 'live-%%' AND state = 'held'"),
 		     HELD_PERMITS, "a permit of a live session was touched");
+	hdb_drop(db);
+}
+
+#define LIVE_AGENTS 64
+#define SESSIONS_PER_AGENT 100
+
+/* The sessions attached to an agent's row (expires_at NULL) lapse with the
+ * agent: a sweep finds them from the dead agents, and reads none while every
+ * agent lives. The tables are left unanalyzed, as in a fleet just started:
+ * the default estimates once made a join of agents and sessions walk every
+ * attached session of the fleet (0020). */
+Test(janitor_scan, expiry_reads_no_attached_session_while_every_agent_lives)
+{
+	struct harness_db *db = idb_migrated();
+
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		 "expires_at) SELECT 'live-' || i, 1, 'h', 1, 'v', now() + interval '1 hour' "
+		 "FROM generate_series(1, %d) i",
+		 LIVE_AGENTS);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (replica_id, incarnation) SELECT 'live-' || "
+		 "(i %% %d + 1), 1 FROM generate_series(1, %d) i",
+		 LIVE_AGENTS, LIVE_AGENTS * SESSIONS_PER_AGENT);
+	/* a replica that stopped long ago, its sessions closed: its row stays */
+	hdb_exec(db, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		     "expires_at, stopped_at) VALUES ('stopped', 1, 'h', 1, 'v', "
+		     "now() - interval '1 day', now() - interval '1 day')");
+	hdb_exec(db, "INSERT INTO pgcoord.sessions (replica_id, incarnation, expires_at, "
+		     "closed_at, close_reason) VALUES ('stopped', 1, now() - interval '1 day', "
+		     "now() - interval '1 day', 'agent stopped')");
+
+	for (int i = 0; i < SWEEPS; i++) {
+		hdb_exec(db, "BEGIN");
+		long before = rows_read(db);
+		long expired = hdb_query_long(db, "SELECT pgcoord.janitor_expire_sessions(1000)");
+		long read = rows_read(db) - before;
+		hdb_exec(db, "COMMIT");
+		cr_assert_eq(expired, 0, "sweep %d expired %ld sessions of live agents", i + 1,
+			     expired);
+		cr_assert_leq(read, SESSIONS_PER_AGENT / 10,
+			      "sweep %d read %ld session rows while all %d agents live: it "
+			      "walks their %d attached sessions",
+			      i + 1, read, LIVE_AGENTS, LIVE_AGENTS * SESSIONS_PER_AGENT);
+	}
+	/* the stopped replica's row was not locked (a lock is a write) */
+	cr_assert_eq(hdb_query_long(db, "SELECT xmax::text::bigint FROM pgcoord.agents "
+					"WHERE replica_id = 'stopped'"),
+		     0, "a sweep locked the row of a stopped replica without sessions");
+
+	/* one agent dies: its sessions, and only they, are expired (what the
+	 * closing reads is a death's cost, once, not a sweep's) */
+	hdb_exec(db, "UPDATE pgcoord.agents SET expires_at = now() - interval '1 second' "
+		     "WHERE replica_id = 'live-7'");
+	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_expire_sessions(1000)"),
+		     SESSIONS_PER_AGENT, "not the dead agent's sessions");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE replica_id = 'live-7' AND closed_at IS NOT NULL "
+					"AND close_reason = 'expired'"),
+		     SESSIONS_PER_AGENT);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE replica_id <> 'live-7' AND replica_id <> 'stopped' "
+					"AND closed_at IS NULL"),
+		     (LIVE_AGENTS - 1) * SESSIONS_PER_AGENT, "a live agent's session was closed");
+
+	/* a limit below the dead agents' sessions leaves the rest for the next sweep */
+	hdb_exec(db, "UPDATE pgcoord.agents SET expires_at = now() - interval '1 second' "
+		     "WHERE replica_id IN ('live-8', 'live-9')");
+	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_expire_sessions(150)"), 150);
+	cr_assert_eq(hdb_query_long(db, "SELECT pgcoord.janitor_expire_sessions(150)"), 50);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.sessions "
+					"WHERE replica_id IN ('live-8', 'live-9') "
+					"AND closed_at IS NULL"),
+		     0);
 	hdb_drop(db);
 }

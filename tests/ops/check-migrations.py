@@ -35,6 +35,7 @@ REPLACES = {
     '0019_attached_leases.sql': {'pgcoord.agent_heartbeat', 'pgcoord.agent_beat',
                                  'pgcoord.lease_acquire', 'pgcoord.lease_release',
                                  'pgcoord.janitor_fold_audit'},
+    '0020_expiry_from_dead_agents.sql': {'pgcoord.janitor_expire_sessions'},
 }
 
 # migration -> the earlier objects it drops, each named as its DROP statement
