@@ -36,6 +36,7 @@ REPLACES = {
                                  'pgcoord.lease_acquire', 'pgcoord.lease_release',
                                  'pgcoord.janitor_fold_audit'},
     '0020_expiry_from_dead_agents.sql': {'pgcoord.janitor_expire_sessions'},
+    '0021_expiry_from_attached_sessions.sql': {'pgcoord.janitor_expire_sessions'},
 }
 
 # migration -> the earlier objects it drops, each named as its DROP statement
