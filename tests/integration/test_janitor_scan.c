@@ -163,6 +163,21 @@ Test(janitor_scan, permit_duty_checks_owners_in_one_join_and_still_finds_the_los
 #define LIVE_AGENTS 64
 #define SESSIONS_PER_AGENT 100
 
+/* LIVE_AGENTS agent rows 'live-1'.. alive for an hour, each with
+ * per_agent sessions attached (expires_at NULL). */
+static void add_live_agents(struct harness_db *db, int per_agent)
+{
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
+		 "expires_at) SELECT 'live-' || i, 1, 'h', 1, 'v', now() + interval '1 hour' "
+		 "FROM generate_series(1, %d) i",
+		 LIVE_AGENTS);
+	hdb_exec(db,
+		 "INSERT INTO pgcoord.sessions (replica_id, incarnation) SELECT 'live-' || "
+		 "(i %% %d + 1), 1 FROM generate_series(1, %d) i",
+		 LIVE_AGENTS, LIVE_AGENTS * per_agent);
+}
+
 /* The sessions attached to an agent's row (expires_at NULL) lapse with the
  * agent: a sweep finds them from the dead agents, and reads none while every
  * agent lives. The tables are left unanalyzed, as in a fleet just started:
@@ -172,15 +187,7 @@ Test(janitor_scan, expiry_reads_no_attached_session_while_every_agent_lives)
 {
 	struct harness_db *db = idb_migrated();
 
-	hdb_exec(db,
-		 "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
-		 "expires_at) SELECT 'live-' || i, 1, 'h', 1, 'v', now() + interval '1 hour' "
-		 "FROM generate_series(1, %d) i",
-		 LIVE_AGENTS);
-	hdb_exec(db,
-		 "INSERT INTO pgcoord.sessions (replica_id, incarnation) SELECT 'live-' || "
-		 "(i %% %d + 1), 1 FROM generate_series(1, %d) i",
-		 LIVE_AGENTS, LIVE_AGENTS * SESSIONS_PER_AGENT);
+	add_live_agents(db, SESSIONS_PER_AGENT);
 	/* a replica that stopped long ago, its sessions closed: its row stays */
 	hdb_exec(db, "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
 		     "expires_at, stopped_at) VALUES ('stopped', 1, 'h', 1, 'v', "
@@ -254,15 +261,7 @@ Test(janitor_scan, expiry_probes_no_session_of_replicas_long_gone)
 {
 	struct harness_db *db = idb_migrated();
 
-	hdb_exec(db,
-		 "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
-		 "expires_at) SELECT 'live-' || i, 1, 'h', 1, 'v', now() + interval '1 hour' "
-		 "FROM generate_series(1, %d) i",
-		 LIVE_AGENTS);
-	hdb_exec(db,
-		 "INSERT INTO pgcoord.sessions (replica_id, incarnation) SELECT 'live-' || "
-		 "(i %% %d + 1), 1 FROM generate_series(1, %d) i",
-		 LIVE_AGENTS, LIVE_AGENTS * 10);
+	add_live_agents(db, 10);
 	/* half stopped, half crashed (lapsed, never stopped); all sessions closed */
 	hdb_exec(db,
 		 "INSERT INTO pgcoord.agents (replica_id, incarnation, host, pid, version, "
