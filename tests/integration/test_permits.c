@@ -30,12 +30,19 @@ TestSuite(permits, .timeout = 150);
 
 /* Short liveness so a killed agent's sessions lapse within the test:
  * three heartbeats fit in the ttl, as the agent demands. */
+/* Short enough that a lapse is seen in a second or two. The lease ttl is
+ * short too: the janitor's lease lives on the janitor's session, and a
+ * session that lapses under load (one late beat past 1.2 s) pins the lease
+ * for its ttl, with no janitor meanwhile; at the default 15 s that alone
+ * outlasted the 15 s a test waits for the janitor to act. */
 static const char *const fast_liveness[] = {"--heartbeat-interval-ms",
 					    "200",
 					    "--session-ttl-ms",
 					    "1200",
 					    "--session-grace-ms",
 					    "300",
+					    "--lease-ttl-ms",
+					    "2000",
 					    NULL};
 
 /* --- helpers ------------------------------------------------------------ */
