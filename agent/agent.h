@@ -85,7 +85,10 @@ struct agent {
 	struct metrics *metrics;
 	struct http *http;
 	/* claims and releases waiting at the same moment share a statement */
+	/* the fast kinds (one SQL statement), and the group functions they
+	 * hand every other call to */
 	struct group *claim_group, *release_group;
+	struct group *claim_slow_group, *release_slow_group;
 };
 
 /* CLOCK_MONOTONIC in milliseconds: every local deadline uses it. */

@@ -51,6 +51,7 @@ struct remembered {
 struct group {
 	struct agent *ag;
 	const struct group_kind *kind;
+	struct group *slow;		 /* takes the members this kind leaves (PCSLW) */
 	struct member *head, *tail;	 /* waiting for the statement that is queued */
 	struct member *held, *held_tail; /* share a key with a statement sent */
 	struct batch *sent;		 /* built, not answered: their keys are in flight */
@@ -120,6 +121,7 @@ static char *array_literal(struct member *const *members, size_t n, int arg)
 }
 
 static void batch_done(const struct db_result *r, void *arg);
+static void hand_to_slow(struct group *g, struct member *m);
 
 static void queue_statement(struct group *g);
 static void release_held(struct group *g);
@@ -257,6 +259,15 @@ static void batch_done(const struct db_result *r, void *arg)
 			member_fail(g, m, r);
 		}
 		g->tail = NULL;
+	} else if (!r->ok && g->slow && r->sqlstate &&
+		   (strcmp(r->sqlstate, "23505") == 0 || strcmp(r->sqlstate, "40001") == 0 ||
+		    strcmp(r->sqlstate, "40P01") == 0)) {
+		/* a duplicate id committed while the statement waited for a
+		 * quota row (permits_pkey), a permit changed under it
+		 * (serialization_failure) or a deadlock: nothing of it stayed,
+		 * and the slow path judges each member on its own */
+		for (size_t i = 0; i < b->n; i++)
+			hand_to_slow(g, b->members[i]);
 	} else if (!r->ok) {
 		for (size_t i = 0; i < b->n; i++)
 			member_fail(g, b->members[i], r);
@@ -268,7 +279,10 @@ static void batch_done(const struct db_result *r, void *arg)
 			if (idx < 1 || (size_t)idx > b->n || !(m = b->members[idx - 1]))
 				continue; /* not ours, or answered by an earlier row */
 			b->members[idx - 1] = NULL;
-			if (!PQgetisnull(r->res, row, 1)) {
+			if (g->slow && !PQgetisnull(r->res, row, 1) &&
+			    strcmp(PQgetvalue(r->res, row, 1), "PCSLW") == 0) {
+				hand_to_slow(g, m);
+			} else if (!PQgetisnull(r->res, row, 1)) {
 				member_error(g, m, r->res, row);
 			} else {
 				g->kind->answer(m->req, m->ctx, r->res, row, 3);
@@ -388,6 +402,26 @@ static void append(struct member **head, struct member **tail, struct member *m)
 	else
 		*head = m;
 	*tail = m;
+}
+
+/* A member this kind's statement left to the slow path (nothing of it was
+ * written): it joins the slow group's next statement, as a new call of
+ * that kind would (held behind statements on its keys), with its own
+ * deadline. From the loop: the slow group may be mid-answer itself. */
+static void hand_to_slow(struct group *g, struct member *m)
+{
+	struct group *slow = g->slow;
+
+	m->deadlocks = 0;
+	if (held_by_key(slow, m)) {
+		append(&slow->held, &slow->held_tail, m);
+		slow->stats.held++;
+		if (slow->held == m)
+			expire_members(slow);
+		return;
+	}
+	append(&slow->head, &slow->tail, m);
+	event_active(slow->requeue, EV_TIMEOUT, 0);
 }
 
 /* After a statement ends: the held members it no longer holds join the
@@ -552,13 +586,17 @@ bool group_recall_keys(struct group *g, const char *id, struct group_keys *out)
 	return true;
 }
 
-struct group *group_create(struct agent *ag, const struct group_kind *kind)
+struct group *group_create(struct agent *ag, const struct group_kind *kind,
+			   struct group *slow)
 {
 	struct group *g = calloc(1, sizeof(*g));
-	if (!g)
+	if (!g || (slow && slow->kind->nargs != kind->nargs)) {
+		free(g);
 		return NULL;
+	}
 	g->ag = ag;
 	g->kind = kind;
+	g->slow = slow;
 	g->requeue = event_new(ag->base, -1, 0, requeue_cb, g);
 	g->expire = evtimer_new(ag->base, expire_cb, g);
 	if (!g->requeue || !g->expire) {

@@ -76,8 +76,17 @@ struct group_kind {
 
 struct group;
 
-struct group *group_create(struct agent *ag, const struct group_kind *kind);
-/* After db_destroy (which answers every member still waiting). Accepts NULL. */
+/*
+ * slow (or NULL) takes the members whose row answers err_state 'PCSLW':
+ * kind judged only the common members and wrote nothing of the others,
+ * and slow's kind, with the same arguments, judges them (a fast path in
+ * front of a general one). A statement of kind that fails as a whole on
+ * a unique violation or a deadlock hands every member to slow too.
+ */
+struct group *group_create(struct agent *ag, const struct group_kind *kind,
+			   struct group *slow);
+/* After db_destroy (which answers every member still waiting), a fast
+ * group before its slow one. Accepts NULL. */
 void group_destroy(struct group *g);
 
 /* The quota keys a member names, as hashes: two keys whose hashes collide

@@ -203,8 +203,14 @@ static int serve(struct agent *ag)
 	}
 	ag->db = db_create(ag->base, &dbs, &ag->log, db_state_changed, ag);
 	ag->metrics = metrics_create(dispatch_method_count(), dispatch_method_name);
-	ag->claim_group = group_create(ag, &permit_claim_group_kind);
-	ag->release_group = group_create(ag, &permit_release_group_kind);
+	/* the common calls go by the fast kinds, which hand the rest on */
+	ag->claim_slow_group = group_create(ag, &permit_claim_group_kind, NULL);
+	ag->release_slow_group = group_create(ag, &permit_release_group_kind, NULL);
+	if (ag->claim_slow_group)
+		ag->claim_group = group_create(ag, &permit_claim_fast_kind, ag->claim_slow_group);
+	if (ag->release_slow_group)
+		ag->release_group =
+		    group_create(ag, &permit_release_fast_kind, ag->release_slow_group);
 	ag->sig_term = evsignal_new(ag->base, SIGTERM, signal_cb, ag);
 	ag->sig_int = evsignal_new(ag->base, SIGINT, signal_cb, ag);
 	ag->sig_hup = evsignal_new(ag->base, SIGHUP, signal_cb, ag);
@@ -249,6 +255,8 @@ out:
 	db_destroy(ag->db);		/* fails what is still running: callbacks run now */
 	group_destroy(ag->claim_group); /* after the database: it answered their members */
 	group_destroy(ag->release_group);
+	group_destroy(ag->claim_slow_group); /* after the fast ones, which hand to them */
+	group_destroy(ag->release_slow_group);
 	http_destroy(ag->http); /* after the database: its callbacks may answer pages */
 	ag->http = NULL;
 	leases_finish(ag);

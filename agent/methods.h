@@ -58,6 +58,7 @@ void rpc_permit_check(struct request *req);
 void rpc_permit_cancel(struct request *req);
 /* how claims and releases are grouped (groups.h) */
 extern const struct group_kind permit_claim_group_kind, permit_release_group_kind;
+extern const struct group_kind permit_claim_fast_kind, permit_release_fast_kind;
 extern const struct reply_kind permit_get_reply, permit_history_reply, permit_check_reply,
     permit_list_reply;
 extern const struct reply_kind permit_update_reply, permit_marked_reply, permit_resolved_reply,

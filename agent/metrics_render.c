@@ -192,43 +192,45 @@ static void render_db(struct agent *ag, struct evbuffer *out)
 /* Group admission (groups.h): members ÷ groups is the mean group size. */
 static void render_groups(const struct agent *ag, struct evbuffer *out)
 {
-	const struct group *groups[] = {ag->claim_group, ag->release_group};
-	struct group_stats st[2];
+	const struct group *groups[] = {ag->claim_group, ag->release_group, ag->claim_slow_group,
+					ag->release_slow_group};
+	enum { NGROUPS = sizeof(groups) / sizeof(groups[0]) };
+	struct group_stats st[NGROUPS];
 
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		group_get_stats(groups[i], &st[i]);
 	header(out, "pgcoord_permit_groups_total", "counter",
 	       "Statements that carried a group of permit calls, by kind.");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(out, "pgcoord_permit_groups_total{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].groups);
 	header(out, "pgcoord_permit_group_members_total", "counter",
 	       "Permit calls sent in those statements, by kind.");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(out, "pgcoord_permit_group_members_total{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].members);
 	header(out, "pgcoord_permit_group_largest", "gauge",
 	       "The most permit calls one statement has carried, by kind.");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(out, "pgcoord_permit_group_largest{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].largest);
 	header(out, "pgcoord_permit_group_statements_in_flight", "gauge",
 	       "Group statements queued or running now, by kind (past group_statements_max only "
 	       "for calls on keys none of them names; past group_kind_statements_max only for "
 	       "a group over 256 calls or one sent again after a deadlock).");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(out,
 				    "pgcoord_permit_group_statements_in_flight{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].in_flight);
 	header(out, "pgcoord_permit_group_statements_in_flight_peak", "gauge",
 	       "The most group statements of one kind ever in flight at once, by kind.");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(
 		    out, "pgcoord_permit_group_statements_in_flight_peak{kind=\"%s\"} %llu\n",
 		    group_name(groups[i]), (unsigned long long)st[i].in_flight_peak);
 	header(out, "pgcoord_permit_group_members_held_total", "counter",
 	       "Calls that waited in the agent for a group statement in flight to end, by kind.");
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NGROUPS; i++)
 		evbuffer_add_printf(out,
 				    "pgcoord_permit_group_members_held_total{kind=\"%s\"} %llu\n",
 				    group_name(groups[i]), (unsigned long long)st[i].held);
@@ -311,7 +313,7 @@ void metrics_render(struct agent *ag, struct evbuffer *out)
 		}
 		render_rpc(m, out);
 	}
-	if (ag->claim_group && ag->release_group)
+	if (ag->claim_group && ag->release_group && ag->claim_slow_group && ag->release_slow_group)
 		render_groups(ag, out);
 	if (ag->db)
 		render_db(ag, out);

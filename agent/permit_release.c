@@ -112,9 +112,25 @@ static void release_failed(struct request *req, void *ctx, const struct db_resul
 	req_fail_db(req, r);
 }
 
-/* Releases waiting at the same moment go as one statement, like claims. */
-const struct group_kind permit_release_group_kind = {
+/* The common releases (the caller's session's own permit, no override,
+ * no reason) waiting at the same moment go as one SQL statement
+ * (0022_claim_release_fast.sql); a release of anything but a held
+ * one-quota permit goes on to permit_release_group_kind. */
+const struct group_kind permit_release_fast_kind = {
     .name = "release",
+    .sql = "SELECT * FROM pgcoord.permit_release_fast($1::bigint[], $2::text[], $3::bigint[], "
+	   "$4::boolean[], $5::text[], $6::text[])",
+    /* a group of one is the slow kind's lone release, as for claims */
+    .lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM pgcoord.permit_release_one("
+		"$1::bigint, $2::text, $3::bigint, $4::boolean, $5::text, $6::text) r",
+    .nargs = 6,
+    .answer = release_answer,
+    .fail = release_failed,
+};
+
+/* The other releases go as one statement of the group function. */
+const struct group_kind permit_release_group_kind = {
+    .name = "release_slow",
     .sql = "SELECT * FROM pgcoord.permit_release_group($1::bigint[], $2::text[], $3::bigint[], "
 	   "$4::boolean[], $5::text[], $6::text[])",
     /* one release, one frame: permit_release_one answers one value */
@@ -155,7 +171,8 @@ void rpc_permit_release(struct request *req)
 	 * the same transaction (its group's) */
 	struct group_keys keys;
 	group_recall_keys(req->ag->release_group, call->id, &keys);
-	group_add(req->ag->release_group, req, call, params, &keys);
+	group_add(call->override || reason ? req->ag->release_slow_group : req->ag->release_group,
+		  req, call, params, &keys);
 fail:
 	free(reason);
 }
