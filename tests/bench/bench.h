@@ -45,6 +45,7 @@ struct bench_cfg {
 	int pool_size;	      /* 0: the agent's default */
 	int call_timeout_ms;  /* of each claim and release */
 	bool expect_leak;     /* testing the check: leave one slot taken per path */
+	bool wal_records;     /* --wal-records: each cell's WAL by record type */
 	char direct_conninfo[1024];
 	char sockets[BENCH_MAX_AGENTS][256];
 	char tmp_dir[512]; /* sockets and agent logs */
@@ -89,6 +90,10 @@ PGconn *bench_db_connect(const struct bench_cfg *cfg, const char *appname);
 /* The quota key worker w uses in the given shape, in buf. */
 void bench_key(const struct bench_cfg *cfg, enum bench_shape shape, int worker, char *buf,
 	       size_t size);
+
+/* --wal-records: the WAL between two positions by record type, per
+ * cycle, to stderr (walstats.c). */
+void bench_wal_records(const char *cell, int64_t from, int64_t to, long cycles);
 
 /* pg_current_wal_insert_lsn() in bytes, or -1 (with a message) on failure. */
 int64_t bench_wal_lsn(PGconn *c);

@@ -422,6 +422,13 @@ void bench_run_cell(const struct bench_cfg *cfg, const struct cell_spec *spec, P
 	    before.pg_cpu_ms >= 0 && after.pg_cpu_ms >= 0 ? after.pg_cpu_ms - before.pg_cpu_ms : -1;
 	out->wal_bytes = before.wal >= 0 && after.wal >= 0 ? after.wal - before.wal : -1;
 	out->agent_cpu_ms = after.agent_cpu_ms - before.agent_cpu_ms;
+	if (cfg->wal_records) {
+		char name[96];
+		snprintf(name, sizeof(name), "%s x%d, %d agent(s), %s",
+			 spec->shape == SHAPE_HOT ? "hot" : "spread", spec->workers, spec->agents,
+			 spec->path == PATH_AGENT ? "through the agent" : "direct SQL");
+		bench_wal_records(name, before.wal, after.wal, out->cycles);
+	}
 	out->agent_rss_kb = 0;
 	for (int i = 0; spec->path == PATH_AGENT && i < spec->agents; i++) {
 		long rss = bench_agent_pid(i) > 0 ? proc_rss_kb(bench_agent_pid(i)) : -1;

@@ -43,6 +43,7 @@ static void usage(FILE *f)
 	    "usage: pgcoord-bench [--quick] [--duration S] [--warmup S] [--workers 1,8,32]\n"
 	    "                     [--agents 1,4] [--shapes spread,hot] [--history N,K]\n"
 	    "                     [--pool-size N] [--agent-bin PATH] [--expect-leak]\n"
+	    "                     [--wal-records]\n"
 	    "Runs beside tests/harness/with-postgres; scripts/bench does all of it.\n"
 	    "  --quick         tiny cells (0.3 s, 0.1 s warmup) and a small history\n"
 	    "                  (1000 permits on 50 keys): the default suite's smoke run\n"
@@ -57,7 +58,10 @@ static void usage(FILE *f)
 	    "  --agent-bin P   pgcoord-agent (default $PGCOORD_BENCH_AGENT_BIN)\n"
 	    "  --expect-leak   testing the check: the last cell of each path leaves one\n"
 	    "                  slot taken; the run succeeds only when the check finds\n"
-	    "                  exactly that\n");
+	    "                  exactly that\n"
+	    "  --wal-records   after each cell, its WAL by record type per cycle\n"
+	    "                  (pg_waldump --stats=record over the measured window), to\n"
+	    "                  stderr\n");
 }
 
 static long parse_long(const char *opt, const char *s, long lo, long hi)
@@ -155,6 +159,7 @@ static void parse_args(int argc, char **argv, struct bench_cfg *cfg)
 	    {"pool-size", required_argument, NULL, 'p'},
 	    {"agent-bin", required_argument, NULL, 'A'},
 	    {"expect-leak", no_argument, NULL, 'L'},
+	    {"wal-records", no_argument, NULL, 'R'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -204,6 +209,9 @@ static void parse_args(int argc, char **argv, struct bench_cfg *cfg)
 			break;
 		case 'L':
 			cfg->expect_leak = true;
+			break;
+		case 'R':
+			cfg->wal_records = true;
 			break;
 		case 'h':
 			usage(stdout);

@@ -15,7 +15,9 @@
  * And a database the series before 0016_ledger_events.sql built and wrote
  * upgrades to it: every cycle of its explicit audit rows counts once, in
  * the check, the fold and retention, beside the cycles that keep their
- * events in their permit rows (the second test).
+ * events in their permit rows (the second test). Leases upgrade to 0019
+ * (the third), live permits to 0022's one-statement claim and release
+ * (the fourth).
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -587,5 +589,145 @@ Test(upgrade, held_and_handed_back_leases_survive_0019_and_attach_on_the_next_be
 
 	free(before);
 	free(after);
+	hdb_drop(db);
+}
+
+/*
+ * 0022_claim_release_fast.sql on a database in use: the ledger the series
+ * before it wrote (held permits claimed in a group and alone, one of two
+ * quotas, one uncertain, a claim queued behind a full quota) reads the same
+ * after the upgrade; the one-statement release frees the old permits, the
+ * queue is handed the slot at its commit, the one-statement claim admits
+ * new ones beside them, the group functions an agent of schema 21 calls
+ * still work, and the check, the counters and the audit trail agree.
+ */
+#define FAST_CLAIM(ids, keys, sessions)                                                            \
+	"SELECT string_agg(coalesce(f.status::text, f.err_state), ' ' ORDER BY f.member) "         \
+	"FROM pgcoord.permit_claim_fast(array_fill(%ld::bigint, ARRAY[cardinality(" ids "::text[])]), " \
+	"array_fill(false, ARRAY[cardinality(" ids "::text[])]), " ids "::text[], " keys           \
+	"::text[], array_fill('{1}'::text, ARRAY[cardinality(" ids "::text[])]), " sessions       \
+	"::bigint[], array_fill('old'::text, ARRAY[cardinality(" ids "::text[])]), "              \
+	"array_fill('uncertain'::text, ARRAY[cardinality(" ids "::text[])]), "                    \
+	"array_fill(NULL::bytea, ARRAY[cardinality(" ids "::text[])]), "                          \
+	"array_fill(NULL::integer, ARRAY[cardinality(" ids "::text[])]), "                        \
+	"array_fill('agent@old'::text, ARRAY[cardinality(" ids "::text[])])) f"
+#define FAST_RELEASE(ids, sessions)                                                                \
+	"SELECT string_agg(coalesce(f.status::text, f.err_state), ' ' ORDER BY f.member) "         \
+	"FROM pgcoord.permit_release_fast(array_fill(%ld::bigint, ARRAY[cardinality(" ids          \
+	"::text[])]), " ids "::text[], " sessions "::bigint[], "                                   \
+	"array_fill(false, ARRAY[cardinality(" ids "::text[])]), "                                \
+	"array_fill(NULL::text, ARRAY[cardinality(" ids "::text[])]), "                           \
+	"array_fill(NULL::text, ARRAY[cardinality(" ids "::text[])])) f"
+
+Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statements)
+{
+	struct harness_db *db = hdb_create();
+	migrate_below(db, 22);
+	cr_assert_eq(hdb_query_long(db, "SELECT (to_regproc('pgcoord.permit_claim_fast') IS NULL)"
+					"::int"),
+		     1, "not the schema before 0022");
+	long uid = (long)getuid();
+	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL)");
+	long s1 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'a', 600000, false, %ld)", uid);
+	long s2 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'b', 600000, false, %ld)", uid);
+	hdb_exec(db, "SELECT pgcoord.quota_set('slot', 3, NULL, 'test'); "
+		     "SELECT pgcoord.quota_set('m1', 5, NULL, 'test'); "
+		     "SELECT pgcoord.quota_set('m2', 5, NULL, 'test')");
+
+	/* schema 21's ledger, written by the functions its agent calls: two
+	 * held permits claimed as one group, one alone, one of two quotas, one
+	 * uncertain (its session ended), one queued behind the full slot */
+	assert_value(db, "admitted admitted",
+		     "SELECT string_agg(g.status::text, ' ' ORDER BY g.member) FROM "
+		     "pgcoord.permit_claim_group('{%ld,%ld}', '{f,f}', '{g-1,g-2}', "
+		     "'{\"{slot}\",\"{m1}\"}', '{\"{1}\",\"{1}\"}', '{%ld,%ld}', '{old,old}', "
+		     "'{uncertain,uncertain}', '{NULL,NULL}', '{NULL,NULL}', "
+		     "'{agent@old,agent@old}') g",
+		     uid, uid, s1, s1);
+	CLAIM("p-multi", "{m1,m2}", "{2,3}", s1);
+	CLAIM("p-unc", "{slot}", "{1}", s2);
+	hdb_exec(db, "SELECT pgcoord.session_close(ARRAY[%ld], 1, 'test')", s2);
+	assert_value(db, "uncertain", "SELECT state FROM pgcoord.permits WHERE id = 'p-unc'");
+	CLAIM("p-held", "{slot}", "{1}", s1);
+	long s3 = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('old', 1, 'c', 600000, false, %ld)", uid);
+	CALL(db, "queued",
+	     "permit_wait(%ld, false, 'p-wait', '{slot}', '{1}', %ld, 'old', 'uncertain', NULL, "
+	     "NULL, 'session:' || %ld || '@old', 60000)",
+	     uid, s3, s3);
+	cr_assert_eq(check_problems(db), 0);
+	char *before = ledger(db);
+
+	/* the upgrade adds functions only: the ledger reads the same */
+	hdb_migrate(db);
+	cr_assert_eq(hdb_query_long(db, "SELECT max(version) FROM pgcoord.schema_migrations"),
+		     atol(henv("PGCOORD_TEST_MIGRATIONS")));
+	char *after = ledger(db);
+	cr_assert_str_eq(after, before, "the upgrade changed the ledger");
+	free(after);
+	cr_assert_eq(check_problems(db), 0);
+
+	/* the old held permits of one quota, released as one statement; the
+	 * permit of two quotas, the uncertain one and another session's are
+	 * left to the group function; the queue gets the slot at the commit */
+	assert_value(db, "released released PCSLW PCSLW",
+		     FAST_RELEASE("'{g-1,p-held,p-multi,p-unc}'", "'{%ld,%ld,%ld,%ld}'"), uid, s1,
+		     s1, s1, s1);
+	assert_value(db, "held", "SELECT state FROM pgcoord.permits WHERE id = 'p-wait'");
+	assert_value(db, "2 0", "SELECT concat_ws(' ', in_flight, waiting) FROM pgcoord.quotas "
+				"WHERE key = 'slot'");
+	assert_value(db, "3", "SELECT in_flight FROM pgcoord.quotas WHERE key = 'm1'");
+	cr_assert_eq(check_problems(db), 0);
+	cr_assert_null(unconserved(db));
+
+	/* new claims as one statement: room on m1 for both, not on slot for
+	 * both of its two (left to the group function, which would admit the
+	 * first; nothing written), an id that exists (a retry, the group
+	 * function's too) */
+	assert_value(db, "admitted admitted PCSLW PCSLW PCSLW",
+		     FAST_CLAIM("'{n-1,n-2,n-3,n-4,g-2}'",
+				"'{\"{m1}\",\"{m1}\",\"{slot}\",\"{slot}\",\"{m1}\"}'",
+				"'{%ld,%ld,%ld,%ld,%ld}'"),
+		     uid, s1, s1, s1, s1, s1);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
+					"WHERE id IN ('n-3', 'n-4')"),
+		     0, "a claim left to the group function wrote its row");
+	assert_value(db, "5 2", "SELECT concat_ws(' ', m.in_flight, s.in_flight) FROM "
+				"pgcoord.quotas m, pgcoord.quotas s WHERE m.key = 'm1' AND s.key = 'slot'");
+	/* their events are in their rows, in order: the old permit's admission
+	 * and release, the new one's admission */
+	assert_value(db, "admitted released",
+		     "SELECT string_agg(event::text, ' ' ORDER BY id) FROM pgcoord.permit_events "
+		     "WHERE permit_id = 'p-held'");
+	assert_value(db, "admitted",
+		     "SELECT string_agg(event::text, ' ' ORDER BY id) FROM pgcoord.permit_events "
+		     "WHERE permit_id = 'n-2'");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events_log WHERE "
+					"permit_id IN ('n-1', 'n-2', 'g-1', 'p-held')"),
+		     0, "the one-statement cycle wrote audit rows");
+	cr_assert_eq(hdb_query_long(db, "SELECT (max(token) FILTER (WHERE id = 'n-2') > "
+					"max(token) FILTER (WHERE id = 'n-1'))::int "
+					"FROM pgcoord.permits"),
+		     1, "tokens are not in arrival order");
+
+	/* an agent of schema 21 goes on calling the group functions */
+	assert_value(db, "released released",
+		     "SELECT string_agg(g.status::text, ' ' ORDER BY g.member) FROM "
+		     "pgcoord.permit_release_group('{%ld,%ld}', '{n-1,p-multi}', '{%ld,%ld}', "
+		     "'{f,f}', '{NULL,NULL}', '{NULL,NULL}') g",
+		     uid, uid, s1, s1);
+	/* and a release of one already released is the group function's
+	 * answer, through the fast statement */
+	assert_value(db, "PCSLW", FAST_RELEASE("'{n-1}'", "'{%ld}'"), uid, s1);
+	assert_value(db, "2 0", "SELECT concat_ws(' ', m.in_flight, x.in_flight) FROM "
+				"pgcoord.quotas m, pgcoord.quotas x WHERE m.key = 'm1' AND x.key = 'm2'");
+	cr_assert_eq(check_problems(db), 0);
+	cr_assert_null(unconserved(db));
+	fold_all(db);
+	cr_assert_eq(check_problems(db), 0);
+
+	free(before);
 	hdb_drop(db);
 }
