@@ -242,6 +242,11 @@ Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
 		      "the claims that waited together did not go as one group");
 	cr_assert_lt(metric(a, "pgcoord_permit_groups_total{kind=\"claim\"}"),
 		     metric(a, "pgcoord_permit_group_members_total{kind=\"claim\"}"));
+	/* the quota has no room for all of them: the one statement admitted
+	 * none and handed the group on to permit_claim_group, which judged
+	 * each in arrival order */
+	cr_assert_geq(metric(a, "pgcoord_permit_group_members_total{kind=\"claim_slow\"}"),
+		      NCLAIMS - 1, "the group was not handed on to the group function");
 
 	for (int i = 0; i < NCLAIMS; i++)
 		cr_assert_str_eq(grouped[i].what, alone[i].what,
@@ -272,6 +277,49 @@ Test(groups, a_group_answers_as_the_same_claims_made_one_at_a_time)
 					"permit_id LIKE 'grp-%%'"),
 		     hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events WHERE "
 					"permit_id LIKE 'one-%%'"));
+	assert_conserved(db);
+	close(fd);
+	hagent_destroy(a);
+	hdb_drop(db);
+}
+
+/* A group whose quota has room for all of its members is admitted by the
+ * one statement (permit_claim_fast), nothing handed on: every member
+ * admitted, tokens in arrival order, each permit's admission in its row. */
+Test(groups, a_group_with_room_for_all_is_admitted_by_one_statement)
+{
+	struct harness_db *db = idb_migrated();
+	struct hagent *a = hagent_start(db, "grp-room", one_connection);
+	int fd = iconnect(hagent_socket(a));
+	struct outcome got[10];
+
+	isession_open(fd, "room");
+	iquota_set(fd, "room", 20);
+	PGconn *holder = hold_quota(db, "room");
+	send_claims(fd, 3000, 0, 1, "room", "room");
+	wait_claim_on_lock(db);
+	send_claims(fd, 3000, 1, 10, "room", "room");
+	hsleep_ms(200); /* every claim is read and queued */
+	end_hold(holder);
+	read_answers(fd, 3000, 10, got);
+
+	for (int i = 0; i < 10; i++)
+		cr_assert_str_eq(got[i].what, "admitted", "claim %d: %s", i, got[i].what);
+	for (int i = 1; i < 10; i++)
+		cr_assert_gt(got[i].token, got[i - 1].token, "tokens out of arrival order");
+	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"claim\"}"), 9);
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_total{kind=\"claim_slow\"}"), 0,
+		     "a member with room went past the one statement");
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'room'"),
+		     10);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE id LIKE "
+					"'room-%%' AND state = 'held' AND quota_key = 'room' AND "
+					"admit_event IS NOT NULL"),
+		     10);
+	cr_assert_eq(audit_rows(db, "room", "admitted"), 10);
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permit_events_log "
+					"WHERE permit_id LIKE 'room-%%'"),
+		     0, "the one statement wrote audit rows");
 	assert_conserved(db);
 	close(fd);
 	hagent_destroy(a);
@@ -725,6 +773,8 @@ Test(groups, a_release_group_hands_its_room_to_a_waiter)
 	}
 	cr_assert_geq(metric(a, "pgcoord_permit_group_largest{kind=\"release\"}"), 3,
 		      "the releases that waited together did not go as one group");
+	cr_assert_eq(metric(a, "pgcoord_permit_group_members_total{kind=\"release_slow\"}"), 0,
+		     "a release of a held one-quota permit went past the one statement");
 	cr_assert(iwait_sql(db, CALL_MS,
 			    "SELECT count(*) FROM pgcoord.permits WHERE id = 'rw-w' AND state = "
 			    "'held'"),
