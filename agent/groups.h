@@ -20,6 +20,12 @@
  * its own would have been answered. The group's deadline is its first
  * member's, the earliest.
  *
+ * A kind may judge only the common calls and leave the others (err_state
+ * 'PCSLW', nothing written) to a slow group of a general kind with the same
+ * arguments (group_create), which takes them as new calls of its own:
+ * claims and releases each go by one SQL statement first and by the group
+ * functions after (0022_claim_release_fast.sql).
+ *
  * On a hot key, parallel statements only queue on its row lock in the
  * database, each with its own commit flush. So a member that finds
  * group_statements_max statements of its kind in flight (queued or

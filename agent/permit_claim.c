@@ -1,7 +1,9 @@
 /*
  * permit_claim.c — permit.claim: its quotas read and sorted, the claim
- * grouped with others waiting at the same moment (groups.c) or, when it may
- * queue, sent alone (permit_wait), and each claim_decision row answered.
+ * grouped with others waiting at the same moment (groups.c: one of one
+ * quota without a limit in the fast group, any other in the slow one) or,
+ * when it may queue, sent alone (permit_wait), and each claim_decision row
+ * answered.
  * The path a grant takes is the one that must never admit twice, so it is
  * kept apart from the calls on permits that already exist.
  */
