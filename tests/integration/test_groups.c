@@ -1616,3 +1616,69 @@ Test(groups, a_release_on_a_hot_key_is_held_by_its_remembered_keys)
 	hagent_destroy(a);
 	hdb_drop(db);
 }
+
+/* A group of releases whose permit changes while the statement waits for
+ * it (here marked uncertain by an operator's transaction that held its
+ * row): the one statement had already lowered the quota's counter, cannot
+ * take that back in the same statement, and fails as a whole with
+ * serialization_failure, so nothing of it stays; the permit still counts,
+ * and the other permit of the group is still held. */
+Test(groups, a_release_group_whose_permit_changes_under_it_leaves_nothing)
+{
+	struct harness_db *db = idb_migrated();
+	long uid = (long)getuid();
+	hdb_exec(db, "SELECT pgcoord.agent_register('fast', 1, 'host', 1, 'v', 600000, NULL)");
+	long s = hdb_query_long(
+	    db, "SELECT pgcoord.session_open('fast', 1, 'a', 600000, false, %ld)", uid);
+	hdb_exec(db, "SELECT pgcoord.quota_set('chg', 5, NULL, 'test')");
+	for (int i = 1; i <= 2; i++)
+		cr_assert_eq(hdb_query_long(db,
+					    "SELECT count(*) FROM pgcoord.permit_claim_as(%ld, false, "
+					    "'chg-%d', '{chg}', '{1}', %ld, 'fast', 'uncertain', NULL, "
+					    "NULL, 'test') WHERE status = 'admitted'",
+					    uid, i, s),
+			     1);
+
+	/* the operator's transaction holds chg-2's row and will mark it */
+	PGconn *op = hdb_connect(db);
+	PQclear(PQexec(op, "BEGIN"));
+	PGresult *res = PQexec(op, "SELECT 1 FROM pgcoord.permits WHERE id = 'chg-2' FOR UPDATE");
+	cr_assert_eq(PQresultStatus(res), PGRES_TUPLES_OK, "%s", PQerrorMessage(op));
+	PQclear(res);
+
+	PGconn *rel = hdb_connect(db);
+	char sql[512];
+	snprintf(sql, sizeof(sql),
+		 "SELECT * FROM pgcoord.permit_release_fast('{%ld,%ld}', '{chg-1,chg-2}', "
+		 "'{%ld,%ld}', '{f,f}', '{NULL,NULL}', '{NULL,NULL}')",
+		 uid, uid, s, s);
+	cr_assert(PQsendQuery(rel, sql), "%s", PQerrorMessage(rel));
+	cr_assert(iwait_sql(db, CALL_MS,
+			    "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+			    "current_database() AND query LIKE '%%permit_release_fast%%' "
+			    "AND wait_event_type = 'Lock'"),
+		  "the release did not reach the held permit row");
+	res = PQexec(op, "UPDATE pgcoord.permits SET state = 'uncertain', "
+			 "uncertain_reason = 'test', state_at = now() WHERE id = 'chg-2'");
+	cr_assert_eq(PQresultStatus(res), PGRES_COMMAND_OK, "%s", PQerrorMessage(op));
+	PQclear(res);
+	PQclear(PQexec(op, "COMMIT"));
+
+	res = PQgetResult(rel);
+	cr_assert_eq(PQresultStatus(res), PGRES_FATAL_ERROR, "the group did not fail");
+	cr_assert_str_eq(PQresultErrorField(res, PG_DIAG_SQLSTATE), "40001");
+	PQclear(res);
+	while ((res = PQgetResult(rel)))
+		PQclear(res);
+	PQfinish(rel);
+	PQfinish(op);
+
+	cr_assert_eq(hdb_query_long(db, "SELECT in_flight FROM pgcoord.quotas WHERE key = 'chg'"),
+		     2, "the failed group's decrement stayed");
+	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits WHERE "
+					"(id = 'chg-1' AND state = 'held') OR "
+					"(id = 'chg-2' AND state = 'uncertain')"),
+		     2, "the failed group released a permit");
+	assert_conserved(db);
+	hdb_drop(db);
+}
