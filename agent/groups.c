@@ -586,8 +586,7 @@ bool group_recall_keys(struct group *g, const char *id, struct group_keys *out)
 	return true;
 }
 
-struct group *group_create(struct agent *ag, const struct group_kind *kind,
-			   struct group *slow)
+struct group *group_create(struct agent *ag, const struct group_kind *kind, struct group *slow)
 {
 	struct group *g = calloc(1, sizeof(*g));
 	if (!g || (slow && slow->kind->nargs != kind->nargs)) {

@@ -89,8 +89,7 @@ struct group;
  * front of a general one). A statement of kind that fails as a whole on
  * a unique violation or a deadlock hands every member to slow too.
  */
-struct group *group_create(struct agent *ag, const struct group_kind *kind,
-			   struct group *slow);
+struct group *group_create(struct agent *ag, const struct group_kind *kind, struct group *slow);
 /* After db_destroy (which answers every member still waiting), a fast
  * group before its slow one. Accepts NULL. */
 void group_destroy(struct group *g);

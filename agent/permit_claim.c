@@ -319,46 +319,39 @@ static void waited(const struct db_result *r, void *arg)
 		claim_answer(req, call, r->res, 0, 0);
 }
 
-/* The common claims waiting at the same moment (one quota, no limit)
- * are judged by one SQL statement (0022_claim_release_fast.sql); what it
- * leaves (a retry, a session not live, a denial it cannot be sure of, ...)
- * goes on to permit_claim_group_kind, with the same arguments. */
-const struct group_kind permit_claim_fast_kind = {
-    .name = "claim",
-    .sql = "SELECT * FROM pgcoord.permit_claim_fast($1::bigint[], $2::boolean[], $3::text[], "
-	   "$4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], "
-	   "$10::integer[], $11::text[])",
-    /* a group of one is the lone claim of the slow kind: permit_claim_as
-     * judges any claim, and costs the database less for one than the
-     * statement's pipeline (0.23 against 0.31 ms, docs/PERFORMANCE.md) */
-    .lone_sql =
-	"SELECT 1, NULL::text, NULL::text, c.* FROM pgcoord.permit_claim_as("
-	"$1::bigint, $2::boolean, $3::text, $4::text[], $5::integer[], $6::bigint, $7::text, "
-	"$8::text, $9::bytea, $10::integer, $11::text) c",
-    .nargs = 11,
-    .answer = claim_answer,
-    .fail = claim_failed,
-};
+/*
+ * Claims waiting at the same moment go as one statement of a group
+ * function, element i of each array for member i. A group of one, of
+ * either kind, is permit_claim_as alone: the group function's v_n = 1
+ * branch without the group's frame (a refusal raises as the statement's
+ * error, as it does there), with the member's own arguments, so nothing
+ * builds or parses arrays of one; for one call it also costs the database
+ * less than the one statement's pipeline (0.23 against 0.31 ms,
+ * docs/PERFORMANCE.md).
+ */
+#define CLAIM_KIND(kind_name, function)                                                            \
+	{                                                                                          \
+		.name = kind_name,                                                                 \
+		.sql =                                                                             \
+		    "SELECT * FROM pgcoord." function "($1::bigint[], $2::boolean[], "             \
+		    "$3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], "   \
+		    "$9::bytea[], $10::integer[], $11::text[])",                                   \
+		.lone_sql =                                                                        \
+		    "SELECT 1, NULL::text, NULL::text, c.* FROM pgcoord.permit_claim_as("          \
+		    "$1::bigint, $2::boolean, $3::text, $4::text[], $5::integer[], "               \
+		    "$6::bigint, $7::text, $8::text, $9::bytea, $10::integer, $11::text) c",       \
+		.nargs = 11, .answer = claim_answer, .fail = claim_failed,                         \
+	}
 
-/* The other claims are judged in one statement, in arrival order, each by
- * permit_claim_as exactly as if alone (0004_permits.sql). */
-const struct group_kind permit_claim_group_kind = {
-    .name = "claim_slow",
-    .sql = "SELECT * FROM pgcoord.permit_claim_group($1::bigint[], $2::boolean[], $3::text[], "
-	   "$4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], "
-	   "$10::integer[], $11::text[])",
-    /* the group function's v_n = 1 branch, without the group's frame: a
-     * refusal raises as the statement's error, as it does there. Its
-     * arguments are the member's own, so nothing builds or parses arrays
-     * of one. */
-    .lone_sql =
-	"SELECT 1, NULL::text, NULL::text, c.* FROM pgcoord.permit_claim_as("
-	"$1::bigint, $2::boolean, $3::text, $4::text[], $5::integer[], $6::bigint, $7::text, "
-	"$8::text, $9::bytea, $10::integer, $11::text) c",
-    .nargs = 11,
-    .answer = claim_answer,
-    .fail = claim_failed,
-};
+/* The common claims (one quota, no limit) are judged by one SQL statement
+ * (0022_claim_release_fast.sql); what it leaves (a retry, a session not
+ * live, a quota without room for all of them, ...) goes on to
+ * permit_claim_group_kind, with the same arguments. */
+const struct group_kind permit_claim_fast_kind = CLAIM_KIND("claim", "permit_claim_fast");
+
+/* The other claims: each judged in arrival order by permit_claim_as
+ * exactly as if alone (0004_permits.sql), in one statement. */
+const struct group_kind permit_claim_group_kind = CLAIM_KIND("claim_slow", "permit_claim_group");
 
 void rpc_permit_claim(struct request *req)
 {

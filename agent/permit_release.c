@@ -112,34 +112,29 @@ static void release_failed(struct request *req, void *ctx, const struct db_resul
 	req_fail_db(req, r);
 }
 
-/* The common releases (the caller's session's own permit, no override,
- * no reason) waiting at the same moment go as one SQL statement
- * (0022_claim_release_fast.sql); a release of anything but a held
- * one-quota permit goes on to permit_release_group_kind. */
-const struct group_kind permit_release_fast_kind = {
-    .name = "release",
-    .sql = "SELECT * FROM pgcoord.permit_release_fast($1::bigint[], $2::text[], $3::bigint[], "
-	   "$4::boolean[], $5::text[], $6::text[])",
-    /* a group of one is the slow kind's lone release, as for claims */
-    .lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM pgcoord.permit_release_one("
-		"$1::bigint, $2::text, $3::bigint, $4::boolean, $5::text, $6::text) r",
-    .nargs = 6,
-    .answer = release_answer,
-    .fail = release_failed,
-};
+/* Releases waiting at the same moment go as one statement of a group
+ * function, like claims; a group of one, of either kind, is
+ * permit_release_one alone (one frame, one value). */
+#define RELEASE_KIND(kind_name, function)                                                          \
+	{                                                                                          \
+		.name = kind_name,                                                                 \
+		.sql = "SELECT * FROM pgcoord." function "($1::bigint[], $2::text[], "             \
+		       "$3::bigint[], $4::boolean[], $5::text[], $6::text[])",                     \
+		.lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM "                          \
+			    "pgcoord.permit_release_one($1::bigint, $2::text, $3::bigint, "        \
+			    "$4::boolean, $5::text, $6::text) r",                                  \
+		.nargs = 6, .answer = release_answer, .fail = release_failed,                      \
+	}
 
-/* The other releases go as one statement of the group function. */
-const struct group_kind permit_release_group_kind = {
-    .name = "release_slow",
-    .sql = "SELECT * FROM pgcoord.permit_release_group($1::bigint[], $2::text[], $3::bigint[], "
-	   "$4::boolean[], $5::text[], $6::text[])",
-    /* one release, one frame: permit_release_one answers one value */
-    .lone_sql = "SELECT 1, NULL::text, NULL::text, r.* FROM pgcoord.permit_release_one("
-		"$1::bigint, $2::text, $3::bigint, $4::boolean, $5::text, $6::text) r",
-    .nargs = 6,
-    .answer = release_answer,
-    .fail = release_failed,
-};
+/* The common releases (the caller's session's own permit, no override,
+ * no reason) go as one SQL statement (0022_claim_release_fast.sql); a
+ * release of anything but a held one-quota permit goes on to
+ * permit_release_group_kind. */
+const struct group_kind permit_release_fast_kind = RELEASE_KIND("release", "permit_release_fast");
+
+/* The other releases: permit_release_group. */
+const struct group_kind permit_release_group_kind =
+    RELEASE_KIND("release_slow", "permit_release_group");
 
 void rpc_permit_release(struct request *req)
 {

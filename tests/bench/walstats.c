@@ -41,8 +41,9 @@ void bench_wal_records(const char *cell, int64_t from, int64_t to, long cycles)
 	FILE *p;
 
 	if (!pgdata || from < 0 || to <= from || cycles <= 0) {
-		fprintf(stderr, "pgcoord-bench: %s: no WAL window to read (PGCOORD_TEST_PGDATA %s)\n",
-			cell, pgdata ? "set" : "unset");
+		fprintf(stderr,
+			"pgcoord-bench: %s: no WAL window to read (PGCOORD_TEST_PGDATA %s)\n", cell,
+			pgdata ? "set" : "unset");
 		return;
 	}
 	find_waldump(waldump, sizeof(waldump));
@@ -50,10 +51,10 @@ void bench_wal_records(const char *cell, int64_t from, int64_t to, long cycles)
 		fprintf(stderr, "pgcoord-bench: %s: no pg_waldump found (set PG_BINDIR)\n", cell);
 		return;
 	}
-	snprintf(cmd, sizeof(cmd),
-		 "'%s' -p '%s/pg_wal' -s %X/%X -e %X/%X --stats=record 2>&1", waldump, pgdata,
-		 (unsigned)((uint64_t)from >> 32), (unsigned)((uint64_t)from & 0xffffffffu),
-		 (unsigned)((uint64_t)to >> 32), (unsigned)((uint64_t)to & 0xffffffffu));
+	snprintf(cmd, sizeof(cmd), "'%s' -p '%s/pg_wal' -s %X/%X -e %X/%X --stats=record 2>&1",
+		 waldump, pgdata, (unsigned)((uint64_t)from >> 32),
+		 (unsigned)((uint64_t)from & 0xffffffffu), (unsigned)((uint64_t)to >> 32),
+		 (unsigned)((uint64_t)to & 0xffffffffu));
 	if (!(p = popen(cmd, "r"))) {
 		fprintf(stderr, "pgcoord-bench: %s: cannot run %s\n", cell, waldump);
 		return;
@@ -66,7 +67,8 @@ void bench_wal_records(const char *cell, int64_t from, int64_t to, long cycles)
 		long n, rec, fpi;
 
 		/* Type  N (%)  Record size (%)  FPI size (%)  Combined size (%) */
-		if (sscanf(line, "%127s %ld (%*[^)]) %ld (%*[^)]) %ld", type, &n, &rec, &fpi) != 4 ||
+		if (sscanf(line, "%127s %ld (%*[^)]) %ld (%*[^)]) %ld", type, &n, &rec, &fpi) !=
+			4 ||
 		    n == 0)
 			continue;
 		fprintf(stderr, "| %s | %.2f | %.0f | %.0f |\n", type, (double)n / (double)cycles,

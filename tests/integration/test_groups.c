@@ -1632,12 +1632,13 @@ Test(groups, a_release_group_whose_permit_changes_under_it_leaves_nothing)
 	    db, "SELECT pgcoord.session_open('fast', 1, 'a', 600000, false, %ld)", uid);
 	hdb_exec(db, "SELECT pgcoord.quota_set('chg', 5, NULL, 'test')");
 	for (int i = 1; i <= 2; i++)
-		cr_assert_eq(hdb_query_long(db,
-					    "SELECT count(*) FROM pgcoord.permit_claim_as(%ld, false, "
-					    "'chg-%d', '{chg}', '{1}', %ld, 'fast', 'uncertain', NULL, "
-					    "NULL, 'test') WHERE status = 'admitted'",
-					    uid, i, s),
-			     1);
+		cr_assert_eq(
+		    hdb_query_long(db,
+				   "SELECT count(*) FROM pgcoord.permit_claim_as(%ld, false, "
+				   "'chg-%d', '{chg}', '{1}', %ld, 'fast', 'uncertain', NULL, "
+				   "NULL, 'test') WHERE status = 'admitted'",
+				   uid, i, s),
+		    1);
 
 	/* the operator's transaction holds chg-2's row and will mark it */
 	PGconn *op = hdb_connect(db);

@@ -603,20 +603,21 @@ Test(upgrade, held_and_handed_back_leases_survive_0019_and_attach_on_the_next_be
  */
 #define FAST_CLAIM(ids, keys, sessions)                                                            \
 	"SELECT string_agg(coalesce(f.status::text, f.err_state), ' ' ORDER BY f.member) "         \
-	"FROM pgcoord.permit_claim_fast(array_fill(%ld::bigint, ARRAY[cardinality(" ids "::text[])]), " \
+	"FROM pgcoord.permit_claim_fast(array_fill(%ld::bigint, ARRAY[cardinality(" ids            \
+	"::text[])]), "                                                                            \
 	"array_fill(false, ARRAY[cardinality(" ids "::text[])]), " ids "::text[], " keys           \
-	"::text[], array_fill('{1}'::text, ARRAY[cardinality(" ids "::text[])]), " sessions       \
-	"::bigint[], array_fill('old'::text, ARRAY[cardinality(" ids "::text[])]), "              \
-	"array_fill('uncertain'::text, ARRAY[cardinality(" ids "::text[])]), "                    \
-	"array_fill(NULL::bytea, ARRAY[cardinality(" ids "::text[])]), "                          \
-	"array_fill(NULL::integer, ARRAY[cardinality(" ids "::text[])]), "                        \
+	"::text[], array_fill('{1}'::text, ARRAY[cardinality(" ids "::text[])]), " sessions        \
+	"::bigint[], array_fill('old'::text, ARRAY[cardinality(" ids "::text[])]), "               \
+	"array_fill('uncertain'::text, ARRAY[cardinality(" ids "::text[])]), "                     \
+	"array_fill(NULL::bytea, ARRAY[cardinality(" ids "::text[])]), "                           \
+	"array_fill(NULL::integer, ARRAY[cardinality(" ids "::text[])]), "                         \
 	"array_fill('agent@old'::text, ARRAY[cardinality(" ids "::text[])])) f"
 #define FAST_RELEASE(ids, sessions)                                                                \
 	"SELECT string_agg(coalesce(f.status::text, f.err_state), ' ' ORDER BY f.member) "         \
 	"FROM pgcoord.permit_release_fast(array_fill(%ld::bigint, ARRAY[cardinality(" ids          \
 	"::text[])]), " ids "::text[], " sessions "::bigint[], "                                   \
-	"array_fill(false, ARRAY[cardinality(" ids "::text[])]), "                                \
-	"array_fill(NULL::text, ARRAY[cardinality(" ids "::text[])]), "                           \
+	"array_fill(false, ARRAY[cardinality(" ids "::text[])]), "                                 \
+	"array_fill(NULL::text, ARRAY[cardinality(" ids "::text[])]), "                            \
 	"array_fill(NULL::text, ARRAY[cardinality(" ids "::text[])])) f"
 
 Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statements)
@@ -676,8 +677,9 @@ Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statem
 		     FAST_RELEASE("'{g-1,p-held,p-multi,p-unc}'", "'{%ld,%ld,%ld,%ld}'"), uid, s1,
 		     s1, s1, s1);
 	assert_value(db, "held", "SELECT state FROM pgcoord.permits WHERE id = 'p-wait'");
-	assert_value(db, "2 0", "SELECT concat_ws(' ', in_flight, waiting) FROM pgcoord.quotas "
-				"WHERE key = 'slot'");
+	assert_value(db, "2 0",
+		     "SELECT concat_ws(' ', in_flight, waiting) FROM pgcoord.quotas "
+		     "WHERE key = 'slot'");
 	assert_value(db, "3", "SELECT in_flight FROM pgcoord.quotas WHERE key = 'm1'");
 	cr_assert_eq(check_problems(db), 0);
 	cr_assert_null(unconserved(db));
@@ -694,8 +696,9 @@ Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statem
 	cr_assert_eq(hdb_query_long(db, "SELECT count(*) FROM pgcoord.permits "
 					"WHERE id IN ('n-3', 'n-4')"),
 		     0, "a claim left to the group function wrote its row");
-	assert_value(db, "5 2", "SELECT concat_ws(' ', m.in_flight, s.in_flight) FROM "
-				"pgcoord.quotas m, pgcoord.quotas s WHERE m.key = 'm1' AND s.key = 'slot'");
+	assert_value(db, "5 2",
+		     "SELECT concat_ws(' ', m.in_flight, s.in_flight) FROM "
+		     "pgcoord.quotas m, pgcoord.quotas s WHERE m.key = 'm1' AND s.key = 'slot'");
 	/* their events are in their rows, in order: the old permit's admission
 	 * and release, the new one's admission */
 	assert_value(db, "admitted released",
@@ -721,8 +724,9 @@ Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statem
 	/* and a release of one already released is the group function's
 	 * answer, through the fast statement */
 	assert_value(db, "PCSLW", FAST_RELEASE("'{n-1}'", "'{%ld}'"), uid, s1);
-	assert_value(db, "2 0", "SELECT concat_ws(' ', m.in_flight, x.in_flight) FROM "
-				"pgcoord.quotas m, pgcoord.quotas x WHERE m.key = 'm1' AND x.key = 'm2'");
+	assert_value(db, "2 0",
+		     "SELECT concat_ws(' ', m.in_flight, x.in_flight) FROM "
+		     "pgcoord.quotas m, pgcoord.quotas x WHERE m.key = 'm1' AND x.key = 'm2'");
 	cr_assert_eq(check_problems(db), 0);
 	cr_assert_null(unconserved(db));
 	fold_all(db);
