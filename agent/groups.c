@@ -404,6 +404,16 @@ static void append(struct member **head, struct member **tail, struct member *m)
 	*tail = m;
 }
 
+/* m rides the statement queued when one of those in flight ends, or
+ * times out as in the database queue. */
+static void hold(struct group *g, struct member *m)
+{
+	append(&g->held, &g->held_tail, m);
+	g->stats.held++;
+	if (g->held == m)
+		expire_members(g);
+}
+
 /* A member this kind's statement left to the slow path (nothing of it was
  * written): it joins the slow group's next statement, as a new call of
  * that kind would (held behind statements on its keys), with its own
@@ -414,10 +424,7 @@ static void hand_to_slow(struct group *g, struct member *m)
 
 	m->deadlocks = 0;
 	if (held_by_key(slow, m)) {
-		append(&slow->held, &slow->held_tail, m);
-		slow->stats.held++;
-		if (slow->held == m)
-			expire_members(slow);
+		hold(slow, m);
 		return;
 	}
 	append(&slow->head, &slow->tail, m);
@@ -526,12 +533,7 @@ void group_add(struct group *g, struct request *req, void *ctx, const char *cons
 		return;
 	}
 	if (held_by_kind(g) || held_by_key(g, m)) {
-		/* rides the statement queued when one of those in flight
-		 * ends, or times out as in the database queue */
-		append(&g->held, &g->held_tail, m);
-		g->stats.held++;
-		if (g->held == m)
-			expire_members(g);
+		hold(g, m);
 		return;
 	}
 	append(&g->head, &g->tail, m);

@@ -290,10 +290,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	snprintf(ag.id.host, sizeof(ag.id.host), "fuzz");
 	ag.db = db_create(ag.base, NULL, &ag.log, NULL, NULL);
 	ag.metrics = metrics;
-	ag.claim_group = group_create(&ag, &permit_claim_group_kind);
-	ag.release_group = group_create(&ag, &permit_release_group_kind);
-	if (!ag.db || !ag.claim_group || !ag.release_group || !leases_start(&ag) ||
-	    !watches_start(&ag))
+	/* main.c's groups: the fast kinds, handing on to the group functions */
+	ag.claim_slow_group = group_create(&ag, &permit_claim_group_kind, NULL);
+	ag.release_slow_group = group_create(&ag, &permit_release_group_kind, NULL);
+	ag.claim_group = group_create(&ag, &permit_claim_fast_kind, ag.claim_slow_group);
+	ag.release_group = group_create(&ag, &permit_release_fast_kind, ag.release_slow_group);
+	if (!ag.db || !ag.claim_group || !ag.release_group || !ag.claim_slow_group ||
+	    !ag.release_slow_group || !leases_start(&ag) || !watches_start(&ag))
 		abort();
 	fake_db_set(ag.db, (enum fake_answer)(ctl & CTL_ANSWER), (ctl >> CTL_SEED_SHIFT) & 3);
 
@@ -335,6 +338,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	db_destroy(ag.db);
 	group_destroy(ag.claim_group);
 	group_destroy(ag.release_group);
+	group_destroy(ag.claim_slow_group);
+	group_destroy(ag.release_slow_group);
 	leases_finish(&ag);
 	watches_finish(&ag);
 	janitor_finish(&ag);

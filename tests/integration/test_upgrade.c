@@ -324,6 +324,22 @@ static void fold_all(struct harness_db *db)
 		     1, "the fold did not reach the end of the audit");
 }
 
+/* An agent of the old schema, registered by the function it called, with
+ * two sessions of uid and the quotas slot (of slot_limit), m1 and m2. */
+static void old_agent(struct harness_db *db, long uid, int slot_limit, long *s1, long *s2)
+{
+	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL)");
+	*s1 = hdb_query_long(db, "SELECT pgcoord.session_open('old', 1, 'a', 600000, false, %ld)",
+			     uid);
+	*s2 = hdb_query_long(db, "SELECT pgcoord.session_open('old', 1, 'b', 600000, false, %ld)",
+			     uid);
+	hdb_exec(db,
+		 "SELECT pgcoord.quota_set('slot', %d, NULL, 'test'); "
+		 "SELECT pgcoord.quota_set('m1', 5, NULL, 'test'); "
+		 "SELECT pgcoord.quota_set('m2', 5, NULL, 'test')",
+		 slot_limit);
+}
+
 #define CALL(db, want, fn, ...)                                                                    \
 	assert_value(db, want, "SELECT (pgcoord." fn ").status", __VA_ARGS__)
 
@@ -335,15 +351,8 @@ Test(upgrade, explicit_audit_rows_of_old_cycles_count_once_after_0016)
 				    "SELECT (to_regclass('pgcoord.permit_events_log') IS NULL "
 				    "AND to_regclass('pgcoord.permit_events') IS NOT NULL)::int"),
 		     1, "not the schema before 0016");
-	long uid = (long)getuid();
-	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL)");
-	long s1 = hdb_query_long(
-	    db, "SELECT pgcoord.session_open('old', 1, 'a', 600000, false, %ld)", uid);
-	long s2 = hdb_query_long(
-	    db, "SELECT pgcoord.session_open('old', 1, 'b', 600000, false, %ld)", uid);
-	hdb_exec(db, "SELECT pgcoord.quota_set('slot', 2, NULL, 'test'); "
-		     "SELECT pgcoord.quota_set('m1', 5, NULL, 'test'); "
-		     "SELECT pgcoord.quota_set('m2', 5, NULL, 'test')");
+	long uid = (long)getuid(), s1, s2;
+	old_agent(db, uid, 2, &s1, &s2);
 
 	/* the old ledger: a finished cycle, part of the audit folded, a held
 	 * permit, one of two quotas, one uncertain (its session ended), one
@@ -627,15 +636,8 @@ Test(upgrade, live_permits_of_schema_21_are_released_and_claimed_by_0022s_statem
 	cr_assert_eq(hdb_query_long(db, "SELECT (to_regproc('pgcoord.permit_claim_fast') IS NULL)"
 					"::int"),
 		     1, "not the schema before 0022");
-	long uid = (long)getuid();
-	hdb_exec(db, "SELECT pgcoord.agent_register('old', 1, 'host', 1, 'v', 600000, NULL)");
-	long s1 = hdb_query_long(
-	    db, "SELECT pgcoord.session_open('old', 1, 'a', 600000, false, %ld)", uid);
-	long s2 = hdb_query_long(
-	    db, "SELECT pgcoord.session_open('old', 1, 'b', 600000, false, %ld)", uid);
-	hdb_exec(db, "SELECT pgcoord.quota_set('slot', 3, NULL, 'test'); "
-		     "SELECT pgcoord.quota_set('m1', 5, NULL, 'test'); "
-		     "SELECT pgcoord.quota_set('m2', 5, NULL, 'test')");
+	long uid = (long)getuid(), s1, s2;
+	old_agent(db, uid, 3, &s1, &s2);
 
 	/* schema 21's ledger, written by the functions its agent calls: two
 	 * held permits claimed as one group, one alone, one of two quotas, one
