@@ -87,7 +87,8 @@ struct group;
  * kind judged only the common members and wrote nothing of the others,
  * and slow's kind, with the same arguments, judges them (a fast path in
  * front of a general one). A statement of kind that fails as a whole on
- * a unique violation or a deadlock hands every member to slow too.
+ * a unique violation, a serialization failure or a deadlock hands every
+ * member to slow too.
  */
 struct group *group_create(struct agent *ag, const struct group_kind *kind, struct group *slow);
 /* After db_destroy (which answers every member still waiting), a fast
