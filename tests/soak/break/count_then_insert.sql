@@ -31,3 +31,15 @@
 -- @with
 	      ORDER BY q.key) q;
 -- @end
+-- The one statement of a claim group (permit_claim_fast) counts the open
+-- permits of each quota in its snapshot instead of testing the counter under
+-- the row lock: two statements that count at the same time both see room.
+-- @function pgcoord.permit_claim_fast
+-- @replace
+		WHERE x.key = g.k AND x.waiting = 0 AND x.in_flight + g.w <= x."limit"
+-- @with
+		WHERE x.key = g.k AND x.waiting = 0
+		  AND (SELECT coalesce(sum(pq.weight), 0) FROM pgcoord.permit_quotas pq
+		       JOIN pgcoord.permits p ON p.id = pq.permit_id
+		       WHERE pq.key = g.k AND p.state <> 'released') + g.w <= x."limit"
+-- @end
